@@ -1,0 +1,59 @@
+package router
+
+import (
+	"context"
+	"net/http"
+
+	"github.com/kvgate/kvgate/workers"
+)
+
+// Request is what a policy sees of one request. Fields a policy does not need may be empty:
+// the simple policies look only at the candidates, the kv policy at the block hashes too.
+type Request struct {
+	Model           string
+	PromptTokens    int
+	BlockHashes     []uint64 // chained block hashes of the prompt's full blocks (tokenize.BlockHashes)
+	BlockSize       int
+	SessionID       string
+	ParentSessionID string
+	Header          http.Header
+}
+
+// Candidate is a healthy routing target the policy may choose, with the load the gateway sees.
+type Candidate struct {
+	workers.Target
+	InFlight int // requests the gateway has in flight to this target
+}
+
+// CandidateScore is one row of a decision record: what the policy saw of a target.
+type CandidateScore struct {
+	workers.Target
+	Mode     string  `json:"mode,omitempty"` // "events" or "approximate" for KV-aware policies
+	G1Blocks int     `json:"g1_blocks"`
+	G2Blocks int     `json:"g2_blocks"`
+	G3Blocks int     `json:"g3_blocks"`
+	Load     float64 `json:"load"`
+	Cost     float64 `json:"cost"`
+}
+
+// Choice names the chosen target and why it won.
+type Choice struct {
+	workers.Target
+	Reason string `json:"reason"`
+}
+
+// Decision is the record of one routing decision.
+type Decision struct {
+	PromptTokens int              `json:"prompt_tokens"`
+	PromptBlocks int              `json:"prompt_blocks"`
+	Policy       string           `json:"policy"`
+	Chosen       Choice           `json:"chosen"`
+	Candidates   []CandidateScore `json:"candidates"`
+}
+
+// Policy selects one target among candidates. Candidates is never empty when Pick is called;
+// implementations must be safe for concurrent use.
+type Policy interface {
+	Name() string
+	Pick(ctx context.Context, req *Request, candidates []Candidate) (Decision, error)
+}

@@ -1,0 +1,109 @@
+package tokenize
+
+import (
+	"encoding/binary"
+	"encoding/hex"
+	"slices"
+
+	"github.com/zeebo/xxh3"
+)
+
+// HashSeed is the xxh3 seed of every local block hash and of every chain step (DESIGN §3).
+const HashSeed uint64 = 1337
+
+// HashOptions carries what besides token ids enters a block's hash.
+type HashOptions struct {
+	// LoRAName, when set, moves the local-hash seed (DESIGN §3).
+	LoRAName string
+	// CacheSalt, when set, is an extra key of block 0 only.
+	CacheSalt string
+	// ExtraKeys holds further extra keys per block index (e.g. multimodal ids), already as u64.
+	ExtraKeys map[int][]uint64
+}
+
+// LocalSeed returns the seed of local block hashes for a LoRA name ("" for none).
+func LocalSeed(loraName string) uint64 {
+	if loraName == "" {
+		return HashSeed
+	}
+	return HashSeed + xxh3.HashSeed([]byte(loraName), 0) // wrapping add
+}
+
+// ExtraKeyHash turns a string extra key (cache salt, multimodal identifier) into its u64: a
+// 64-hex-digit digest contributes its first 16 hex digits, anything else xxh3_64 of its bytes.
+func ExtraKeyHash(s string) uint64 {
+	if len(s) == 64 {
+		if b, err := hex.DecodeString(s[:16]); err == nil {
+			if _, err := hex.DecodeString(s); err == nil {
+				return binary.BigEndian.Uint64(b)
+			}
+		}
+	}
+	return xxh3.Hash([]byte(s))
+}
+
+// LocalBlockHash hashes one full block: its tokens as u32 little-endian followed by its extra
+// keys sorted ascending as u64 little-endian. buf is scratch space and may be nil.
+func LocalBlockHash(tokens []uint32, extra []uint64, seed uint64, buf []byte) uint64 {
+	buf = buf[:0]
+	for _, t := range tokens {
+		buf = binary.LittleEndian.AppendUint32(buf, t)
+	}
+	if len(extra) > 0 {
+		keys := slices.Clone(extra)
+		slices.Sort(keys)
+		for _, k := range keys {
+			buf = binary.LittleEndian.AppendUint64(buf, k)
+		}
+	}
+	return xxh3.HashSeed(buf, seed)
+}
+
+// ChainHash is one step of the sequence hash: xxh3(le64(parent) ‖ le64(local), 1337).
+func ChainHash(parent, local uint64) uint64 {
+	var b [16]byte
+	binary.LittleEndian.PutUint64(b[:8], parent)
+	binary.LittleEndian.PutUint64(b[8:], local)
+	return xxh3.HashSeed(b[:], HashSeed)
+}
+
+// LocalHashes returns the local hash of every full block of tokens; a trailing partial block is
+// not hashed.
+func LocalHashes(tokens []uint32, blockSize int, opt HashOptions) []uint64 {
+	if blockSize <= 0 {
+		return nil
+	}
+	n := len(tokens) / blockSize
+	out := make([]uint64, n)
+	seed := LocalSeed(opt.LoRAName)
+	buf := make([]byte, 0, blockSize*4+64)
+	var extra []uint64
+	for i := range n {
+		extra = extra[:0]
+		if i == 0 && opt.CacheSalt != "" {
+			extra = append(extra, ExtraKeyHash(opt.CacheSalt))
+		}
+		extra = append(extra, opt.ExtraKeys[i]...)
+		out[i] = LocalBlockHash(tokens[i*blockSize:(i+1)*blockSize], extra, seed, buf)
+	}
+	return out
+}
+
+// SequenceHashes chains local hashes: seq[0] = local[0], seq[i] = ChainHash(seq[i-1], local[i]).
+func SequenceHashes(local []uint64) []uint64 {
+	out := make([]uint64, len(local))
+	for i, h := range local {
+		if i == 0 {
+			out[i] = h
+			continue
+		}
+		out[i] = ChainHash(out[i-1], h)
+	}
+	return out
+}
+
+// BlockHashes returns the chained sequence hashes of every full block of tokens: the keys that
+// request-side matching and event-side indexing share (DESIGN §3).
+func BlockHashes(tokens []uint32, blockSize int, opt HashOptions) []uint64 {
+	return SequenceHashes(LocalHashes(tokens, blockSize, opt))
+}
