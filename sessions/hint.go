@@ -1,0 +1,14 @@
+package sessions
+
+import "github.com/kvgate/kvgate/workers"
+
+// Hint is a soft placement preference derived from session state, folded into the router's cost.
+type Hint struct {
+	Target workers.Target
+	// Rule names what produced the hint ("affinity", "parent", "lineage_root", "sibling_group", ...);
+	// it is reported in the decision record.
+	Rule string
+	// Blocks is the preference's strength in prompt blocks: the router credits the target as if
+	// this many more blocks were already cached there.
+	Blocks float64
+}
