@@ -1,0 +1,201 @@
+package bench
+
+import (
+	"math"
+	"sort"
+	"time"
+)
+
+// Stat is one metric's distribution, with aiperf's field names.
+type Stat struct {
+	Unit  string  `json:"unit"`
+	Avg   float64 `json:"avg"`
+	Min   float64 `json:"min"`
+	Max   float64 `json:"max"`
+	P50   float64 `json:"p50"`
+	P90   float64 `json:"p90"`
+	P99   float64 `json:"p99"`
+	Std   float64 `json:"std"`
+	Count int     `json:"count"`
+}
+
+// newStat summarises values (linear-interpolated percentiles, as numpy and aiperf compute them).
+func newStat(unit string, vals []float64) Stat {
+	s := Stat{Unit: unit, Count: len(vals)}
+	if len(vals) == 0 {
+		return s
+	}
+	v := append([]float64(nil), vals...)
+	sort.Float64s(v)
+	sum := 0.0
+	for _, x := range v {
+		sum += x
+	}
+	s.Avg = sum / float64(len(v))
+	s.Min, s.Max = v[0], v[len(v)-1]
+	s.P50, s.P90, s.P99 = percentile(v, 50), percentile(v, 90), percentile(v, 99)
+	ss := 0.0
+	for _, x := range v {
+		ss += (x - s.Avg) * (x - s.Avg)
+	}
+	if len(v) > 1 {
+		s.Std = math.Sqrt(ss / float64(len(v)-1)) // sample standard deviation, as aiperf
+	}
+	return s
+}
+
+// percentile of sorted values with linear interpolation between closest ranks.
+func percentile(sorted []float64, p float64) float64 {
+	if len(sorted) == 1 {
+		return sorted[0]
+	}
+	pos := p / 100 * float64(len(sorted)-1)
+	lo := int(math.Floor(pos))
+	hi := min(lo+1, len(sorted)-1)
+	return sorted[lo] + (sorted[hi]-sorted[lo])*(pos-float64(lo))
+}
+
+// Summary is a run's result in aiperf's metric names (profile_export_aiperf.json style) plus
+// kvbench's routing metrics.
+type Summary struct {
+	Schema      string      `json:"schema"`
+	Label       string      `json:"label"`
+	InputConfig InputConfig `json:"input_config"`
+
+	TimeToFirstToken      Stat `json:"time_to_first_token"`
+	InterTokenLatency     Stat `json:"inter_token_latency"`
+	RequestLatency        Stat `json:"request_latency"`
+	OutputTokenThroughput Stat `json:"output_token_throughput"`
+	RequestThroughput     Stat `json:"request_throughput"`
+	InputSequenceLength   Stat `json:"input_sequence_length"`
+	OutputSequenceLength  Stat `json:"output_sequence_length"`
+
+	// RequestCount counts successful requests (aiperf's request_count); ErrorCount the failed.
+	RequestCount int `json:"request_count"`
+	ErrorCount   int `json:"error_count"`
+	// CachedTokenRatio = Σ usage.prompt_tokens_details.cached_tokens / Σ usage.prompt_tokens.
+	CachedTokenRatio                float64        `json:"cached_token_ratio"`
+	TotalUsagePromptTokens          int            `json:"total_usage_prompt_tokens"`
+	TotalUsagePromptCacheReadTokens int            `json:"total_usage_prompt_cache_read_tokens"`
+	TheoreticalPrefixCacheHit       float64        `json:"theoretical_prefix_cache_hit"`
+	BenchmarkDuration               float64        `json:"benchmark_duration"`
+	ErrorSummary                    map[string]int `json:"error_summary"`
+	WorkerDistribution              map[string]int `json:"worker_distribution"`
+	ContextResets                   int            `json:"context_resets"`
+}
+
+// InputConfig records how the run was made.
+type InputConfig struct {
+	URL            string  `json:"url"`
+	Model          string  `json:"model"`
+	Trace          string  `json:"trace"`
+	Format         Format  `json:"format"`
+	BlockSize      int     `json:"block_size"`
+	Mode           Mode    `json:"mode"`
+	Concurrency    int     `json:"concurrency,omitempty"`
+	RequestRate    float64 `json:"request_rate,omitempty"`
+	TimeScale      float64 `json:"time_scale"`
+	MaxRequests    int     `json:"max_requests,omitempty"`
+	SessionHeaders string  `json:"session_headers"`
+	Policy         string  `json:"policy,omitempty"`
+}
+
+// SchemaVersion tags kvbench summaries.
+const SchemaVersion = "kvbench/1"
+
+// Summarize computes the run metrics from the records. Run-level throughputs have avg = total /
+// benchmark duration (aiperf's definition); their min..p99 are over one-second time slices (fewer
+// when the run is short), which aiperf reports with --slice-duration.
+func Summarize(label string, cfg InputConfig, res *Result) *Summary {
+	s := &Summary{Schema: SchemaVersion, Label: label, InputConfig: cfg, ContextResets: res.Resets,
+		ErrorSummary: map[string]int{}, WorkerDistribution: map[string]int{}}
+	var ttft, itl, lat, isl, osl []float64
+	first, last := time.Duration(math.MaxInt64), time.Duration(0)
+	totalOut, hit, blocks := 0, 0, 0
+	for i := range res.Records {
+		r := &res.Records[i]
+		hit += r.TheoreticalHit
+		blocks += r.TraceBlocks
+		if r.Worker != "" {
+			s.WorkerDistribution[r.Worker]++
+		}
+		if !r.OK() {
+			s.ErrorCount++
+			s.ErrorSummary[r.ErrorKind]++
+			continue
+		}
+		s.RequestCount++
+		first = min(first, r.StartOffset)
+		last = max(last, r.StartOffset+r.Latency)
+		ttft = append(ttft, ms(r.TTFT))
+		lat = append(lat, ms(r.Latency))
+		if v, ok := r.ITL(); ok {
+			itl = append(itl, ms(v))
+		}
+		osl = append(osl, float64(r.OutputTokens))
+		totalOut += r.OutputTokens
+		if r.HasUsage {
+			isl = append(isl, float64(r.PromptTokens))
+			s.TotalUsagePromptTokens += r.PromptTokens
+			s.TotalUsagePromptCacheReadTokens += r.CachedTokens
+		}
+	}
+	s.TimeToFirstToken = newStat("ms", ttft)
+	s.InterTokenLatency = newStat("ms", itl)
+	s.RequestLatency = newStat("ms", lat)
+	s.InputSequenceLength = newStat("tokens", isl)
+	s.OutputSequenceLength = newStat("tokens", osl)
+	if s.TotalUsagePromptTokens > 0 {
+		s.CachedTokenRatio = float64(s.TotalUsagePromptCacheReadTokens) / float64(s.TotalUsagePromptTokens)
+	}
+	if blocks > 0 {
+		s.TheoreticalPrefixCacheHit = float64(hit) / float64(blocks)
+	}
+	s.OutputTokenThroughput = Stat{Unit: "tokens/sec"}
+	s.RequestThroughput = Stat{Unit: "requests/sec"}
+	if s.RequestCount > 0 && last > first {
+		dur := last - first
+		s.BenchmarkDuration = dur.Seconds()
+		s.OutputTokenThroughput = sliceStat("tokens/sec", res.Records, first, dur, float64(totalOut)/dur.Seconds(),
+			func(r *Record) float64 { return float64(r.OutputTokens) })
+		s.RequestThroughput = sliceStat("requests/sec", res.Records, first, dur, float64(s.RequestCount)/dur.Seconds(),
+			func(r *Record) float64 { return 1 })
+	}
+	return s
+}
+
+// sliceStat buckets successful requests by completion time into equal slices (1 s, at most 200,
+// at least 1) and summarises the per-slice rates; avg is the whole-run rate.
+func sliceStat(unit string, recs []Record, first, dur time.Duration, avg float64, weight func(*Record) float64) Stat {
+	slice := time.Second
+	if dur/slice > 200 {
+		slice = dur / 200
+	}
+	n := int(dur / slice)
+	if n < 1 {
+		n, slice = 1, dur
+	}
+	buckets := make([]float64, n)
+	for i := range recs {
+		r := &recs[i]
+		if !r.OK() {
+			continue
+		}
+		b := int((r.StartOffset + r.Latency - first) / slice)
+		buckets[min(max(b, 0), n-1)] += weight(r)
+	}
+	// The last slice also absorbs the remainder of the run, so rate it over its real length.
+	rates := make([]float64, n)
+	for i, v := range buckets {
+		l := slice
+		if i == n-1 {
+			l = dur - slice*time.Duration(n-1)
+		}
+		rates[i] = v / l.Seconds()
+	}
+	st := newStat(unit, rates)
+	st.Avg = avg
+	return st
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }

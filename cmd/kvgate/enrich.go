@@ -1,0 +1,55 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/kvgate/kvgate/router"
+	"github.com/kvgate/kvgate/server"
+	"github.com/kvgate/kvgate/tokenize"
+)
+
+// enricher tokenizes each request exactly as the workers will (chat template, tokenizer,
+// cache_salt, LoRA) and fills the routing request's prompt tokens and chained block hashes.
+type enricher struct {
+	tok       *tokenize.Tokenizer
+	blockSize int
+	baseModel string
+}
+
+// Enrich implements server.RequestEnricher. A chat-template or request error is the client's:
+// it comes back as server.BadRequest with the template's own message (vLLM answers 400 the
+// same way). Anything else (a tokenizer fault, a cancelled context) is returned as is, and the
+// server routes the request without block hashes.
+func (e *enricher) Enrich(ctx context.Context, in *server.Inbound, req *router.Request) error {
+	var (
+		p   *tokenize.Prompt
+		err error
+	)
+	if in.Chat != nil {
+		p, err = e.tok.TokenizeChat(ctx, in.Body)
+	} else {
+		p, err = e.tok.TokenizeCompletion(ctx, in.Body)
+	}
+	if err != nil {
+		var te *tokenize.TemplateError
+		var re *tokenize.RequestError
+		switch {
+		case errors.As(err, &te):
+			return server.BadRequest("", te.Message)
+		case errors.As(err, &re):
+			return server.BadRequest(re.Param, re.Message)
+		}
+		return fmt.Errorf("tokenize: %w", err)
+	}
+	// A model other than the served one is a LoRA adapter the worker listed (the server accepts
+	// no other): vLLM folds the adapter's name into every block hash.
+	if req.Model != "" && req.Model != e.baseModel {
+		p.LoRAName = req.Model
+	}
+	req.PromptTokens = len(p.TokenIDs)
+	req.BlockSize = e.blockSize
+	req.BlockHashes = p.BlockHashes(e.blockSize)
+	return nil
+}

@@ -1,0 +1,52 @@
+// Command kvgate is the OpenAI-compatible gateway with KV-cache-aware routing.
+//
+//	kvgate serve --config configs/kvgate.yaml
+//	kvgate serve --model M --tokenizer DIR --worker URL --worker URL
+//	kvgate tokenize --tokenizer DIR --request FILE|-
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+const usage = `kvgate: OpenAI-compatible gateway with KV-cache-aware routing for vLLM fleets.
+
+usage:
+  kvgate serve [--config FILE] [flags]   run the gateway (kvgate serve -h lists every flag)
+  kvgate tokenize --tokenizer DIR --request FILE|-
+                                         print the prompt, token ids and block hashes of a request
+  kvgate help                            this text
+`
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, os.Args[1:], os.Stdout, os.Stderr); err != nil {
+		fmt.Fprintln(os.Stderr, "kvgate:", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return errors.New("no command given")
+	}
+	switch args[0] {
+	case "serve":
+		return runServe(ctx, args[1:], stderr)
+	case "tokenize":
+		return runTokenize(ctx, args[1:], stdout)
+	case "help", "-h", "--help":
+		fmt.Fprint(stdout, usage)
+		return nil
+	}
+	fmt.Fprint(stderr, usage)
+	return fmt.Errorf("unknown command %q", args[0])
+}

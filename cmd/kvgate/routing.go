@@ -1,0 +1,316 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvgate/kvgate/configs"
+	"github.com/kvgate/kvgate/indexers"
+	"github.com/kvgate/kvgate/router"
+	"github.com/kvgate/kvgate/server"
+	"github.com/kvgate/kvgate/sessions"
+	"github.com/kvgate/kvgate/tokenize"
+	"github.com/kvgate/kvgate/workers"
+)
+
+// routing is everything that decides where a request goes: the policy (wrapped in a
+// router.Engine that accounts load and closes the loop on usage), the optional request enricher
+// (tokenizer → block hashes), the session manager, the KV-event subscriptions, and the
+// background work they need, stopped by close.
+type routing struct {
+	policy   router.Policy
+	enricher server.RequestEnricher
+	sessions *sessions.Manager
+	events   *indexers.Manager
+	close    func()
+}
+
+// buildRouting assembles the routing for cfg. This is the one place where the KV-aware
+// policies' dependencies (tokenizer, event index, sessions, metrics scraper) get wired in; the
+// simple policies need none of them. Background work runs until close is called.
+func buildRouting(ctx context.Context, cfg configs.Config, reg *workers.Registry, prom prometheus.Registerer, log *slog.Logger) (rt *routing, err error) {
+	bg, stop := context.WithCancel(context.WithoutCancel(ctx))
+	var closers []func()
+	rt = &routing{close: func() {
+		stop()
+		for i := len(closers) - 1; i >= 0; i-- {
+			closers[i]()
+		}
+	}}
+	defer func() {
+		if err != nil {
+			rt.close()
+			rt = nil
+		}
+	}()
+
+	kvcfg := kvConfig(cfg.Router)
+	opts := router.Options{Seed: cfg.Router.Seed, KV: kvcfg}
+	engOpts := router.EngineOptions{Registerer: prom, Log: log}
+	if configs.KVAware(cfg.Router.Policy) {
+		k, err := buildKV(bg, cfg, kvcfg, reg, prom, log)
+		if err != nil {
+			return nil, err
+		}
+		closers = append(closers, k.close)
+		rt.enricher, rt.sessions, rt.events = k.enricher, k.sessions, k.events
+		opts.KVDeps = k.deps
+		engOpts.Targets = func() []workers.Target { return allTargets(reg) }
+		engOpts.MetricsClient = scrapeClient(cfg)
+		engOpts.MetricsInterval = kvcfg.MetricsInterval
+	}
+	policy, err := router.New(cfg.Router.Policy, opts)
+	if err != nil {
+		return nil, fmt.Errorf("router.policy: %w", err)
+	}
+	engOpts.Policy = policy
+	eng, err := router.NewEngine(engOpts)
+	if err != nil {
+		return nil, err
+	}
+	rt.policy = eng
+	if kv, ok := policy.(*router.KVPolicy); ok {
+		// A worker whose /health flapped may have restarted with an empty cache: what approximate
+		// mode assumed about it is void (the event subscriptions reset themselves, see buildKV).
+		reg.OnChange(func(w *workers.Worker, change string) {
+			if change == workers.ChangeReadmitted && kv.Approx() != nil {
+				for rank := range w.DPSize() {
+					kv.Approx().Forget(workers.Target{Worker: w.URL(), DPRank: rank})
+				}
+			}
+		})
+	}
+	done := make(chan struct{})
+	go func() { defer close(done); eng.Run(bg) }()
+	closers = append(closers, func() { <-done })
+	return rt, nil
+}
+
+// kvConfig maps the router config keys onto router.KVConfig (configs cannot import router).
+func kvConfig(r configs.Router) router.KVConfig {
+	return router.KVConfig{
+		PrefillWeight:       r.PrefillWeight,
+		G2Credit:            r.G2Credit,
+		G3Credit:            r.G3Credit,
+		PrefillLoadWeight:   r.PrefillLoadWeight,
+		DecodeWeight:        r.DecodeWeight,
+		RequestWeight:       r.RequestWeight,
+		WaitingWeight:       r.WaitingWeight,
+		Temperature:         r.Temperature,
+		BusyWaitingRequests: r.BusyWaitingRequests,
+		BusyKVUsage:         r.BusyKVUsage,
+		BusyPrefillTokens:   r.BusyPrefillTokens,
+		MetricsInterval:     r.MetricsInterval.D(),
+		MetricsMaxAge:       r.MetricsMaxAge.D(),
+		LoadExpiry:          r.LoadExpiry.D(),
+		Approximate: router.ApproxConfig{
+			TTL:         r.Approximate.TTL.D(),
+			BlockBudget: r.Approximate.BlockBudget,
+		},
+	}
+}
+
+// sessionsConfig maps the sessions config keys onto sessions.Config. The config says 0 for
+// "off" where sessions.Config says negative (its 0 means "default").
+func sessionsConfig(s configs.Sessions) sessions.Config {
+	off := func(v float64) float64 {
+		if v == 0 {
+			return -1
+		}
+		return v
+	}
+	parentAware, siblingPrefix := s.ParentAware, s.SiblingPrefix
+	return sessions.Config{
+		MaxSessions:    s.MaxSessions,
+		MaxNodes:       s.MaxNodes,
+		AffinityBlocks: off(s.AffinityBlocks),
+		ParentAware:    &parentAware,
+		ParentMode:     s.ParentMode,
+		ParentBlocks:   off(s.ParentBlocks),
+		GroupTargets:   s.GroupTargets,
+		SiblingPrefix:  &siblingPrefix,
+		PendingTTL:     s.PendingTTL.D(),
+	}
+}
+
+// kvParts are the KV-aware policies' collaborators built by buildKV.
+type kvParts struct {
+	deps     router.KVDeps
+	enricher server.RequestEnricher
+	sessions *sessions.Manager
+	events   *indexers.Manager
+	close    func()
+}
+
+// buildKV loads the tokenizer, creates the event index with the session manager listening to
+// it, subscribes to every worker+rank that publishes KV events, and ties health flaps to the
+// subscriptions' restart handling.
+func buildKV(ctx context.Context, cfg configs.Config, kvcfg router.KVConfig, reg *workers.Registry, prom prometheus.Registerer, log *slog.Logger) (*kvParts, error) {
+	start := time.Now()
+	topts := tokenize.Options{}
+	if cfg.ChatTemplate != "" {
+		b, err := os.ReadFile(cfg.ChatTemplate)
+		if err != nil {
+			return nil, fmt.Errorf("chat_template: %w", err)
+		}
+		topts.ChatTemplate = string(b)
+	}
+	if cfg.DefaultChatTemplateKwargs != "" {
+		topts.DefaultChatTemplateKwargs = json.RawMessage(cfg.DefaultChatTemplateKwargs)
+	}
+	tok, err := tokenize.Load(cfg.Tokenizer, topts)
+	if err != nil {
+		return nil, fmt.Errorf("tokenizer: %w", err)
+	}
+	log.Info("tokenizer loaded", "dir", cfg.Tokenizer, "took", time.Since(start).Round(time.Millisecond))
+
+	// The index tells the sessions layer about every applied event, strictly after applying it;
+	// the sessions layer reads the index for its route-time updates. The feed is wired before
+	// any subscription starts, so no event can miss it.
+	feed := &sessionFeed{}
+	ix := indexers.NewIndex(indexers.Options{BlockSize: cfg.BlockSize, Listener: feed})
+	sm, err := sessions.New(sessionsConfig(cfg.Sessions), ix, log)
+	if err != nil {
+		return nil, fmt.Errorf("sessions: %w", err)
+	}
+	feed.m = sm
+	mgr, err := indexers.NewManager(ix, log)
+	if err != nil {
+		return nil, err
+	}
+	parts := &kvParts{sessions: sm, events: mgr, close: func() {
+		if err := mgr.Close(); err != nil {
+			log.Warn("closing KV-event subscriptions", "err", err)
+		}
+	}}
+	if prom != nil {
+		if err := mgr.Register(prom); err != nil {
+			parts.close()
+			return nil, fmt.Errorf("kv-event metrics: %w", err)
+		}
+	}
+	subscribed := 0
+	for i, w := range cfg.Workers {
+		if w.KVEvents == "" {
+			continue // approximate mode for this worker
+		}
+		subs, err := indexers.TargetConfigs(w.URL, w.DPSize, w.KVEvents, w.Replay, w.Topic)
+		if err != nil {
+			parts.close()
+			return nil, fmt.Errorf("workers[%d].kv_events: %w", i, err)
+		}
+		for _, sc := range subs {
+			if err := mgr.Start(ctx, sc); err != nil {
+				parts.close()
+				return nil, fmt.Errorf("workers[%d]: subscribe %s: %w", i, sc.Endpoint, err)
+			}
+			subscribed++
+		}
+	}
+	// A readmitted worker's /health flapped: it may have restarted with an empty cache and a
+	// new event sequence, so its index state is dropped and its streams restart clean.
+	reg.OnChange(func(w *workers.Worker, change string) {
+		if change == workers.ChangeReadmitted {
+			log.Info("worker health flapped; resetting its KV-event state", "worker", w.URL())
+			mgr.WorkerRestarted(w.URL())
+			for rank := range w.DPSize() {
+				sm.ApplyCleared(workers.Target{Worker: w.URL(), DPRank: rank})
+			}
+		}
+	})
+	parts.deps = router.KVDeps{
+		Events: router.ManagerHealth(mgr),
+		Approx: router.NewApproxIndex(kvcfg.Approximate),
+		Load:   router.NewLoadTracker(kvcfg.LoadExpiry),
+		Hints:  sm,
+	}
+	if subscribed > 0 {
+		parts.deps.Matcher = router.IndexMatcher(ix)
+	}
+	parts.enricher = &enricher{tok: tok, blockSize: cfg.BlockSize, baseModel: cfg.Model}
+	log.Info("KV-aware routing ready", "policy", cfg.Router.Policy, "event_streams", subscribed,
+		"approximate_workers", len(cfg.Workers)-eventWorkers(cfg))
+	return parts, nil
+}
+
+func eventWorkers(cfg configs.Config) int {
+	n := 0
+	for _, w := range cfg.Workers {
+		if w.KVEvents != "" {
+			n++
+		}
+	}
+	return n
+}
+
+// allTargets lists every worker+rank of the fleet (routable or not: a worker's /metrics is
+// worth reading even while it is ejected).
+func allTargets(reg *workers.Registry) []workers.Target {
+	var out []workers.Target
+	for _, w := range reg.Workers() {
+		for rank := range w.DPSize() {
+			out = append(out, workers.Target{Worker: w.URL(), DPRank: rank})
+		}
+	}
+	return out
+}
+
+// scrapeClient reads the workers' /metrics directly (never through an environment proxy), with
+// the proxy's dial timeout; the scraper bounds each scrape by its interval.
+func scrapeClient(cfg configs.Config) *http.Client {
+	return &http.Client{Transport: &http.Transport{
+		Proxy:               nil,
+		DialContext:         (&net.Dialer{Timeout: cfg.Proxy.DialTimeout.D()}).DialContext,
+		MaxIdleConnsPerHost: 2,
+		IdleConnTimeout:     cfg.Proxy.IdleConnTimeout.D(),
+	}}
+}
+
+// sessionFeed passes the index's residency changes to the session manager. It runs on the
+// subscriber goroutine that applied the event, after the index applied it
+// (indexers.AttributedListener).
+type sessionFeed struct{ m *sessions.Manager }
+
+var _ indexers.AttributedListener = (*sessionFeed)(nil)
+
+// BlocksStored is not forwarded: BlocksStoredFrom, called right after it for the same event,
+// carries the whole run with its parent and session, which the session manager needs.
+func (f *sessionFeed) BlocksStored(workers.Target, indexers.Tier, []uint64) {}
+
+// BlocksStoredFrom hears each token-carrying store as a whole run: the blocks in chain order
+// (our hashes), our hash of the parent block (hasParent false for block 0 of a prompt) and the
+// event's session_id (vLLM attributes events to the X-Session-ID the gateway forwards). GPU
+// stores advance that session's frontier and graft the session forest.
+func (f *sessionFeed) BlocksStoredFrom(t workers.Target, tier indexers.Tier, hashes []uint64, parent uint64, hasParent bool, sessionID string) {
+	if tier != indexers.G1 || f.m == nil {
+		return
+	}
+	if !hasParent {
+		parent = 0 // sessions: 0 means the first block is a prompt's block 0
+	}
+	// A rejected update (conflicting or cyclic parentage) changed nothing and is counted by the
+	// session manager; the physical index already applied the event.
+	_ = f.m.ApplyStored(t, hashes, parent, sessionID)
+}
+
+// BlocksRemoved recedes session frontiers past evicted GPU blocks.
+func (f *sessionFeed) BlocksRemoved(t workers.Target, tier indexers.Tier, hashes []uint64) {
+	if tier == indexers.G1 && f.m != nil {
+		f.m.ApplyRemoved(t, hashes)
+	}
+}
+
+// Cleared drops the target's session frontiers (AllBlocksCleared, or a reset of the target).
+func (f *sessionFeed) Cleared(t workers.Target, _ bool) {
+	if f.m != nil {
+		f.m.ApplyCleared(t)
+	}
+}

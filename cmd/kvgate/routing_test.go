@@ -1,0 +1,119 @@
+package main
+
+import (
+	"context"
+	"log/slog"
+	"reflect"
+	"slices"
+	"testing"
+
+	"github.com/kvgate/kvgate/configs"
+	"github.com/kvgate/kvgate/indexers"
+	"github.com/kvgate/kvgate/router"
+	"github.com/kvgate/kvgate/sessions"
+	"github.com/kvgate/kvgate/workers"
+)
+
+// The config keys mirror router.KVConfig and sessions.Config (configs cannot import them): the
+// documented defaults must be theirs, and the policy names the router's.
+func TestConfigMirrorsRouterAndSessions(t *testing.T) {
+	def := configs.Default()
+	if got, want := kvConfig(def.Router), router.DefaultKVConfig(); got != want {
+		t.Errorf("router defaults drifted:\n config %+v\n router %+v", got, want)
+	}
+	if err := kvConfig(def.Router).Validate(); err != nil {
+		t.Error(err)
+	}
+	got, want := sessionsConfig(def.Sessions), sessions.Defaults()
+	// The identity names are the server's business (see server.identityConfig).
+	got.Identity, want.Identity = sessions.IdentityConfig{}, sessions.IdentityConfig{}
+	// Not exposed as config keys: 0 takes the sessions package's own default.
+	if got.MaxFrontiersPerTarget != 0 || got.MaxFrontiersPerSession != 0 || got.MaxLineageBlocks != 0 {
+		t.Errorf("unexposed knobs set: %+v", got)
+	}
+	got.MaxFrontiersPerTarget, got.MaxFrontiersPerSession = want.MaxFrontiersPerTarget, want.MaxFrontiersPerSession
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("sessions defaults drifted:\n config   %+v\n sessions %+v", got, want)
+	}
+	// 0 means "off" in the config and must reach sessions as off (negative), not as "default".
+	off := def.Sessions
+	off.AffinityBlocks, off.ParentBlocks = 0, 0
+	if sc := sessionsConfig(off); sc.AffinityBlocks >= 0 || sc.ParentBlocks >= 0 {
+		t.Errorf("0 credits map to %v / %v, want disabled (negative)", sc.AffinityBlocks, sc.ParentBlocks)
+	}
+	names := configs.Policies()
+	slices.Sort(names)
+	if !slices.Equal(names, router.Names()) {
+		t.Errorf("config knows policies %v, router %v", names, router.Names())
+	}
+}
+
+// The simple policies need no tokenizer, index or sessions; they still run in an Engine so the
+// gateway accounts load and reads usage the same way for every policy.
+func TestBuildRoutingSimplePolicies(t *testing.T) {
+	for _, name := range []string{"round_robin", "random", "least_loaded"} {
+		t.Run(name, func(t *testing.T) {
+			cfg := configs.Default()
+			cfg.Model, cfg.Router.Policy = "m", name
+			cfg.Workers = []configs.Worker{{URL: "http://127.0.0.1:1", DPSize: 2}}
+			reg, err := workers.NewRegistry(cfg, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			rt, err := buildRouting(context.Background(), cfg, reg, nil, slog.New(slog.DiscardHandler))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer rt.close()
+			if _, ok := rt.policy.(*router.Engine); !ok || rt.policy.Name() != name {
+				t.Errorf("policy %T %q", rt.policy, rt.policy.Name())
+			}
+			if rt.enricher != nil || rt.sessions != nil || rt.events != nil {
+				t.Errorf("simple policy got KV parts: %+v", rt)
+			}
+			if got := allTargets(reg); len(got) != 2 || got[1] != (workers.Target{Worker: "http://127.0.0.1:1", DPRank: 1}) {
+				t.Errorf("targets %v", got)
+			}
+		})
+	}
+}
+
+// The feed passes the index's GPU residency changes to the session manager, after the index
+// applied them: stored blocks attributed to a session advance its frontier, removals recede it,
+// a clear drops it; other tiers are ignored.
+func TestSessionFeed(t *testing.T) {
+	ix := indexers.NewIndex(indexers.Options{BlockSize: 16})
+	sm, err := sessions.New(sessions.Config{}, ix, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	feed := &sessionFeed{m: sm}
+	tgt := workers.Target{Worker: "http://w:1"}
+	sm.Observe(sessions.Identity{SessionID: "s"})
+	depth := func() int {
+		fr := sm.Frontiers("s")
+		if len(fr) == 0 {
+			return 0
+		}
+		return fr[0].Depth
+	}
+	steps := []struct {
+		name string
+		do   func()
+		want int
+	}{
+		{"host-tier store ignored", func() { feed.BlocksStoredFrom(tgt, indexers.G2, []uint64{11, 12}, 0, false, "s") }, 0},
+		{"GPU store of blocks 0-1", func() { feed.BlocksStoredFrom(tgt, indexers.G1, []uint64{11, 12}, 0, false, "s") }, 2},
+		{"GPU store extending it", func() { feed.BlocksStoredFrom(tgt, indexers.G1, []uint64{13, 14}, 12, true, "s") }, 4},
+		{"host-tier removal ignored", func() { feed.BlocksRemoved(tgt, indexers.G2, []uint64{13}) }, 4},
+		{"GPU removal recedes", func() { feed.BlocksRemoved(tgt, indexers.G1, []uint64{13, 14}) }, 2},
+		{"clear drops", func() { feed.Cleared(tgt, false) }, 0},
+	}
+	for _, st := range steps {
+		st.do()
+		if got := depth(); got != st.want {
+			t.Fatalf("%s: frontier depth %d, want %d", st.name, got, st.want)
+		}
+	}
+	feed.BlocksStored(tgt, indexers.G1, []uint64{1}) // unattributed: not forwarded, must not panic
+}

@@ -1,0 +1,195 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+
+	"github.com/kvgate/kvgate/tokenize"
+)
+
+const tokenizeUsage = `usage: kvgate tokenize --tokenizer DIR (--request FILE|- | --requests FILE.jsonl|-) [flags]
+
+Prints what the gateway computes for an OpenAI request, as JSON:
+  {"prompt": "...", "token_ids": [...], "block_size": 16, "block_hashes": [...]}
+The request may be a /v1/chat/completions body ("messages"), a /v1/completions body ("prompt":
+a string or token ids; a batch prints one line per prompt), or {"text": "..."} to tokenize raw
+text without special tokens. --requests reads one request per line and writes one JSON line
+per request ({"error": "..."} for a request that fails).
+`
+
+// runTokenize implements `kvgate tokenize`.
+func runTokenize(ctx context.Context, args []string, stdout io.Writer) error {
+	fs := flag.NewFlagSet("tokenize", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	dir := fs.String("tokenizer", "", "HF model folder with tokenizer.json and tokenizer_config.json (or a hub model id, downloaded into the HF cache)")
+	reqPath := fs.String("request", "", "file holding one request body, or - for stdin")
+	reqsPath := fs.String("requests", "", "JSONL file with one request body per line, or - for stdin")
+	blockSize := fs.Int("block-size", 16, "KV block size of the workers (vLLM --block-size)")
+	chatTemplate := fs.String("chat-template", "", "file with a chat template overriding the folder's")
+	lora := fs.String("lora", "", "LoRA adapter name folded into the block hashes")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			fmt.Fprint(stdout, tokenizeUsage)
+			return nil
+		}
+		return fmt.Errorf("tokenize: %w\n%s", err, tokenizeUsage)
+	}
+	if *dir == "" || (*reqPath == "") == (*reqsPath == "") || *blockSize <= 0 {
+		return fmt.Errorf("tokenize: need --tokenizer and exactly one of --request or --requests, and a positive --block-size\n%s", tokenizeUsage)
+	}
+	opts := tokenize.Options{}
+	if *chatTemplate != "" {
+		b, err := os.ReadFile(*chatTemplate)
+		if err != nil {
+			return fmt.Errorf("tokenize: read chat template: %w", err)
+		}
+		opts.ChatTemplate = string(b)
+	}
+	folder, err := tokenizerFolder(ctx, *dir)
+	if err != nil {
+		return err
+	}
+	tk, err := tokenize.Load(folder, opts)
+	if err != nil {
+		return fmt.Errorf("tokenize: %w", err)
+	}
+	out := bufio.NewWriter(stdout)
+	defer out.Flush()
+	enc := json.NewEncoder(out)
+	enc.SetEscapeHTML(false) // prompts are full of <|special|> tokens; keep them readable
+	t := tokenizeRun{tk: tk, blockSize: *blockSize, lora: *lora, out: enc}
+	if *reqPath != "" {
+		body, err := readInput(*reqPath)
+		if err != nil {
+			return err
+		}
+		return t.one(ctx, body)
+	}
+	in, closeIn, err := openInput(*reqsPath)
+	if err != nil {
+		return err
+	}
+	defer closeIn()
+	sc := bufio.NewScanner(in)
+	sc.Buffer(make([]byte, 1<<20), 256<<20)
+	for sc.Scan() {
+		line := bytes.TrimSpace(sc.Bytes())
+		if len(line) == 0 {
+			continue
+		}
+		if err := t.one(ctx, line); err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			if err := t.out.Encode(map[string]string{"error": err.Error()}); err != nil {
+				return err
+			}
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return fmt.Errorf("tokenize: read %s: %w", *reqsPath, err)
+	}
+	return nil
+}
+
+// tokenizerFolder returns dir when it is a folder; otherwise it treats it as a hub model id.
+func tokenizerFolder(ctx context.Context, dir string) (string, error) {
+	if st, err := os.Stat(dir); err == nil && st.IsDir() {
+		return dir, nil
+	}
+	folder, err := tokenize.DownloadTokenizer(ctx, dir, tokenize.HubOptions{})
+	if err != nil {
+		return "", fmt.Errorf("tokenize: %s is not a folder and could not be fetched from the hub: %w", dir, err)
+	}
+	return folder, nil
+}
+
+type tokenizeRun struct {
+	tk        *tokenize.Tokenizer
+	blockSize int
+	lora      string
+	out       *json.Encoder
+}
+
+type tokenizeOutput struct {
+	Prompt      string   `json:"prompt"`
+	TokenIDs    []uint32 `json:"token_ids"`
+	BlockSize   int      `json:"block_size"`
+	BlockHashes []uint64 `json:"block_hashes"`
+}
+
+func (t *tokenizeRun) one(ctx context.Context, body []byte) error {
+	var probe struct {
+		Text     *string         `json:"text"`
+		Messages json.RawMessage `json:"messages"`
+		Prompt   json.RawMessage `json:"prompt"`
+	}
+	if err := json.Unmarshal(body, &probe); err != nil {
+		return fmt.Errorf("request is not a JSON object: %w", err)
+	}
+	var prompts []*tokenize.Prompt
+	if probe.Text != nil && probe.Messages == nil && probe.Prompt == nil {
+		ids, err := t.tk.Encode(*probe.Text, false)
+		if err != nil {
+			return err
+		}
+		prompts = []*tokenize.Prompt{{Text: *probe.Text, TokenIDs: ids}}
+	} else {
+		p, err := t.tk.TokenizeRequest(ctx, body)
+		if err != nil {
+			return err
+		}
+		prompts = []*tokenize.Prompt{p}
+		if p.Batch != nil {
+			prompts = p.Batch
+		}
+	}
+	for _, p := range prompts {
+		p.LoRAName = t.lora
+		hashes := p.BlockHashes(t.blockSize)
+		if hashes == nil {
+			hashes = []uint64{}
+		}
+		ids := p.TokenIDs
+		if ids == nil {
+			ids = []uint32{}
+		}
+		if err := t.out.Encode(tokenizeOutput{Prompt: p.Text, TokenIDs: ids, BlockSize: t.blockSize, BlockHashes: hashes}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func readInput(path string) ([]byte, error) {
+	if path == "-" {
+		b, err := io.ReadAll(os.Stdin)
+		if err != nil {
+			return nil, fmt.Errorf("tokenize: read stdin: %w", err)
+		}
+		return b, nil
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("tokenize: %w", err)
+	}
+	return b, nil
+}
+
+func openInput(path string) (io.Reader, func(), error) {
+	if path == "-" {
+		return os.Stdin, func() {}, nil
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, nil, fmt.Errorf("tokenize: %w", err)
+	}
+	return f, func() { f.Close() }, nil
+}

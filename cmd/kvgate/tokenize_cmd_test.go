@@ -1,0 +1,93 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/kvgate/kvgate/tokenize"
+)
+
+func TestTokenizeCommand(t *testing.T) {
+	dir := filepath.Join("..", "..", "models", "qwen3")
+	if _, err := os.Stat(filepath.Join(dir, "tokenizer.json")); err != nil {
+		t.Skipf("model files missing (run scripts/fetch-tokenizers.sh): %v", err)
+	}
+	tmp := t.TempDir()
+	one := filepath.Join(tmp, "req.json")
+	if err := os.WriteFile(one, []byte(`{"model":"m","messages":[{"role":"user","content":"`+strings.Repeat("Hello there. ", 30)+`"}]}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	many := filepath.Join(tmp, "reqs.jsonl")
+	lines := `{"prompt":"Hello world"}
+{"text":"<|im_start|>hi"}
+{"prompt":[1,2,3,4,5],"cache_salt":"x"}
+{"messages":"bad"}
+`
+	if err := os.WriteFile(many, []byte(lines), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	tk, err := tokenize.Load(dir, tokenize.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	var out bytes.Buffer
+	if err := runTokenize(context.Background(), []string{"--tokenizer", dir, "--request", one, "--block-size", "4"}, &out); err != nil {
+		t.Fatal(err)
+	}
+	var got struct {
+		Prompt      string   `json:"prompt"`
+		TokenIDs    []uint32 `json:"token_ids"`
+		BlockSize   int      `json:"block_size"`
+		BlockHashes []uint64 `json:"block_hashes"`
+	}
+	if err := json.Unmarshal(out.Bytes(), &got); err != nil {
+		t.Fatalf("%v: %s", err, out.String())
+	}
+	if !strings.HasPrefix(got.Prompt, "<|im_start|>user\nHello there.") || got.BlockSize != 4 {
+		t.Errorf("prompt %q, block size %d", got.Prompt, got.BlockSize)
+	}
+	want, _ := tk.Encode(got.Prompt, false)
+	if len(got.TokenIDs) != len(want) || len(got.BlockHashes) != len(want)/4 {
+		t.Errorf("%d ids (want %d), %d hashes (want %d)", len(got.TokenIDs), len(want), len(got.BlockHashes), len(want)/4)
+	}
+	hashes := tokenize.BlockHashes(got.TokenIDs, 4, tokenize.HashOptions{})
+	for i := range hashes {
+		if hashes[i] != got.BlockHashes[i] {
+			t.Fatalf("block hash %d differs from tokenize.BlockHashes", i)
+		}
+	}
+
+	out.Reset()
+	if err := runTokenize(context.Background(), []string{"--tokenizer", dir, "--requests", many}, &out); err != nil {
+		t.Fatal(err)
+	}
+	res := strings.Split(strings.TrimSpace(out.String()), "\n")
+	if len(res) != 4 {
+		t.Fatalf("want 4 JSON lines, got %d: %s", len(res), out.String())
+	}
+	var raw struct {
+		TokenIDs    []uint32 `json:"token_ids"`
+		BlockHashes []uint64 `json:"block_hashes"`
+		Error       string   `json:"error"`
+	}
+	if err := json.Unmarshal([]byte(res[1]), &raw); err != nil || len(raw.TokenIDs) != 2 {
+		t.Errorf("raw text with a special token inside: %s (%v)", res[1], err)
+	}
+	if err := json.Unmarshal([]byte(res[2]), &raw); err != nil || len(raw.TokenIDs) != 5 || len(raw.BlockHashes) != 0 {
+		t.Errorf("id prompt shorter than a block: %s", res[2])
+	}
+	raw.Error = ""
+	if err := json.Unmarshal([]byte(res[3]), &raw); err != nil || raw.Error == "" {
+		t.Errorf("bad request should give an error line: %s", res[3])
+	}
+
+	if err := runTokenize(context.Background(), []string{"--request", one}, &out); err == nil {
+		t.Error("missing --tokenizer must fail")
+	}
+}

@@ -1,0 +1,152 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"strings"
+
+	"github.com/zeebo/xxh3"
+
+	"github.com/kvgate/kvgate/indexers"
+	"github.com/kvgate/kvgate/sim"
+)
+
+// serveConfig is what the serve command needs besides sim.Options.
+type serveConfig struct {
+	host     string
+	port     int
+	logLevel string
+}
+
+// stringList is a repeatable flag.
+type stringList []string
+
+func (s *stringList) String() string     { return strings.Join(*s, ",") }
+func (s *stringList) Set(v string) error { *s = append(*s, strings.Fields(v)...); return nil }
+
+// newServeFlags registers vLLM's flag names (where vLLM has them) and the simulator's own
+// (--sim-*, --fault-*) on fs, writing into o and c.
+func newServeFlags(fs *flag.FlagSet, o *sim.Options, c *serveConfig) func() error {
+	fs.StringVar(&c.host, "host", "", "host name to listen on (default: all interfaces, as vLLM)")
+	fs.IntVar(&c.port, "port", 8000, "port to listen on")
+	fs.StringVar(&c.logLevel, "log-level", "info", "debug | info | warn | error")
+	fs.StringVar(&o.Model, "model", "", "model folder holding tokenizer.json (also the first positional argument)")
+	fs.StringVar(&o.Tokenizer, "tokenizer", "", "tokenizer folder (default: --model)")
+	fs.StringVar(&o.ServedModelName, "served-model-name", "", "model name clients use (default: --model, else sim-model)")
+	var loras stringList
+	fs.Var(&loras, "lora-modules", "LoRA adapters name=path (repeatable); clients select one by model name")
+	fs.IntVar(&o.MaxNumSeqs, "max-num-seqs", 256, "maximum sequences per step (running batch)")
+	fs.IntVar(&o.MaxNumBatchedTokens, "max-num-batched-tokens", 8192, "token budget per step (chunked prefill)")
+	fs.IntVar(&o.MaxModelLen, "max-model-len", 0, "maximum prompt + output tokens (default: min(32768, KV cache capacity))")
+	fs.IntVar(&o.BlockSize, "block-size", 16, "tokens per KV block")
+	fs.IntVar(&o.NumGPUBlocks, "num-gpu-blocks", 4096, "GPU KV blocks (including vLLM's null block)")
+	fs.IntVar(&o.NumGPUBlocks, "num-gpu-blocks-override", 4096, "alias of --num-gpu-blocks (vLLM's name)")
+	fs.IntVar(&o.NumCPUBlocks, "num-cpu-blocks", 0, "host-memory (CPU offload) tier blocks; 0 = off")
+	cpuEvents := fs.String("cpu-events", "placeholder", "host-tier BlockStored events: placeholder (token-less, vLLM's offload connector) | full")
+	enablePC := fs.Bool("enable-prefix-caching", true, "prefix caching")
+	noPC := fs.Bool("no-enable-prefix-caching", false, "disable prefix caching")
+	fs.IntVar(&o.DataParallelSize, "data-parallel-size", 1, "DP ranks (engines); rank r publishes on port+r")
+	fs.IntVar(&o.DataParallelSize, "dp", 1, "alias of --data-parallel-size")
+	kvCfg := fs.String("kv-events-config", "", `vLLM KVEventsConfig JSON, e.g. '{"enable_kv_cache_events":true,"publisher":"zmq","endpoint":"tcp://*:5557","replay_endpoint":"tcp://*:5558","topic":"kv-events"}'`)
+	layout := fs.String("kv-events-layout", "map", "event encoding: map (vLLM >= 0.24) | array (v0.22/0.23) | v0.9.0")
+	hashes := fs.String("kv-events-hashes", "", "block hashes on the wire: int | bytes (default: env VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES, else int)")
+	opaque := fs.Bool("kv-events-opaque-hashes", true, "publish per-engine opaque block ids like vLLM (keyed by PYTHONHASHSEED when set, else random per process); false publishes kvgate's content keys")
+	replay := fs.String("kv-events-replay-format", "topic", "replay replies: topic (vLLM >= 0.26) | no-topic (older)")
+	promptDetails := fs.Bool("enable-prompt-tokens-details", true, "report usage.prompt_tokens_details.cached_tokens")
+	fs.IntVar(&o.OutputLen, "output-len", 64, "mean natural output length (EOS) without ignore_eos; -1 = run to max_tokens")
+
+	fs.Float64Var(&o.Speedup, "speedup", 1, "divide every simulated duration by this")
+	fs.DurationVar(&o.TTFT, "ttft", 0, "fixed time of a prefill step (replaces the perf model with --itl)")
+	fs.DurationVar(&o.ITL, "itl", 0, "fixed time of a decode step (replaces the perf model with --ttft)")
+	p := sim.DefaultPerfModel()
+	o.Perf = p
+	fs.Float64Var(&o.Perf.PrefillA, "sim-prefill-a", p.PrefillA, "prefill ms = a*T^2 + b*T + c, T = uncached tokens in the step")
+	fs.Float64Var(&o.Perf.PrefillB, "sim-prefill-b", p.PrefillB, "prefill linear coefficient (ms/token)")
+	fs.Float64Var(&o.Perf.PrefillC, "sim-prefill-c", p.PrefillC, "prefill fixed cost per step (ms)")
+	fs.Float64Var(&o.Perf.DecodeA, "sim-decode-a", p.DecodeA, "decode ms = max(min, a*u^2 + b*u + c) + per_seq*batch, u = KV usage")
+	fs.Float64Var(&o.Perf.DecodeB, "sim-decode-b", p.DecodeB, "decode linear coefficient in u")
+	fs.Float64Var(&o.Perf.DecodeC, "sim-decode-c", p.DecodeC, "decode constant (ms)")
+	fs.Float64Var(&o.Perf.DecodeMin, "sim-decode-min", p.DecodeMin, "decode floor (ms)")
+	fs.Float64Var(&o.Perf.DecodePerSeq, "sim-decode-per-seq", p.DecodePerSeq, "decode cost per running sequence (ms)")
+	fs.Float64Var(&o.Perf.CPULoadPerToken, "sim-cpu-load-per-token", p.CPULoadPerToken, "host-tier load cost (ms/token)")
+
+	fs.BoolVar(&o.FailBeforeFirstByte, "fail-before-first-byte", false, "fault: fail every completion request before the first byte")
+	fs.IntVar(&o.DieMidStreamAfter, "die-mid-stream-after", 0, "fault: cut every stream after N tokens (0 = never)")
+	fs.Float64Var(&o.Faults.FailRate, "fault-fail-rate", 0, "fault: fraction of requests failed before the first byte")
+	fs.IntVar(&o.Faults.FailStatus, "fault-fail-status", 0, "fault: HTTP status of injected failures (0 = close the connection)")
+	fs.Float64Var(&o.Faults.DropEventRate, "fault-drop-events", 0, "fault: fraction of event messages not sent (still replayable)")
+	fs.IntVar(&o.Faults.SkipSeqEvery, "fault-skip-seq-every", 0, "fault: skip a sequence number after every N messages")
+	fs.DurationVar(&o.Faults.RestartPublisherEvery, "fault-restart-every", 0, "fault: restart the engine and publisher (seq 0, cache lost) at this interval")
+	fs.DurationVar(&o.Faults.StallEvery, "fault-stall-every", 0, "fault: stall the engine at this interval")
+	fs.DurationVar(&o.Faults.StallFor, "fault-stall-for", 0, "fault: length of a stall")
+	fs.Int64Var(&o.Faults.Seed, "fault-seed", 1, "seed of the fault dice")
+
+	return func() error {
+		o.LoRAModules = nil
+		for _, l := range loras {
+			name, _, _ := strings.Cut(l, "=")
+			o.LoRAModules = append(o.LoRAModules, name)
+		}
+		o.DisablePrefixCaching = *noPC || !*enablePC
+		o.HidePromptTokensDetails = !*promptDetails
+		var errs []error
+		switch *cpuEvents {
+		case "placeholder":
+		case "full":
+			o.CPUEventsFull = true
+		default:
+			errs = append(errs, fmt.Errorf("--cpu-events: want placeholder or full, got %q", *cpuEvents))
+		}
+		if *kvCfg != "" {
+			dec := json.NewDecoder(strings.NewReader(*kvCfg))
+			dec.DisallowUnknownFields()
+			if err := dec.Decode(&o.KVEvents); err != nil {
+				errs = append(errs, fmt.Errorf("--kv-events-config: %w", err))
+			}
+		}
+		l, err := indexers.ParseLayout(*layout)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("--kv-events-layout: %w", err))
+		}
+		o.Encoding.Layout = l
+		h := *hashes
+		if h == "" {
+			h = "int"
+			if os.Getenv("VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES") == "0" {
+				h = "bytes"
+			}
+		}
+		switch h {
+		case "int":
+		case "bytes":
+			o.Encoding.BytesHashes = true
+		default:
+			errs = append(errs, fmt.Errorf("--kv-events-hashes: want int or bytes, got %q", h))
+		}
+		o.Encoding.OpaqueHashes = *opaque
+		if seed, ok := os.LookupEnv("PYTHONHASHSEED"); ok {
+			o.Encoding.HashSeed = xxh3.HashString(seed) // same seed, same ids, as in vLLM
+		} else {
+			o.Encoding.HashSeed = rand.Uint64() // vLLM: random NONE_HASH per process
+		}
+		switch *replay {
+		case "topic":
+			o.Encoding.Replay = indexers.ReplayWithTopic
+		case "no-topic":
+			o.Encoding.Replay = indexers.ReplayNoTopic
+		default:
+			errs = append(errs, fmt.Errorf("--kv-events-replay-format: want topic or no-topic, got %q", *replay))
+		}
+		if o.Faults.StallEvery < 0 || o.Faults.RestartPublisherEvery < 0 {
+			errs = append(errs, errors.New("fault intervals must be >= 0"))
+		}
+		if c.port < 0 || c.port > 65535 {
+			errs = append(errs, fmt.Errorf("--port: %d out of range", c.port))
+		}
+		return errors.Join(errs...)
+	}
+}

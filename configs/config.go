@@ -1,0 +1,195 @@
+package configs
+
+import "time"
+
+// Config is the whole kvgate configuration. Zero values are replaced by Default's values only
+// where Default sets them; Load applies file, then KVGATE_* environment, then flags.
+type Config struct {
+	Listen    string `yaml:"listen"`
+	Model     string `yaml:"model"`
+	Tokenizer string `yaml:"tokenizer"`
+	// ChatTemplate is a Jinja file overriding the tokenizer folder's template (the file the
+	// workers get as vllm serve --chat-template); "" uses the folder's.
+	ChatTemplate string `yaml:"chat_template"`
+	// DefaultChatTemplateKwargs is a JSON object merged under every request's
+	// chat_template_kwargs (vllm serve --default-chat-template-kwargs); "" for none.
+	DefaultChatTemplateKwargs string   `yaml:"default_chat_template_kwargs"`
+	BlockSize                 int      `yaml:"block_size"`
+	Workers                   []Worker `yaml:"workers"`
+	Router                    Router   `yaml:"router"`
+	Proxy                     Proxy    `yaml:"proxy"`
+	Health                    Health   `yaml:"health"`
+	Sessions                  Sessions `yaml:"sessions"`
+	ShutdownTimeout           Duration `yaml:"shutdown_timeout"`
+	LogLevel                  string   `yaml:"log_level"`
+
+	// policyAuto records that router.policy was auto, for validation messages.
+	policyAuto bool
+}
+
+// Worker is one vLLM server: its OpenAI base URL and, optionally, its KV-event sockets.
+type Worker struct {
+	URL      string `yaml:"url"`
+	KVEvents string `yaml:"kv_events"`
+	Replay   string `yaml:"replay"`
+	DPSize   int    `yaml:"dp_size"`
+	// Topic is the KV-event topic prefix subscribed to; "" (vLLM's default topic) receives every
+	// topic the worker publishes.
+	Topic string `yaml:"topic"`
+}
+
+// PolicyAuto is the router.policy value (also the default, and what an empty value means) that
+// resolves to "kv" when any worker has kv_events and to "round_robin" otherwise.
+const PolicyAuto = "auto"
+
+// Policies returns the router.policy names the gateway knows (besides PolicyAuto).
+func Policies() []string {
+	return []string{"round_robin", "random", "least_loaded", "kv", "kv_no_load"}
+}
+
+// KVAware reports whether policy is one of the KV-aware policies (they need the tokenizer).
+func KVAware(policy string) bool { return policy == "kv" || policy == "kv_no_load" }
+
+// Router selects the routing policy and holds the knobs of the KV-aware policies (kv,
+// kv_no_load), mirrored from router.KVConfig; costs are in KV blocks.
+type Router struct {
+	// Policy is one of Policies(), or "auto"/"" (kv with kv_events, else round_robin); Load
+	// resolves auto, so after Load it is always a concrete name.
+	Policy string `yaml:"policy"`
+	// Seed seeds the random policy; 0 draws a seed at start.
+	Seed uint64 `yaml:"seed"`
+
+	// The knobs below mirror router.KVConfig field by field (same names, same defaults, checked
+	// by a test in cmd/kvgate); router.KVConfig documents what each one trades.
+
+	PrefillWeight       float64     `yaml:"prefill_weight"`
+	G2Credit            float64     `yaml:"g2_credit"`
+	G3Credit            float64     `yaml:"g3_credit"`
+	PrefillLoadWeight   float64     `yaml:"prefill_load_weight"`
+	DecodeWeight        float64     `yaml:"decode_weight"`
+	RequestWeight       float64     `yaml:"request_weight"`
+	WaitingWeight       float64     `yaml:"waiting_weight"`
+	Temperature         float64     `yaml:"temperature"`
+	BusyWaitingRequests int         `yaml:"busy_waiting_requests"`
+	BusyKVUsage         float64     `yaml:"busy_kv_usage"`
+	BusyPrefillTokens   int         `yaml:"busy_prefill_tokens"`
+	MetricsInterval     Duration    `yaml:"metrics_interval"`
+	MetricsMaxAge       Duration    `yaml:"metrics_max_age"`
+	LoadExpiry          Duration    `yaml:"load_expiry"`
+	Approximate         Approximate `yaml:"approximate"`
+}
+
+// Approximate configures the cache prediction for workers without (healthy) KV events.
+type Approximate struct {
+	// TTL is how long routed blocks are assumed cached after their last use.
+	TTL Duration `yaml:"ttl"`
+	// BlockBudget is how many blocks per worker+rank are assumed cached at most.
+	BlockBudget int `yaml:"block_budget"`
+}
+
+// Proxy bounds how requests are forwarded to workers.
+type Proxy struct {
+	MaxRetries            int      `yaml:"max_retries"`
+	MaxBodyBytes          ByteSize `yaml:"max_body_bytes"`
+	DialTimeout           Duration `yaml:"dial_timeout"`
+	ResponseHeaderTimeout Duration `yaml:"response_header_timeout"`
+	StreamIdleTimeout     Duration `yaml:"stream_idle_timeout"`
+	IdleConnTimeout       Duration `yaml:"idle_conn_timeout"`
+	MaxIdleConnsPerWorker int      `yaml:"max_idle_conns_per_worker"`
+}
+
+// Health configures active /health probing of workers.
+type Health struct {
+	Interval         Duration `yaml:"interval"`
+	Timeout          Duration `yaml:"timeout"`
+	FailureThreshold int      `yaml:"failure_threshold"`
+	SuccessThreshold int      `yaml:"success_threshold"`
+}
+
+// Sessions names the request headers that carry session identity (DESIGN §3; first match
+// wins) and configures session affinity and parent-aware placement (KV-aware policies only).
+type Sessions struct {
+	Headers       []string `yaml:"headers"`
+	ParentHeaders []string `yaml:"parent_headers"`
+	FinalHeaders  []string `yaml:"final_headers"`
+	// MaxSessions bounds tracked sessions (least recently used evicted).
+	MaxSessions int `yaml:"max_sessions"`
+	// MaxNodes bounds the shared session prefix forest (blocks).
+	MaxNodes int `yaml:"max_nodes"`
+	// AffinityBlocks is the credit, in prompt blocks, a session's earlier target gets; 0 disables.
+	AffinityBlocks float64 `yaml:"affinity_blocks"`
+	// ParentAware turns parent-aware placement of a new child session on.
+	ParentAware bool `yaml:"parent_aware"`
+	// ParentMode is whose placement a new child follows: parent, lineage_root or sibling_group.
+	ParentMode string `yaml:"parent_mode"`
+	// ParentBlocks is the credit, in prompt blocks, of a parent-aware hint; 0 disables it.
+	ParentBlocks float64 `yaml:"parent_blocks"`
+	// GroupTargets bounds how many targets a sibling group remembers.
+	GroupTargets int `yaml:"group_targets"`
+	// SiblingPrefix credits blocks the parent's or a sibling's in-flight request is computing.
+	SiblingPrefix bool `yaml:"sibling_prefix"`
+	// PendingTTL is how long such an in-flight prompt is credited.
+	PendingTTL Duration `yaml:"pending_ttl"`
+}
+
+// Default returns the built-in defaults; configs/kvgate.yaml documents the same values.
+func Default() Config {
+	return Config{
+		Listen:    "127.0.0.1:8000",
+		BlockSize: 16,
+		Router: Router{
+			Policy:              PolicyAuto,
+			PrefillWeight:       1,
+			G2Credit:            0.75,
+			G3Credit:            0.25,
+			PrefillLoadWeight:   1,
+			DecodeWeight:        1,
+			RequestWeight:       0,
+			WaitingWeight:       32,
+			Temperature:         0,
+			BusyWaitingRequests: 16,
+			BusyKVUsage:         0.95,
+			BusyPrefillTokens:   0,
+			MetricsInterval:     Duration(time.Second),
+			MetricsMaxAge:       Duration(5 * time.Second),
+			LoadExpiry:          Duration(time.Hour),
+			Approximate:         Approximate{TTL: Duration(120 * time.Second), BlockBudget: 16384},
+		},
+		Proxy: Proxy{
+			MaxRetries:            2,
+			MaxBodyBytes:          32 << 20,
+			DialTimeout:           Duration(5 * time.Second),
+			ResponseHeaderTimeout: Duration(10 * time.Minute),
+			StreamIdleTimeout:     Duration(5 * time.Minute),
+			IdleConnTimeout:       Duration(90 * time.Second),
+			MaxIdleConnsPerWorker: 128,
+		},
+		Health: Health{
+			Interval:         Duration(5 * time.Second),
+			Timeout:          Duration(2 * time.Second),
+			FailureThreshold: 3,
+			SuccessThreshold: 1,
+		},
+		Sessions: Sessions{
+			Headers: []string{
+				"X-Session-ID", "X-Dynamo-Session-ID", "X-Correlation-ID",
+				"X-Session-Affinity", "x-claude-code-session-id",
+			},
+			ParentHeaders: []string{
+				"X-Parent-Session-ID", "X-Dynamo-Parent-Session-ID", "x-claude-code-parent-agent-id",
+			},
+			FinalHeaders:   []string{"X-Dynamo-Session-Final"},
+			MaxSessions:    16384,
+			MaxNodes:       1 << 20,
+			AffinityBlocks: 16,
+			ParentAware:    true,
+			ParentMode:     "parent",
+			ParentBlocks:   16,
+			GroupTargets:   2,
+			SiblingPrefix:  true,
+			PendingTTL:     Duration(30 * time.Second),
+		},
+		ShutdownTimeout: Duration(30 * time.Second),
+		LogLevel:        "info",
+	}
+}

@@ -1,0 +1,228 @@
+package configs
+
+import (
+	"bytes"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+
+	"gopkg.in/yaml.v3"
+)
+
+// Field describes one config key and its flag and environment names.
+type Field struct {
+	Key  string // dotted YAML path, e.g. "proxy.max_retries"
+	Flag string // flag name without dashes, e.g. "proxy-max-retries"
+	Env  string // environment variable, e.g. "KVGATE_PROXY_MAX_RETRIES"
+	Help string
+	bind func(*Config) flag.Value
+}
+
+// Value returns the field of c as a flag.Value (for printing or setting).
+func (f Field) Value(c *Config) flag.Value { return f.bind(c) }
+
+func field(key, help string, bind func(*Config) flag.Value) Field {
+	name := strings.NewReplacer(".", "-", "_", "-").Replace(key)
+	env := "KVGATE_" + strings.ToUpper(strings.NewReplacer(".", "_", "-", "_").Replace(key))
+	return Field{Key: key, Flag: name, Env: env, Help: help, bind: bind}
+}
+
+// Fields lists every configuration key. Each has a flag and a KVGATE_* variable.
+func Fields() []Field {
+	fs := []Field{
+		field("listen", "address the gateway listens on (host:port)", func(c *Config) flag.Value { return stringValue{&c.Listen} }),
+		field("model", "served model name clients use (required)", func(c *Config) flag.Value { return stringValue{&c.Model} }),
+		field("tokenizer", "folder holding the model's tokenizer.json and tokenizer_config.json", func(c *Config) flag.Value { return stringValue{&c.Tokenizer} }),
+		field("chat_template", "Jinja file overriding the tokenizer folder's chat template (as given to vllm serve --chat-template)", func(c *Config) flag.Value { return stringValue{&c.ChatTemplate} }),
+		field("default_chat_template_kwargs", "JSON object merged under every request's chat_template_kwargs (vllm serve --default-chat-template-kwargs)", func(c *Config) flag.Value { return stringValue{&c.DefaultChatTemplateKwargs} }),
+		field("block_size", "KV block size in tokens; must equal the workers' --block-size", func(c *Config) flag.Value { return intValue{&c.BlockSize} }),
+		field("workers", "worker spec URL[,kv_events=tcp://H:P][,replay=tcp://H:P][,dp_size=N][,topic=T]; flag repeatable, env separated by ';' or spaces", func(c *Config) flag.Value { return workersValue{&c.Workers} }),
+		field("router.policy", "routing policy: auto (kv when any worker has kv_events, else round_robin), kv, kv_no_load, round_robin, random, least_loaded", func(c *Config) flag.Value { return stringValue{&c.Router.Policy} }),
+		field("router.seed", "seed of the random policy (0 = draw one at start)", func(c *Config) flag.Value { return uint64Value{&c.Router.Seed} }),
+		field("router.prefill_weight", "kv: weight of the uncached prompt blocks a target would prefill; higher favours cache hits over balance", func(c *Config) flag.Value { return floatValue{&c.Router.PrefillWeight} }),
+		field("router.g2_credit", "kv: credit (0..1) of a prompt block in host memory beyond the GPU match", func(c *Config) flag.Value { return floatValue{&c.Router.G2Credit} }),
+		field("router.g3_credit", "kv: credit (0..1) of a prompt block on disk beyond the GPU and host match", func(c *Config) flag.Value { return floatValue{&c.Router.G3Credit} }),
+		field("router.prefill_load_weight", "kv: weight of prompt tokens (in blocks) in flight before their first token; higher protects TTFT", func(c *Config) flag.Value { return floatValue{&c.Router.PrefillLoadWeight} }),
+		field("router.decode_weight", "kv: weight of KV blocks held by active requests; higher balances KV memory and batch size", func(c *Config) flag.Value { return floatValue{&c.Router.DecodeWeight} }),
+		field("router.request_weight", "kv: cost in blocks of each active request; raise to balance request counts", func(c *Config) flag.Value { return floatValue{&c.Router.RequestWeight} }),
+		field("router.waiting_weight", "kv: cost in blocks of each waiting request the worker reports that kvgate did not send", func(c *Config) flag.Value { return floatValue{&c.Router.WaitingWeight} }),
+		field("router.temperature", "kv: 0 takes the lowest cost; > 0 draws from a softmax over normalised costs (spreads load, loses some hits)", func(c *Config) flag.Value { return floatValue{&c.Router.Temperature} }),
+		field("router.busy_waiting_requests", "kv: a worker reporting this many waiting requests is avoided while another is not (0 = off)", func(c *Config) flag.Value { return intValue{&c.Router.BusyWaitingRequests} }),
+		field("router.busy_kv_usage", "kv: a worker reporting this KV cache usage fraction is avoided while another is not (0 = off)", func(c *Config) flag.Value { return floatValue{&c.Router.BusyKVUsage} }),
+		field("router.busy_prefill_tokens", "kv: a target with this many prompt tokens in flight before their first token is avoided (0 = off)", func(c *Config) flag.Value { return intValue{&c.Router.BusyPrefillTokens} }),
+		field("router.metrics_interval", "kv: how often each worker's /metrics is scraped to correct the load view", func(c *Config) flag.Value { return &c.Router.MetricsInterval }),
+		field("router.metrics_max_age", "kv: scraped readings older than this are ignored", func(c *Config) flag.Value { return &c.Router.MetricsMaxAge }),
+		field("router.load_expiry", "load a request still holds after this long is released anyway (must exceed the longest stream)", func(c *Config) flag.Value { return &c.Router.LoadExpiry }),
+		field("router.approximate.ttl", "approximate mode: how long blocks routed to a worker are assumed cached after their last use", func(c *Config) flag.Value { return &c.Router.Approximate.TTL }),
+		field("router.approximate.block_budget", "approximate mode: blocks assumed cached per worker+rank at most (set near num_gpu_blocks)", func(c *Config) flag.Value { return intValue{&c.Router.Approximate.BlockBudget} }),
+		field("proxy.max_retries", "extra workers tried when a worker fails before its first byte", func(c *Config) flag.Value { return intValue{&c.Proxy.MaxRetries} }),
+		field("proxy.max_body_bytes", "largest accepted request body (413 above); suffixes KiB, MiB, GiB", func(c *Config) flag.Value { return &c.Proxy.MaxBodyBytes }),
+		field("proxy.dial_timeout", "TCP connect timeout to a worker", func(c *Config) flag.Value { return &c.Proxy.DialTimeout }),
+		field("proxy.response_header_timeout", "longest wait for a worker's response headers (a non-stream reply arrives only when generation ends); 0 = none", func(c *Config) flag.Value { return &c.Proxy.ResponseHeaderTimeout }),
+		field("proxy.stream_idle_timeout", "a stream with no bytes from the worker for this long is failed; 0 = none", func(c *Config) flag.Value { return &c.Proxy.StreamIdleTimeout }),
+		field("proxy.idle_conn_timeout", "how long an idle pooled connection to a worker is kept", func(c *Config) flag.Value { return &c.Proxy.IdleConnTimeout }),
+		field("proxy.max_idle_conns_per_worker", "pooled idle connections kept per worker", func(c *Config) flag.Value { return intValue{&c.Proxy.MaxIdleConnsPerWorker} }),
+		field("health.interval", "time between /health probes of each worker", func(c *Config) flag.Value { return &c.Health.Interval }),
+		field("health.timeout", "timeout of one /health probe", func(c *Config) flag.Value { return &c.Health.Timeout }),
+		field("health.failure_threshold", "consecutive failures that eject a worker", func(c *Config) flag.Value { return intValue{&c.Health.FailureThreshold} }),
+		field("health.success_threshold", "consecutive successful probes that readmit an ejected worker", func(c *Config) flag.Value { return intValue{&c.Health.SuccessThreshold} }),
+		field("sessions.headers", "session id headers, first match wins (comma-separated)", func(c *Config) flag.Value { return listValue{&c.Sessions.Headers} }),
+		field("sessions.parent_headers", "parent session id headers, first match wins (comma-separated)", func(c *Config) flag.Value { return listValue{&c.Sessions.ParentHeaders} }),
+		field("sessions.final_headers", "headers whose value true ends the session after the request (comma-separated)", func(c *Config) flag.Value { return listValue{&c.Sessions.FinalHeaders} }),
+		field("sessions.max_sessions", "sessions tracked at most; the least recently used is forgotten", func(c *Config) flag.Value { return intValue{&c.Sessions.MaxSessions} }),
+		field("sessions.max_nodes", "blocks the shared session prefix index holds at most", func(c *Config) flag.Value { return intValue{&c.Sessions.MaxNodes} }),
+		field("sessions.affinity_blocks", "credit in prompt blocks for a session's previous worker+rank (0 = no affinity)", func(c *Config) flag.Value { return floatValue{&c.Sessions.AffinityBlocks} }),
+		field("sessions.parent_aware", "place a new child session (request with a parent header) where its parent's prefix is", func(c *Config) flag.Value { return boolValue{&c.Sessions.ParentAware} }),
+		field("sessions.parent_mode", "whose placement a new child follows: parent, lineage_root or sibling_group", func(c *Config) flag.Value { return stringValue{&c.Sessions.ParentMode} }),
+		field("sessions.parent_blocks", "credit in prompt blocks of a parent-aware hint (0 = off)", func(c *Config) flag.Value { return floatValue{&c.Sessions.ParentBlocks} }),
+		field("sessions.group_targets", "worker+ranks a sibling group keeps preferring once it spilled over", func(c *Config) flag.Value { return intValue{&c.Sessions.GroupTargets} }),
+		field("sessions.sibling_prefix", "credit blocks the parent's or a sibling's in-flight request is computing, before KV events announce them", func(c *Config) flag.Value { return boolValue{&c.Sessions.SiblingPrefix} }),
+		field("sessions.pending_ttl", "how long such in-flight blocks are credited", func(c *Config) flag.Value { return &c.Sessions.PendingTTL }),
+		field("shutdown_timeout", "on SIGTERM, how long running streams may finish before they are cut", func(c *Config) flag.Value { return &c.ShutdownTimeout }),
+		field("log_level", "debug, info, warn or error", func(c *Config) flag.Value { return stringValue{&c.LogLevel} }),
+	}
+	for i := range fs {
+		if fs[i].Key == "workers" {
+			fs[i].Flag = "worker" // repeatable: one --worker per worker reads better than --workers
+		}
+	}
+	return fs
+}
+
+// ParseYAML decodes a YAML document over c (keys absent from the document keep c's values).
+// Unknown keys are errors, so a misspelt key is not silently ignored.
+func ParseYAML(data []byte, c *Config) error {
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	if err := dec.Decode(c); err != nil && !errors.Is(err, io.EOF) {
+		return err
+	}
+	return nil
+}
+
+// LoadFile reads defaults plus the YAML file at path, without env or flags, and validates.
+func LoadFile(path string) (Config, error) {
+	c := Default()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return c, fmt.Errorf("config: %w", err)
+	}
+	if err := ParseYAML(data, &c); err != nil {
+		return c, fmt.Errorf("config %s: %w", path, err)
+	}
+	c.normalize()
+	return c, c.Validate()
+}
+
+type setting struct{ name, value string }
+
+type recorder struct {
+	name string
+	out  *[]setting
+}
+
+func (r recorder) String() string     { return "" }
+func (r recorder) Set(s string) error { *r.out = append(*r.out, setting{r.name, s}); return nil }
+
+// boolRecorder records a boolean flag, which may be given without a value (--flag = true).
+type boolRecorder struct{ recorder }
+
+func (boolRecorder) IsBoolFlag() bool { return true }
+
+// Load builds the configuration of `kvgate serve` from args: defaults, then the YAML file named
+// by --config (or KVGATE_CONFIG), then KVGATE_* variables from getenv, then flags; later wins.
+// A repeated --worker flag replaces the file's worker list. The result is validated. With
+// -h it prints usage to usage and returns flag.ErrHelp.
+func Load(args []string, getenv func(string) string, usage io.Writer) (Config, error) {
+	fields := Fields()
+	fset := flag.NewFlagSet("kvgate serve", flag.ContinueOnError)
+	fset.SetOutput(usage)
+	var path string
+	fset.StringVar(&path, "config", getenv("KVGATE_CONFIG"), "YAML config file (env KVGATE_CONFIG)")
+	var got []setting
+	for _, f := range fields {
+		var rec flag.Value = recorder{f.Flag, &got}
+		if _, isBool := f.Value(&Config{}).(boolValue); isBool {
+			rec = boolRecorder{recorder{f.Flag, &got}}
+		}
+		fset.Var(rec, f.Flag, f.Help)
+	}
+	fset.Usage = func() { printUsage(usage, fields) }
+	if err := fset.Parse(args); err != nil {
+		return Config{}, err
+	}
+	if fset.NArg() > 0 {
+		return Config{}, fmt.Errorf("unexpected argument %q (flags start with --)", fset.Arg(0))
+	}
+
+	c := Default()
+	if path != "" {
+		data, err := os.ReadFile(path)
+		if err != nil {
+			return c, fmt.Errorf("config: %w", err)
+		}
+		if err := ParseYAML(data, &c); err != nil {
+			return c, fmt.Errorf("config %s: %w", path, err)
+		}
+	}
+	var errs []error
+	for _, f := range fields {
+		if v, ok := lookup(getenv, f.Env); ok {
+			if err := f.Value(&c).Set(v); err != nil {
+				errs = append(errs, fmt.Errorf("%s (%s): %w", f.Env, f.Key, err))
+			}
+		}
+	}
+	byFlag := map[string]Field{}
+	for _, f := range fields {
+		byFlag[f.Flag] = f
+	}
+	var workerSpecs []string
+	for _, s := range got {
+		if s.name == "worker" {
+			workerSpecs = append(workerSpecs, s.value)
+			continue
+		}
+		if err := byFlag[s.name].Value(&c).Set(s.value); err != nil {
+			errs = append(errs, fmt.Errorf("--%s: %w", s.name, err))
+		}
+	}
+	if len(workerSpecs) > 0 {
+		c.Workers = nil
+		for _, spec := range workerSpecs {
+			w, err := ParseWorkerSpec(spec)
+			if err != nil {
+				errs = append(errs, fmt.Errorf("--worker: %w", err))
+				continue
+			}
+			c.Workers = append(c.Workers, w)
+		}
+	}
+	if len(errs) > 0 {
+		return c, errors.Join(errs...)
+	}
+	c.normalize()
+	return c, c.Validate()
+}
+
+// lookup treats a set-but-empty variable as unset, so `KVGATE_X= kvgate serve` changes nothing.
+func lookup(getenv func(string) string, name string) (string, bool) {
+	v := getenv(name)
+	return v, v != ""
+}
+
+func printUsage(w io.Writer, fields []Field) {
+	def := Default()
+	fmt.Fprintf(w, "usage: kvgate serve [--config FILE] [flags]\n\nFlags override KVGATE_* variables, which override the file.\n\n")
+	fmt.Fprintf(w, "  --config FILE\n      YAML config file (env KVGATE_CONFIG)\n")
+	for _, f := range fields {
+		d := f.Value(&def).String()
+		if d == "" || d == "0" {
+			d = "none"
+		}
+		fmt.Fprintf(w, "  --%s\n      %s (env %s, default %s)\n", f.Flag, f.Help, f.Env, d)
+	}
+}

@@ -1,0 +1,227 @@
+package configs
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+)
+
+// normalize fills implied values: dp_size 0 means 1, worker URLs lose a trailing slash, and
+// router.policy auto (or empty) becomes kv when any worker has kv_events, else round_robin.
+func (c *Config) normalize() {
+	for i := range c.Workers {
+		c.Workers[i].URL = strings.TrimRight(strings.TrimSpace(c.Workers[i].URL), "/")
+		if c.Workers[i].DPSize == 0 {
+			c.Workers[i].DPSize = 1
+		}
+	}
+	c.Router.Policy = strings.TrimSpace(c.Router.Policy)
+	if c.Router.Policy == "" || c.Router.Policy == PolicyAuto {
+		c.Router.Policy = "round_robin"
+		if c.EventsWorker() >= 0 {
+			c.Router.Policy = "kv"
+		}
+		c.policyAuto = true
+	}
+}
+
+// EventsWorker returns the index of the first worker with kv_events, or -1.
+func (c *Config) EventsWorker() int {
+	for i, w := range c.Workers {
+		if w.KVEvents != "" {
+			return i
+		}
+	}
+	return -1
+}
+
+// Validate checks every key and returns all problems at once, each naming its key.
+func (c *Config) Validate() error {
+	var errs []error
+	bad := func(key, format string, args ...any) {
+		errs = append(errs, fmt.Errorf("%s: %s", key, fmt.Sprintf(format, args...)))
+	}
+
+	if _, port, err := net.SplitHostPort(c.Listen); err != nil {
+		bad("listen", "%q is not host:port", c.Listen)
+	} else if port == "" {
+		bad("listen", "%q has no port", c.Listen)
+	}
+	if strings.TrimSpace(c.Model) == "" {
+		bad("model", "is required: the served model name clients send (vllm serve --served-model-name)")
+	}
+	if c.Tokenizer != "" {
+		if st, err := os.Stat(c.Tokenizer); err != nil || !st.IsDir() {
+			bad("tokenizer", "%q is not a folder", c.Tokenizer)
+		} else if _, err := os.Stat(filepath.Join(c.Tokenizer, "tokenizer.json")); err != nil {
+			bad("tokenizer", "%q holds no tokenizer.json", c.Tokenizer)
+		}
+	}
+	if c.ChatTemplate != "" {
+		if st, err := os.Stat(c.ChatTemplate); err != nil || st.IsDir() {
+			bad("chat_template", "%q is not a readable file", c.ChatTemplate)
+		} else if c.Tokenizer == "" {
+			bad("chat_template", "is set but tokenizer is not (the template is rendered with the tokenizer)")
+		}
+	}
+	if c.DefaultChatTemplateKwargs != "" {
+		var obj map[string]any
+		if err := json.Unmarshal([]byte(c.DefaultChatTemplateKwargs), &obj); err != nil || obj == nil {
+			bad("default_chat_template_kwargs", "%q is not a JSON object", c.DefaultChatTemplateKwargs)
+		}
+	}
+	if c.BlockSize <= 0 {
+		bad("block_size", "must be a positive number of tokens, got %d", c.BlockSize)
+	}
+
+	if len(c.Workers) == 0 {
+		bad("workers", "at least one worker is required (workers: in the file, --worker URL, or KVGATE_WORKERS)")
+	}
+	seen := map[string]int{}
+	for i, w := range c.Workers {
+		key := fmt.Sprintf("workers[%d]", i)
+		if msg := checkHTTPURL(w.URL); msg != "" {
+			bad(key+".url", "%q %s", w.URL, msg)
+		} else if j, dup := seen[w.URL]; dup {
+			bad(key+".url", "%q is the same worker as workers[%d]", w.URL, j)
+		} else {
+			seen[w.URL] = i
+		}
+		if w.KVEvents != "" {
+			if msg := checkZMQEndpoint(w.KVEvents); msg != "" {
+				bad(key+".kv_events", "%q %s", w.KVEvents, msg)
+			}
+		}
+		if w.Replay != "" {
+			if msg := checkZMQEndpoint(w.Replay); msg != "" {
+				bad(key+".replay", "%q %s", w.Replay, msg)
+			} else if w.KVEvents == "" {
+				bad(key+".replay", "is set but kv_events is not (replay only fills gaps of a subscribed stream)")
+			}
+		}
+		if w.DPSize < 1 {
+			bad(key+".dp_size", "must be at least 1, got %d", w.DPSize)
+		}
+	}
+
+	c.validateRouter(bad)
+	if c.Proxy.MaxRetries < 0 || c.Proxy.MaxRetries > 16 {
+		bad("proxy.max_retries", "must be between 0 and 16, got %d", c.Proxy.MaxRetries)
+	}
+	if c.Proxy.MaxBodyBytes <= 0 {
+		bad("proxy.max_body_bytes", "must be positive, got %d", c.Proxy.MaxBodyBytes)
+	}
+	if c.Proxy.DialTimeout <= 0 {
+		bad("proxy.dial_timeout", "must be positive, got %s", c.Proxy.DialTimeout)
+	}
+	if c.Proxy.ResponseHeaderTimeout < 0 {
+		bad("proxy.response_header_timeout", "must not be negative, got %s", c.Proxy.ResponseHeaderTimeout)
+	}
+	if c.Proxy.StreamIdleTimeout < 0 {
+		bad("proxy.stream_idle_timeout", "must not be negative, got %s", c.Proxy.StreamIdleTimeout)
+	}
+	if c.Proxy.IdleConnTimeout < 0 {
+		bad("proxy.idle_conn_timeout", "must not be negative, got %s", c.Proxy.IdleConnTimeout)
+	}
+	if c.Proxy.MaxIdleConnsPerWorker < 1 {
+		bad("proxy.max_idle_conns_per_worker", "must be at least 1, got %d", c.Proxy.MaxIdleConnsPerWorker)
+	}
+	if c.Health.Interval <= 0 {
+		bad("health.interval", "must be positive, got %s", c.Health.Interval)
+	}
+	if c.Health.Timeout <= 0 {
+		bad("health.timeout", "must be positive, got %s", c.Health.Timeout)
+	}
+	if c.Health.FailureThreshold < 1 {
+		bad("health.failure_threshold", "must be at least 1, got %d", c.Health.FailureThreshold)
+	}
+	if c.Health.SuccessThreshold < 1 {
+		bad("health.success_threshold", "must be at least 1, got %d", c.Health.SuccessThreshold)
+	}
+	for i, h := range c.Sessions.Headers {
+		if !validHeaderName(h) {
+			bad(fmt.Sprintf("sessions.headers[%d]", i), "%q is not a valid HTTP header name", h)
+		}
+	}
+	for i, h := range c.Sessions.ParentHeaders {
+		if !validHeaderName(h) {
+			bad(fmt.Sprintf("sessions.parent_headers[%d]", i), "%q is not a valid HTTP header name", h)
+		}
+	}
+	for i, h := range c.Sessions.FinalHeaders {
+		if !validHeaderName(h) {
+			bad(fmt.Sprintf("sessions.final_headers[%d]", i), "%q is not a valid HTTP header name", h)
+		}
+	}
+	c.validateSessions(bad)
+	if c.ShutdownTimeout < 0 {
+		bad("shutdown_timeout", "must not be negative, got %s", c.ShutdownTimeout)
+	}
+	switch c.LogLevel {
+	case "debug", "info", "warn", "error":
+	default:
+		bad("log_level", "%q is not one of debug, info, warn, error", c.LogLevel)
+	}
+	return errors.Join(errs...)
+}
+
+func checkHTTPURL(raw string) string {
+	u, err := url.Parse(raw)
+	switch {
+	case raw == "":
+		return "is empty"
+	case err != nil:
+		return "is not a URL"
+	case u.Scheme != "http" && u.Scheme != "https":
+		return "must start with http:// or https://"
+	case u.Host == "":
+		return "has no host"
+	case u.RawQuery != "" || u.Fragment != "":
+		return "must not carry a query or fragment"
+	case strings.HasSuffix(u.Path, "/v1"):
+		return "must be the server's base URL, without /v1"
+	}
+	return ""
+}
+
+func checkZMQEndpoint(ep string) string {
+	scheme, rest, ok := strings.Cut(ep, "://")
+	if !ok {
+		return "is not a ZMQ endpoint (tcp://host:port or ipc://path)"
+	}
+	switch scheme {
+	case "tcp":
+		host, port, err := net.SplitHostPort(rest)
+		if err != nil || host == "" || port == "" {
+			return "must be tcp://host:port"
+		}
+		if host == "*" {
+			return "names a bind address (*); give the worker's host"
+		}
+	case "ipc", "inproc":
+		if rest == "" {
+			return "has an empty path"
+		}
+	default:
+		return "must use tcp://, ipc:// or inproc://"
+	}
+	return ""
+}
+
+func validHeaderName(h string) bool {
+	if h == "" {
+		return false
+	}
+	for _, r := range h {
+		if r <= ' ' || r >= 0x7f || strings.ContainsRune("()<>@,;:\\\"/[]?={}", r) {
+			return false
+		}
+	}
+	return http.CanonicalHeaderKey(h) != ""
+}

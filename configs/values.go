@@ -1,0 +1,231 @@
+package configs
+
+import (
+	"fmt"
+	"math"
+	"strconv"
+	"strings"
+	"time"
+
+	"gopkg.in/yaml.v3"
+)
+
+// Duration is a time.Duration written as Go duration text ("5s", "10m") in YAML, flags and env.
+type Duration time.Duration
+
+// D returns the value as a time.Duration.
+func (d Duration) D() time.Duration { return time.Duration(d) }
+
+// String renders the duration as Go duration text.
+func (d Duration) String() string { return time.Duration(d).String() }
+
+// Set parses Go duration text (flag.Value).
+func (d *Duration) Set(s string) error {
+	v, err := time.ParseDuration(strings.TrimSpace(s))
+	if err != nil {
+		return fmt.Errorf("%q is not a duration (use forms like 500ms, 5s, 10m)", s)
+	}
+	*d = Duration(v)
+	return nil
+}
+
+// UnmarshalYAML reads a duration scalar.
+func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
+	if n.Kind != yaml.ScalarNode {
+		return fmt.Errorf("line %d: expected a duration like 5s", n.Line)
+	}
+	if err := d.Set(n.Value); err != nil {
+		return fmt.Errorf("line %d: %w", n.Line, err)
+	}
+	return nil
+}
+
+// MarshalYAML writes the duration as text.
+func (d Duration) MarshalYAML() (any, error) { return d.String(), nil }
+
+// ByteSize is a byte count; text may carry a KB/MB/GB (1000) or KiB/MiB/GiB (1024) suffix.
+type ByteSize int64
+
+// String renders the size in bytes.
+func (b ByteSize) String() string { return strconv.FormatInt(int64(b), 10) }
+
+// Set parses "1048576", "512KiB", "32MiB", "1MB" (flag.Value).
+func (b *ByteSize) Set(s string) error {
+	t := strings.TrimSpace(s)
+	units := []struct {
+		suffix string
+		mult   int64
+	}{
+		{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30},
+		{"KB", 1000}, {"MB", 1000 * 1000}, {"GB", 1000 * 1000 * 1000}, {"B", 1},
+	}
+	mult := int64(1)
+	for _, u := range units {
+		if strings.HasSuffix(t, u.suffix) {
+			t, mult = strings.TrimSpace(strings.TrimSuffix(t, u.suffix)), u.mult
+			break
+		}
+	}
+	n, err := strconv.ParseInt(t, 10, 64)
+	if err != nil || n < 0 || n > (1<<62)/mult {
+		return fmt.Errorf("%q is not a byte size (use forms like 1048576, 512KiB, 32MiB)", s)
+	}
+	*b = ByteSize(n * mult)
+	return nil
+}
+
+// UnmarshalYAML reads a byte-size scalar.
+func (b *ByteSize) UnmarshalYAML(n *yaml.Node) error {
+	if n.Kind != yaml.ScalarNode {
+		return fmt.Errorf("line %d: expected a byte size like 32MiB", n.Line)
+	}
+	if err := b.Set(n.Value); err != nil {
+		return fmt.Errorf("line %d: %w", n.Line, err)
+	}
+	return nil
+}
+
+// stringValue, intValue, uint64Value and listValue bind flag.Value to config fields.
+type stringValue struct{ p *string }
+
+func (v stringValue) String() string     { return *v.p }
+func (v stringValue) Set(s string) error { *v.p = s; return nil }
+
+type intValue struct{ p *int }
+
+func (v intValue) String() string { return strconv.Itoa(*v.p) }
+func (v intValue) Set(s string) error {
+	n, err := strconv.Atoi(strings.TrimSpace(s))
+	if err != nil {
+		return fmt.Errorf("%q is not an integer", s)
+	}
+	*v.p = n
+	return nil
+}
+
+type uint64Value struct{ p *uint64 }
+
+func (v uint64Value) String() string { return strconv.FormatUint(*v.p, 10) }
+func (v uint64Value) Set(s string) error {
+	n, err := strconv.ParseUint(strings.TrimSpace(s), 10, 64)
+	if err != nil {
+		return fmt.Errorf("%q is not an unsigned integer", s)
+	}
+	*v.p = n
+	return nil
+}
+
+type floatValue struct{ p *float64 }
+
+func (v floatValue) String() string { return strconv.FormatFloat(*v.p, 'g', -1, 64) }
+func (v floatValue) Set(s string) error {
+	n, err := strconv.ParseFloat(strings.TrimSpace(s), 64)
+	if err != nil || math.IsNaN(n) || math.IsInf(n, 0) {
+		return fmt.Errorf("%q is not a number", s)
+	}
+	*v.p = n
+	return nil
+}
+
+type boolValue struct{ p *bool }
+
+func (v boolValue) String() string { return strconv.FormatBool(*v.p) }
+func (v boolValue) Set(s string) error {
+	b, err := strconv.ParseBool(strings.TrimSpace(s))
+	if err != nil {
+		return fmt.Errorf("%q is not a boolean (true or false)", s)
+	}
+	*v.p = b
+	return nil
+}
+
+// IsBoolFlag lets `--sessions-parent-aware` stand for `--sessions-parent-aware=true`.
+func (v boolValue) IsBoolFlag() bool { return true }
+
+// listValue is a comma-separated list of names.
+type listValue struct{ p *[]string }
+
+func (v listValue) String() string { return strings.Join(*v.p, ",") }
+func (v listValue) Set(s string) error {
+	var out []string
+	for _, part := range strings.Split(s, ",") {
+		if part = strings.TrimSpace(part); part != "" {
+			out = append(out, part)
+		}
+	}
+	*v.p = out
+	return nil
+}
+
+// workersValue is a list of worker specs separated by whitespace or ';' (see ParseWorkerSpec).
+type workersValue struct{ p *[]Worker }
+
+func (v workersValue) String() string {
+	specs := make([]string, len(*v.p))
+	for i, w := range *v.p {
+		specs[i] = w.Spec()
+	}
+	return strings.Join(specs, " ")
+}
+
+func (v workersValue) Set(s string) error {
+	var out []Worker
+	for _, spec := range strings.FieldsFunc(s, func(r rune) bool { return r == ';' || r == ' ' || r == '\n' || r == '\t' }) {
+		w, err := ParseWorkerSpec(spec)
+		if err != nil {
+			return err
+		}
+		out = append(out, w)
+	}
+	*v.p = out
+	return nil
+}
+
+// ParseWorkerSpec parses the flag/env form of a worker: a bare URL, or the URL followed by
+// comma-separated key=value attributes, e.g.
+// "http://10.0.0.5:8000,kv_events=tcp://10.0.0.5:5557,replay=tcp://10.0.0.5:5558,dp_size=2".
+func ParseWorkerSpec(spec string) (Worker, error) {
+	parts := strings.Split(strings.TrimSpace(spec), ",")
+	w := Worker{URL: strings.TrimSpace(strings.TrimPrefix(parts[0], "url="))}
+	for _, p := range parts[1:] {
+		k, val, ok := strings.Cut(strings.TrimSpace(p), "=")
+		if !ok {
+			return Worker{}, fmt.Errorf("worker %q: attribute %q is not key=value", spec, p)
+		}
+		switch k {
+		case "kv_events":
+			w.KVEvents = val
+		case "replay":
+			w.Replay = val
+		case "topic":
+			w.Topic = val
+		case "dp_size":
+			n, err := strconv.Atoi(val)
+			if err != nil {
+				return Worker{}, fmt.Errorf("worker %q: dp_size %q is not an integer", spec, val)
+			}
+			w.DPSize = n
+		default:
+			return Worker{}, fmt.Errorf("worker %q: unknown attribute %q (known: kv_events, replay, dp_size, topic)", spec, k)
+		}
+	}
+	return w, nil
+}
+
+// Spec renders the worker in the form ParseWorkerSpec reads.
+func (w Worker) Spec() string {
+	s := w.URL
+	if w.KVEvents != "" {
+		s += ",kv_events=" + w.KVEvents
+	}
+	if w.Replay != "" {
+		s += ",replay=" + w.Replay
+	}
+	if w.DPSize > 1 {
+		s += ",dp_size=" + strconv.Itoa(w.DPSize)
+	}
+	if w.Topic != "" {
+		s += ",topic=" + w.Topic
+	}
+	return s
+}

@@ -1,0 +1,253 @@
+package indexers
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	zmq "github.com/pebbe/zmq4"
+
+	"github.com/kvgate/kvgate/workers"
+)
+
+// Manager runs one Subscriber per worker+rank into a shared Index and reports on them. The
+// gateway creates one, Starts a subscription per configured target, calls WorkerRestarted
+// from its health prober, serves Snapshot on GET /debug/workers and registers Collector.
+type Manager struct {
+	ix   *Index
+	zctx *zmq.Context
+	log  *slog.Logger
+
+	mu   sync.Mutex
+	subs map[workers.Target]*running
+	wg   sync.WaitGroup
+	// bySub is a copy of subs' subscribers, replaced under mu on every change, so that
+	// EventsHealthy (called per routing decision) takes no lock.
+	bySub atomic.Pointer[map[workers.Target]*Subscriber]
+}
+
+// publishLocked refreshes bySub from subs; m.mu must be held.
+func (m *Manager) publishLocked() {
+	cp := make(map[workers.Target]*Subscriber, len(m.subs))
+	for t, r := range m.subs {
+		cp[t] = r.sub
+	}
+	m.bySub.Store(&cp)
+}
+
+// EventsHealthy reports whether t's KV event stream can be trusted right now: its subscription
+// is live or replaying. Targets without a subscription, or one that is connecting or backing
+// off, are not. It is two atomic loads and a map lookup, cheap enough for every request.
+func (m *Manager) EventsHealthy(t workers.Target) bool {
+	p := m.bySub.Load()
+	if p == nil {
+		return false
+	}
+	s := (*p)[t]
+	return s != nil && s.stats.healthy.Load()
+}
+
+type running struct {
+	sub    *Subscriber
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+// NewManager returns a manager feeding ix. Close releases its ZMQ context.
+func NewManager(ix *Index, log *slog.Logger) (*Manager, error) {
+	zctx, err := zmq.NewContext()
+	if err != nil {
+		return nil, fmt.Errorf("zmq context: %w", err)
+	}
+	if log == nil {
+		log = slog.Default()
+	}
+	return &Manager{ix: ix, zctx: zctx, log: log, subs: map[workers.Target]*running{}}, nil
+}
+
+// Index returns the index the subscriptions feed.
+func (m *Manager) Index() *Index { return m.ix }
+
+// TargetConfigs expands one worker's vLLM kv-events settings into per-rank subscriptions with
+// vLLM's port offsets (rank r uses port+r for both the PUB and the replay endpoint, §4.5). The
+// endpoints are the ones the gateway connects to, so a port the worker picks at bind time ("*"
+// or 0) is an error (ErrEphemeralPort): configure the port the worker bound instead.
+func TargetConfigs(worker string, dpSize int, endpoint, replayEndpoint, topic string) ([]SubscriberConfig, error) {
+	for _, ep := range []string{endpoint, replayEndpoint} {
+		if ephemeralPort(ep) {
+			return nil, fmt.Errorf("%w: the gateway cannot connect to %q; give the port the worker bound", ErrEphemeralPort, ep)
+		}
+	}
+	dpSize = max(dpSize, 1)
+	out := make([]SubscriberConfig, 0, dpSize)
+	for r := range dpSize {
+		ep, err := OffsetEndpoint(endpoint, r)
+		if err != nil {
+			return nil, err
+		}
+		rep, err := OffsetEndpoint(replayEndpoint, r)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, SubscriberConfig{Target: workers.Target{Worker: worker, DPRank: r},
+			Endpoint: ep, ReplayEndpoint: rep, Topic: topic})
+	}
+	return out, nil
+}
+
+// Start begins following one target's stream until ctx ends, Stop or Close. Starting an
+// already running target replaces its subscription.
+func (m *Manager) Start(ctx context.Context, cfg SubscriberConfig) error {
+	if err := m.ix.AddTarget(cfg.Target); err != nil {
+		return err
+	}
+	m.Stop(cfg.Target, false)
+	sctx, cancel := context.WithCancel(ctx)
+	r := &running{sub: NewSubscriber(m.zctx, m.ix, cfg, m.log), cancel: cancel, done: make(chan struct{})}
+	m.mu.Lock()
+	m.subs[cfg.Target] = r
+	m.publishLocked()
+	m.mu.Unlock()
+	m.wg.Add(1)
+	go func() {
+		defer m.wg.Done()
+		defer close(r.done)
+		if err := r.sub.Run(sctx); err != nil {
+			m.log.Error("kv-events subscriber stopped", "target", cfg.Target.String(), "err", err)
+		}
+	}()
+	return nil
+}
+
+// Stop ends a target's subscription and waits for it; with forget, its blocks leave the index.
+func (m *Manager) Stop(t workers.Target, forget bool) {
+	m.mu.Lock()
+	r := m.subs[t]
+	delete(m.subs, t)
+	m.publishLocked()
+	m.mu.Unlock()
+	if r != nil {
+		r.cancel()
+		<-r.done
+	}
+	if forget {
+		m.ix.RemoveTarget(t)
+	}
+}
+
+// WorkerRestarted resets every rank of a worker whose health flapped: their index state is
+// dropped and each stream restarts clean (spec §8.6).
+func (m *Manager) WorkerRestarted(worker string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for t, r := range m.subs {
+		if t.Worker == worker {
+			r.sub.MarkRestarted()
+		}
+	}
+}
+
+// Close stops every subscription and terminates the ZMQ context.
+func (m *Manager) Close() error {
+	m.mu.Lock()
+	for _, r := range m.subs {
+		r.cancel()
+	}
+	m.subs = map[workers.Target]*running{}
+	m.publishLocked()
+	m.mu.Unlock()
+	m.wg.Wait()
+	return m.zctx.Term()
+}
+
+// TargetDebug is one target's entry in GET /debug/workers.
+type TargetDebug struct {
+	Worker           string           `json:"worker"`
+	DPRank           int              `json:"dp_rank"`
+	Endpoint         string           `json:"endpoint,omitempty"`
+	ReplayEndpoint   string           `json:"replay_endpoint,omitempty"`
+	State            string           `json:"state"`
+	LastSeq          int64            `json:"last_seq"`
+	LastBatchAgeSec  float64          `json:"last_batch_age_seconds,omitempty"`
+	Batches          int64            `json:"batches"`
+	Gaps             int64            `json:"gaps"`
+	ReplaysOK        int64            `json:"replays_ok"`
+	ReplaysFailed    int64            `json:"replays_failed"`
+	Resets           map[string]int64 `json:"resets"`
+	ParseErrors      map[string]int64 `json:"parse_errors"`
+	Reconnects       int64            `json:"reconnects"`
+	JoinReplays      int64            `json:"join_replays"`
+	LateDuplicates   int64            `json:"late_duplicates"`
+	ResidentBlocks   map[string]int64 `json:"resident_blocks"`
+	Orphans          int64            `json:"orphans_g1"`
+	IndexBlocks      int              `json:"index_blocks"`
+	IndexBytesApprox int64            `json:"index_bytes_approx"`
+	ResidencyVersion uint64           `json:"residency_version"`
+	DroppedBlocks    map[string]int64 `json:"dropped_blocks,omitempty"`
+}
+
+// BytesPerBlock is the approximate index memory per distinct block per target (global entry,
+// external-hash entry and node, with Go map overhead), as measured by BenchmarkMemoryPerBlock.
+const BytesPerBlock = 190
+
+// Snapshot returns every known target's subscription state and index size, sorted by target.
+func (m *Manager) Snapshot() []TargetDebug {
+	m.mu.Lock()
+	subs := make(map[workers.Target]*Subscriber, len(m.subs))
+	for t, r := range m.subs {
+		subs[t] = r.sub
+	}
+	m.mu.Unlock()
+	reg := m.ix.reg.Load()
+	out := make([]TargetDebug, 0, len(reg.byTarget))
+	for t, ts := range reg.byTarget {
+		d := TargetDebug{Worker: t.Worker, DPRank: t.DPRank, State: "unsubscribed", LastSeq: -1,
+			ResidentBlocks: map[string]int64{}, Orphans: ts.orphans[0].Load(),
+			ResidencyVersion: ts.version.Load(), DroppedBlocks: map[string]int64{}}
+		for k := range Tier(numTiers) {
+			d.ResidentBlocks[k.String()] = ts.resident[k].Load()
+		}
+		for i, name := range dropNames {
+			if v := ts.stats.drops[i].Load(); v > 0 {
+				d.DroppedBlocks[name] = v
+			}
+		}
+		ts.mu.Lock()
+		d.IndexBlocks = ts.blocks()
+		ts.mu.Unlock()
+		d.IndexBytesApprox = int64(d.IndexBlocks) * BytesPerBlock
+		d.Resets = map[string]int64{"total": ts.stats.resets.Load()}
+		if s := subs[t]; s != nil {
+			st := &s.stats
+			d.Endpoint, d.ReplayEndpoint = s.cfg.Endpoint, s.cfg.ReplayEndpoint
+			d.State, _ = st.state.Load().(string)
+			d.LastSeq = st.lastSeq.Load()
+			if ns := st.lastEvent.Load(); ns > 0 {
+				d.LastBatchAgeSec = time.Since(time.Unix(0, ns)).Seconds()
+			}
+			d.Batches, d.Gaps = st.batches.Load(), st.gaps.Load()
+			d.ReplaysOK, d.ReplaysFailed = st.replaysOK.Load(), st.replaysFailed.Load()
+			d.Resets[ResetGap] = st.resetsGap.Load()
+			d.Resets[ResetRestart] = st.resetsRestart.Load()
+			d.Resets[ResetHealth] = st.resetsHealth.Load()
+			d.ParseErrors = map[string]int64{"frames": st.parseFrames.Load(), "payload": st.parsePayload.Load(),
+				"malformed_event": st.malformed.Load(), "unknown_event": st.unknownEvents.Load(),
+				"dp_rank_mismatch": st.rankMismatch.Load(), "replay_buffer_overflow": st.pendingOverflow.Load()}
+			d.Reconnects = st.reconnects.Load()
+			d.JoinReplays = st.joinReplays.Load()
+			d.LateDuplicates = st.lateDuplicates.Load()
+		}
+		out = append(out, d)
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].Worker != out[j].Worker {
+			return out[i].Worker < out[j].Worker
+		}
+		return out[i].DPRank < out[j].DPRank
+	})
+	return out
+}

@@ -1,0 +1,128 @@
+package indexers
+
+import (
+	"testing"
+	"time"
+
+	zmq "github.com/pebbe/zmq4"
+)
+
+// testPub is a minimal vLLM-style publisher (spec §4.2–4.4, §9) for live tests: a PUB socket
+// and a replay ROUTER on loopback ports chosen by the kernel, served by one goroutine that
+// owns both sockets. Test code drives it through closures run on that goroutine.
+type testPub struct {
+	t      testing.TB
+	pubEP  string
+	repEP  string
+	topic  string
+	format ReplayFormat
+	ring   *ReplayBuffer
+	seq    uint64
+	cmds   chan func(pub, router *zmq.Socket)
+	done   chan struct{}
+}
+
+func newTestPub(t testing.TB, zctx *zmq.Context, topic string, ringCap int, format ReplayFormat) *testPub {
+	p := &testPub{t: t, topic: topic, format: format, ring: NewReplayBuffer(ringCap),
+		cmds: make(chan func(pub, router *zmq.Socket)), done: make(chan struct{})}
+	ready := make(chan error, 1)
+	go p.loop(zctx, ready)
+	if err := <-ready; err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { close(p.cmds); <-p.done })
+	return p
+}
+
+func (p *testPub) loop(zctx *zmq.Context, ready chan<- error) {
+	defer close(p.done)
+	pub, err := zctx.NewSocket(zmq.PUB)
+	if err != nil {
+		ready <- err
+		return
+	}
+	defer pub.Close()
+	router, err := zctx.NewSocket(zmq.ROUTER)
+	if err != nil {
+		ready <- err
+		return
+	}
+	defer router.Close()
+	_ = pub.SetLinger(0)
+	_ = router.SetLinger(0)
+	if err := pub.Bind("tcp://127.0.0.1:0"); err != nil {
+		ready <- err
+		return
+	}
+	if err := router.Bind("tcp://127.0.0.1:0"); err != nil {
+		ready <- err
+		return
+	}
+	p.pubEP, _ = pub.GetLastEndpoint()
+	p.repEP, _ = router.GetLastEndpoint()
+	ready <- nil
+	poller := zmq.NewPoller()
+	poller.Add(router, zmq.POLLIN)
+	for {
+		select {
+		case f, ok := <-p.cmds:
+			if !ok {
+				return
+			}
+			f(pub, router)
+			continue
+		default:
+		}
+		polled, _ := poller.Poll(2 * time.Millisecond)
+		if len(polled) == 0 {
+			continue
+		}
+		frames, err := router.RecvMessageBytes(zmq.DONTWAIT)
+		if err != nil {
+			continue
+		}
+		id, start, err := ParseReplayRequest(frames)
+		if err != nil {
+			continue // vLLM logs "Invalid replay request" and sends nothing
+		}
+		p.ring.Since(start, func(seq uint64, payload []byte) {
+			_, _ = router.SendMessage(ReplayReplyFrames(id, p.format, p.topic, seq, payload))
+		})
+		_, _ = router.SendMessage(ReplayEndFrames(id, p.format))
+	}
+}
+
+// do runs f on the publisher goroutine and waits for it.
+func (p *testPub) do(f func(pub, router *zmq.Socket)) {
+	done := make(chan struct{})
+	p.cmds <- func(pub, router *zmq.Socket) { f(pub, router); close(done) }
+	<-done
+}
+
+// publish sends one batch with the next seq; with lost set it only enters the replay ring (as
+// when the PUB drops at its HWM).
+func (p *testPub) publish(payload []byte, lost bool) {
+	p.do(func(pub, _ *zmq.Socket) {
+		seq := p.seq
+		p.seq++
+		if !lost {
+			if _, err := pub.SendMessage(LiveFrames(p.topic, seq, payload)); err != nil {
+				p.t.Errorf("publish: %v", err)
+			}
+		}
+		p.ring.Add(seq, payload)
+	})
+}
+
+// raw sends arbitrary frames on the PUB socket.
+func (p *testPub) raw(frames ...[]byte) {
+	p.do(func(pub, _ *zmq.Socket) { _, _ = pub.SendMessage(frames) })
+}
+
+// restart behaves like a restarted engine: seq back to 0, empty replay ring.
+func (p *testPub) restart() {
+	p.do(func(_, _ *zmq.Socket) {
+		p.seq = 0
+		p.ring = NewReplayBuffer(len(p.ring.seqs))
+	})
+}

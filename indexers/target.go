@@ -1,0 +1,481 @@
+package indexers
+
+import (
+	"sync"
+	"sync/atomic"
+
+	"github.com/kvgate/kvgate/tokenize"
+	"github.com/kvgate/kvgate/workers"
+)
+
+// extEntry maps one of the worker's opaque block hashes to our node, with the worker's own
+// reference count per tier (the same hash can be stored by two physical blocks, spec §8.4).
+// While an entry exists its node has references, so the node index stays valid.
+type extEntry struct {
+	node int32
+	refs [numTiers]int32
+}
+
+// node is one of our block hashes on one target, kept in a slab so parent links are indexes
+// rather than map lookups. res counts references per tier (several external hashes or
+// duplicate stores can name it); kids counts resident children per nested set, kept while the
+// node itself is absent so orphan accounting stays exact. A node lives while res or kids is
+// non-zero.
+type node struct {
+	our    uint64
+	parent int32 // slab index of the parent node, -1 for a root
+	res    [numTiers]int32
+	kids   [numTiers]int32
+}
+
+// memberMask returns the nested sets (bit k: G1..G(k+1)) the node belongs to.
+func (n *node) memberMask() uint8 {
+	switch {
+	case n.res[0] > 0:
+		return 0b111
+	case n.res[1] > 0:
+		return 0b110
+	case n.res[2] > 0:
+		return 0b100
+	}
+	return 0
+}
+
+func (n *node) member(k int) bool { return n.memberMask()&(1<<k) != 0 }
+
+func (n *node) dead() bool { return n.res == [numTiers]int32{} && n.kids == [numTiers]int32{} }
+
+// targetState is one worker+rank's view. Maps and slab are owned by whoever holds mu; the
+// atomics are read by queries and metrics without it.
+type targetState struct {
+	ix     *Index
+	target workers.Target
+	slot   int
+
+	mu     sync.Mutex
+	ext    map[uint64]extEntry
+	byOur  map[uint64]int32
+	slab   []node
+	free   []int32
+	groups uint64 // group_idx values whose stores were accepted (removals of others are ignored)
+	// recent remembers removed hashes once the worker has shown a lower tier (lowerTiers):
+	// workers without CPU offload never need it and do not pay for it on every removal.
+	recent     recentRemoved
+	lowerTiers bool
+	buf        []byte
+	keys       []uint64
+	out        [numTiers][]uint64 // listener scratch
+	run        []uint64           // listener scratch: a store's whole run in chain order
+
+	// orphans[k] counts members of nested set k whose parent is not a member. While it is zero,
+	// membership of block i of a query implies membership of blocks 0..i-1, which lets Match
+	// bisect instead of scanning.
+	orphans  [numTiers]atomic.Int64
+	resident [numTiers]atomic.Int64 // blocks with a reference in tier t
+	version  atomic.Uint64
+	stats    targetStats
+}
+
+func newTargetState(ix *Index, t workers.Target, slot int) *targetState {
+	ts := &targetState{ix: ix, target: t, slot: slot, buf: make([]byte, 0, 4*ix.opt.BlockSize+8*16)}
+	ts.clearMaps()
+	return ts
+}
+
+func (ts *targetState) clearMaps() {
+	ts.ext = map[uint64]extEntry{}
+	ts.byOur = map[uint64]int32{}
+	ts.slab = ts.slab[:0]
+	ts.free = ts.free[:0]
+}
+
+// blocks returns the number of live nodes.
+func (ts *targetState) blocks() int { return len(ts.byOur) }
+
+// nodeFor returns the node of our hash, creating it under parent if absent. An existing node
+// that is in no set takes the parent given now (its old parent may have been freed).
+func (ts *targetState) nodeFor(our uint64, parent int32) int32 {
+	if i, ok := ts.byOur[our]; ok {
+		if ts.slab[i].memberMask() == 0 {
+			ts.slab[i].parent = parent
+		}
+		return i
+	}
+	var i int32
+	if n := len(ts.free); n > 0 {
+		i = ts.free[n-1]
+		ts.free = ts.free[:n-1]
+	} else {
+		ts.slab = append(ts.slab, node{})
+		i = int32(len(ts.slab) - 1)
+	}
+	ts.slab[i] = node{our: our, parent: parent}
+	ts.byOur[our] = i
+	return i
+}
+
+func (ts *targetState) maybeFree(i int32) {
+	if n := &ts.slab[i]; n.dead() {
+		delete(ts.byOur, n.our)
+		n.parent = -1
+		ts.free = append(ts.free, i)
+	}
+}
+
+// applyStored indexes one BlockStored (spec §2.4).
+func (ts *targetState) applyStored(e *BlockStored) {
+	tier, ok := TierOf(e.Medium)
+	if !ok {
+		ts.stats.drop(dropMedium, len(e.BlockHashes))
+		return
+	}
+	if e.Locality.Set && e.Locality.V != "LOCAL" {
+		ts.stats.drop(dropRemote, len(e.BlockHashes))
+		return
+	}
+	if !mainAttentionKind(e.KVCacheSpecKind) {
+		ts.stats.drop(dropKind, len(e.BlockHashes))
+		return
+	}
+	if e.GroupIdx.V >= 0 && e.GroupIdx.V < 64 {
+		ts.groups |= 1 << e.GroupIdx.V
+	}
+	if !validChain(e) {
+		ts.stats.drop(dropInvalid, len(e.BlockHashes))
+		return
+	}
+	ts.stats.events[kindStored][tier].Add(1)
+	if tier != G1 {
+		ts.lowerTiers = true
+	}
+	if len(e.TokenIDs) == 0 {
+		ts.storeTokenless(e, tier)
+		return
+	}
+	bs := ts.ix.opt.BlockSize
+	if int(e.BlockSize) != bs {
+		ts.stats.drop(dropBlockSize, len(e.BlockHashes))
+		return
+	}
+	if len(e.TokenIDs) != len(e.BlockHashes)*bs {
+		ts.stats.drop(dropInvalid, len(e.BlockHashes))
+		return
+	}
+	var parentOur uint64
+	parent := int32(-1)
+	hasParent := false
+	if e.ParentBlockHash.Set {
+		pe, ok := ts.ext[e.ParentBlockHash.V.U]
+		if !ok {
+			// Without the parent's hash of ours the chain cannot be computed; indexing the run
+			// as a new root would invent matches for prompts that start with these tokens.
+			// Drop it (spec §8.9 "or drop"); its descendants will be dropped the same way.
+			ts.stats.drop(dropParentNotFound, len(e.BlockHashes))
+			return
+		}
+		parent, parentOur = pe.node, ts.slab[pe.node].our
+		hasParent = true
+	}
+	runParent := parentOur
+	if ts.blocks()+len(e.BlockHashes) > ts.ix.opt.MaxBlocksPerTarget {
+		ts.stats.drop(dropCapacity, len(e.BlockHashes))
+		return
+	}
+	seed := tokenize.LocalSeed(e.LoRAName.V)
+	stored := ts.out[tier][:0]
+	run := ts.run[:0]
+	for i, h := range e.BlockHashes {
+		ts.keys = ts.keys[:0]
+		if i < len(e.ExtraKeys) && e.ExtraKeys[i] != nil {
+			ts.keys = foldExtraKeys(e.ExtraKeys[i], e.LoRAName.V, ts.keys)
+		}
+		local := tokenize.LocalBlockHash(e.TokenIDs[i*bs:(i+1)*bs], ts.keys, seed, ts.buf[:0])
+		our := local
+		if parent >= 0 {
+			our = tokenize.ChainHash(parentOur, local)
+		}
+		var became bool
+		parent, became = ts.storeOne(h.U, our, parent, tier)
+		if became {
+			stored = append(stored, our)
+		}
+		run = append(run, our)
+		parentOur = our
+	}
+	ts.out[tier], ts.run = stored, run
+	ts.stats.blocks[kindStored][tier].Add(int64(len(e.BlockHashes)))
+	if l := ts.ix.opt.Listener; l != nil {
+		if len(stored) > 0 {
+			l.BlocksStored(ts.target, tier, stored)
+		}
+		if al, ok := l.(AttributedListener); ok {
+			al.BlocksStoredFrom(ts.target, tier, run, runParent, hasParent, e.SessionID.V)
+		}
+	}
+}
+
+// validChain rejects a store whose hashes repeat or reference the parent (Dynamo's
+// self-reference check): applying it could make a block its own ancestor.
+func validChain(e *BlockStored) bool {
+	for i, h := range e.BlockHashes {
+		if e.ParentBlockHash.Set && h.U == e.ParentBlockHash.V.U {
+			return false
+		}
+		for _, g := range e.BlockHashes[:i] {
+			if g.U == h.U {
+				return false
+			}
+		}
+		if i > 8 { // long runs: duplicates inside are vanishingly rare; keep this O(n)
+			break
+		}
+	}
+	return true
+}
+
+// storeTokenless resolves CPU/disk placeholder stores (no tokens, block_size 0, spec §8.12)
+// through the worker's earlier stores of the same hash.
+func (ts *targetState) storeTokenless(e *BlockStored, tier Tier) {
+	stored := ts.out[tier][:0]
+	for _, h := range e.BlockHashes {
+		var our uint64
+		var parent int32
+		if x, ok := ts.ext[h.U]; ok {
+			n := &ts.slab[x.node]
+			our, parent = n.our, n.parent
+		} else if our, parent, ok = ts.resolveRemoved(h.U); !ok {
+			ts.stats.drop(dropUnresolved, 1)
+			continue
+		}
+		if _, became := ts.storeOne(h.U, our, parent, tier); became {
+			stored = append(stored, our)
+		}
+	}
+	ts.out[tier] = stored
+	ts.stats.blocks[kindStored][tier].Add(int64(len(e.BlockHashes)))
+	if l := ts.ix.opt.Listener; l != nil && len(stored) > 0 {
+		l.BlocksStored(ts.target, tier, stored)
+	}
+}
+
+// resolveRemoved finds a worker hash whose last reference was removed recently (the GPU copy
+// evicted before the CPU offload's placeholder store arrived): our hash and the parent node,
+// re-created outside every set if it is gone too, so the block keeps its chain position.
+func (ts *targetState) resolveRemoved(ext uint64) (our uint64, parent int32, ok bool) {
+	b, ok := ts.recent.take(ext)
+	if !ok {
+		return 0, -1, false
+	}
+	parent = -1
+	if b.hasParent {
+		if i, found := ts.byOur[b.parentOur]; found {
+			parent = i
+		} else {
+			parent = ts.nodeFor(b.parentOur, -1)
+		}
+	}
+	return b.our, parent, true
+}
+
+// rememberRemoved records a worker hash whose last reference is about to go; node i must still
+// be a member of some set (so its parent index is valid).
+func (ts *targetState) rememberRemoved(ext uint64, i int32) {
+	n := &ts.slab[i]
+	b := removedBlock{our: n.our}
+	if n.parent >= 0 {
+		b.parentOur, b.hasParent = ts.slab[n.parent].our, true
+	}
+	ts.recent.record(ts.ix.opt.RecentlyRemoved, ext, b)
+}
+
+// rememberRemovals reports whether removed hashes should be remembered: only for a worker that
+// has stored blocks in a lower tier (its first offloads may miss evictions that came before).
+func (ts *targetState) rememberRemovals() bool { return ts.lowerTiers && ts.ix.opt.RecentlyRemoved > 0 }
+
+// storeOne adds one reference; it returns the node and whether the block became resident in
+// the tier.
+func (ts *targetState) storeOne(ext, our uint64, parent int32, tier Tier) (int32, bool) {
+	x, ok := ts.ext[ext]
+	if ok && ts.slab[x.node].our != our {
+		// The worker reuses a hash for different content: its earlier state is stale.
+		ts.stats.drop(dropConflict, 1)
+		old := x.node
+		for t := range Tier(numTiers) {
+			for range x.refs[t] {
+				ts.unref(old, t)
+			}
+		}
+		ok = false
+		if parent == old { // cannot happen for a valid chain; keep the slab consistent anyway
+			parent = -1
+		}
+	}
+	if !ok {
+		x = extEntry{node: ts.nodeFor(our, parent)}
+	}
+	x.refs[tier]++
+	ts.ext[ext] = x
+	return x.node, ts.ref(x.node, tier)
+}
+
+// ref adds one tier reference to node i and maintains set membership and orphan counts.
+func (ts *targetState) ref(i int32, tier Tier) bool {
+	n := &ts.slab[i]
+	before := n.memberMask()
+	n.res[tier]++
+	if joined := n.memberMask() &^ before; joined != 0 {
+		ts.transition(i, joined, true)
+	}
+	if n.res[tier] == 1 {
+		ts.resident[tier].Add(1)
+		return true
+	}
+	return false
+}
+
+// unref drops one tier reference of node i; it reports whether the block left the tier.
+func (ts *targetState) unref(i int32, tier Tier) bool {
+	n := &ts.slab[i]
+	if n.res[tier] == 0 {
+		return false
+	}
+	before := n.memberMask()
+	n.res[tier]--
+	left := n.res[tier] == 0
+	if gone := before &^ n.memberMask(); gone != 0 {
+		ts.transition(i, gone, false)
+	}
+	if left {
+		ts.resident[tier].Add(-1)
+	}
+	ts.maybeFree(i)
+	return left
+}
+
+// transition moves node i into (join) or out of the nested sets in mask: one global update,
+// the parent's child counts and the orphan counts.
+func (ts *targetState) transition(i int32, mask uint8, join bool) {
+	n := &ts.slab[i]
+	ts.ix.setBits(n.our, ts.slot, mask, join)
+	p := n.parent
+	sign := int32(1)
+	if !join {
+		sign = -1
+	}
+	for k := range numTiers {
+		if mask&(1<<k) == 0 {
+			continue
+		}
+		if p >= 0 {
+			pn := &ts.slab[p]
+			pn.kids[k] += sign
+			if !pn.member(k) {
+				ts.orphans[k].Add(int64(sign))
+			}
+		}
+		// This node's resident children stop (join) or start (leave) being orphans.
+		if c := n.kids[k]; c > 0 {
+			ts.orphans[k].Add(-int64(sign * c))
+		}
+	}
+	if p >= 0 && !join {
+		ts.maybeFree(p)
+	}
+}
+
+// applyRemoved drops one reference per listed hash in the event's tier.
+func (ts *targetState) applyRemoved(e *BlockRemoved) {
+	tier, ok := TierOf(e.Medium)
+	if !ok {
+		ts.stats.drop(dropMedium, len(e.BlockHashes))
+		return
+	}
+	if e.Locality.Set && e.Locality.V != "LOCAL" {
+		ts.stats.drop(dropRemote, len(e.BlockHashes))
+		return
+	}
+	if g := e.GroupIdx.V; e.GroupIdx.Set && g > 0 && (g >= 64 || ts.groups&(1<<g) == 0) {
+		// A group whose stores we never indexed (sliding window, mamba): its removals must not
+		// touch blocks of the attention group that happen to share the hash value.
+		ts.stats.drop(dropKind, len(e.BlockHashes))
+		return
+	}
+	ts.stats.events[kindRemoved][tier].Add(1)
+	removed := ts.out[tier][:0]
+	for _, h := range e.BlockHashes {
+		x, ok := ts.ext[h.U]
+		if !ok || x.refs[tier] == 0 {
+			ts.stats.drop(dropNotFound, 1)
+			continue
+		}
+		x.refs[tier]--
+		if x.refs == [numTiers]int32{} {
+			if ts.rememberRemovals() {
+				ts.rememberRemoved(h.U, x.node)
+			}
+			delete(ts.ext, h.U)
+		} else {
+			ts.ext[h.U] = x
+		}
+		our := ts.slab[x.node].our
+		if ts.unref(x.node, tier) {
+			removed = append(removed, our)
+		}
+		ts.stats.blocks[kindRemoved][tier].Add(1)
+	}
+	ts.out[tier] = removed
+	ts.version.Add(1)
+	if l := ts.ix.opt.Listener; l != nil && len(removed) > 0 {
+		l.BlocksRemoved(ts.target, tier, removed)
+	}
+}
+
+// clearTier drops every reference in one tier (AllBlocksCleared clears the GPU prefix cache of
+// this worker+rank only; host and disk tiers survive, spec §8.11).
+func (ts *targetState) clearTier(tier Tier) {
+	for h, x := range ts.ext {
+		if x.refs[tier] == 0 {
+			continue
+		}
+		rest := x.refs
+		rest[tier] = 0
+		last := rest == [numTiers]int32{}
+		if last && ts.rememberRemovals() {
+			ts.rememberRemoved(h, x.node)
+		}
+		for range x.refs[tier] {
+			ts.unref(x.node, tier)
+		}
+		x.refs[tier] = 0
+		if last {
+			delete(ts.ext, h)
+		} else {
+			ts.ext[h] = x
+		}
+	}
+	ts.version.Add(1)
+	if l := ts.ix.opt.Listener; l != nil {
+		l.Cleared(ts.target, false)
+	}
+}
+
+// resetLocked forgets the target entirely (all tiers).
+func (ts *targetState) resetLocked(notify bool) {
+	for _, i := range ts.byOur {
+		if m := ts.slab[i].memberMask(); m != 0 {
+			ts.ix.setBits(ts.slab[i].our, ts.slot, m, false)
+		}
+	}
+	ts.clearMaps()
+	ts.groups = 0
+	ts.recent.reset()
+	for k := range numTiers {
+		ts.orphans[k].Store(0)
+		ts.resident[k].Store(0)
+	}
+	ts.version.Add(1)
+	ts.stats.resets.Add(1)
+	if l := ts.ix.opt.Listener; l != nil && notify {
+		l.Cleared(ts.target, true)
+	}
+}

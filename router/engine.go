@@ -1,0 +1,174 @@
+package router
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvgate/kvgate/workers"
+)
+
+// Engine is what the server calls to route: it runs a policy, accounts the chosen target's
+// load, teaches the approximate index, scrapes worker metrics, and closes the loop on the
+// workers' reported usage. It implements Policy and Tracker itself. One Engine serves one
+// gateway; it is safe for concurrent use.
+type Engine struct {
+	policy   Policy
+	kv       *KVPolicy // nil when the policy is not KV-aware
+	load     *LoadTracker
+	approx   *ApproxIndex
+	feedback *feedback
+	scraper  *Scraper
+	sweep    time.Duration
+	log      *slog.Logger
+}
+
+// EngineOptions configure an Engine. Only Policy is required.
+type EngineOptions struct {
+	// Policy selects targets. When it is a *KVPolicy, its load tracker and approximate index are
+	// the engine's (Load and Approx below are then ignored).
+	Policy Policy
+	// Load accounts in-flight load for non-KV policies (a new tracker when nil).
+	Load *LoadTracker
+	// Approx is taught every routing decision when set (non-KV policies only; see Policy).
+	Approx *ApproxIndex
+	// Registerer receives the engine's metrics; nil registers nothing.
+	Registerer prometheus.Registerer
+	// Log receives tokenization-mismatch warnings and scrape failures (slog.Default when nil).
+	Log *slog.Logger
+	// Targets lists the routing targets whose workers' /metrics Run scrapes; nil disables
+	// scraping. MetricsClient does the scraping (http.DefaultClient when nil) every
+	// MetricsInterval (the KV policy's metrics_interval, else 1s).
+	Targets         func() []workers.Target
+	MetricsClient   *http.Client
+	MetricsInterval time.Duration
+	// MismatchLogBurst is how many prompt-token mismatches are logged before the log is limited
+	// to one line per MismatchLogEvery (defaults 5 and 1m).
+	MismatchLogBurst int
+	MismatchLogEvery time.Duration
+}
+
+// NewEngine builds an engine around a policy.
+func NewEngine(o EngineOptions) (*Engine, error) {
+	if o.Policy == nil {
+		return nil, errors.New("router engine: no policy")
+	}
+	log := o.Log
+	if log == nil {
+		log = slog.Default()
+	}
+	e := &Engine{policy: o.Policy, load: o.Load, approx: o.Approx, sweep: time.Second, log: log}
+	interval := o.MetricsInterval
+	if kv, ok := o.Policy.(*KVPolicy); ok {
+		e.kv = kv
+		e.load = kv.Load()
+		e.approx = kv.Approx()
+		if interval == 0 {
+			interval = kv.Config().MetricsInterval
+		}
+	}
+	if e.load == nil {
+		e.load = NewLoadTracker(DefaultKVConfig().LoadExpiry)
+	}
+	if interval <= 0 {
+		interval = time.Second
+	}
+	fb, err := newFeedback(o.Registerer, log, o.MismatchLogBurst, o.MismatchLogEvery)
+	if err != nil {
+		return nil, err
+	}
+	e.feedback = fb
+	if o.Targets != nil {
+		e.scraper = &Scraper{Tracker: e.load, Client: o.MetricsClient, Interval: interval, Targets: o.Targets, Log: log}
+	}
+	return e, nil
+}
+
+// Policy returns the engine's policy.
+func (e *Engine) Policy() Policy { return e.policy }
+
+// Load returns the engine's load tracker (for the debug endpoint and tests).
+func (e *Engine) Load() *LoadTracker { return e.load }
+
+// Name is the wrapped policy's name; with Pick and Begin the engine is itself a Policy and a
+// Tracker, so the server can hold it wherever it holds a policy.
+func (e *Engine) Name() string { return e.policy.Name() }
+
+// Pick runs the policy and times it; it accounts nothing (POST /debug/route calls it as is).
+// Policies with their own state (round robin) still advance it.
+func (e *Engine) Pick(ctx context.Context, req *Request, candidates []Candidate) (Decision, error) {
+	if len(candidates) == 0 {
+		return Decision{}, errNoCandidates
+	}
+	start := time.Now()
+	d, err := e.policy.Pick(ctx, req, candidates)
+	if err != nil {
+		return Decision{}, fmt.Errorf("route with %s: %w", e.policy.Name(), err)
+	}
+	e.feedback.decided(e.policy.Name(), time.Since(start))
+	return d, nil
+}
+
+// Begin accounts a routed request's load on the chosen target (and teaches the approximate
+// index). The caller calls FirstToken when the first response byte arrives and Done when the
+// request ends however it ends, including before a retry on another target.
+func (e *Engine) Begin(d Decision, req *Request) Lifecycle { return e.begin(d, req) }
+
+func (e *Engine) begin(d Decision, req *Request) *Handle {
+	if e.kv != nil {
+		return e.kv.begin(d, req)
+	}
+	h := e.load.Begin(d.Chosen.Target, req, CachedBlocks(d))
+	if e.approx != nil && len(req.BlockHashes) > 0 {
+		e.approx.Record(d.Chosen.Target, req.BlockHashes)
+	}
+	return h
+}
+
+// Route is Pick followed by Begin.
+func (e *Engine) Route(ctx context.Context, req *Request, candidates []Candidate) (Decision, *Handle, error) {
+	d, err := e.Pick(ctx, req, candidates)
+	if err != nil {
+		return Decision{}, nil, err
+	}
+	return d, e.begin(d, req), nil
+}
+
+// DryRun returns the decision Route would make now, accounting nothing and teaching nothing.
+func (e *Engine) DryRun(ctx context.Context, req *Request, candidates []Candidate) (Decision, error) {
+	return e.Pick(ctx, req, candidates)
+}
+
+// Run scrapes worker metrics and sweeps expired load and approximate entries until ctx ends.
+func (e *Engine) Run(ctx context.Context) {
+	if e.scraper != nil {
+		go e.scraper.Run(ctx)
+	}
+	tick := time.NewTicker(e.sweep)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+			if n := e.load.Expire(); n > 0 {
+				e.log.Warn("router: force-released stale request load", "count", n)
+			}
+			if e.approx != nil {
+				e.approx.Expire()
+			}
+		}
+	}
+}
+
+// Interface checks: the server holds either as a Policy and finds Tracker by assertion.
+var (
+	_ Policy  = (*Engine)(nil)
+	_ Tracker = (*Engine)(nil)
+	_ Tracker = (*KVPolicy)(nil)
+)

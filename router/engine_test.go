@@ -1,0 +1,205 @@
+package router
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+)
+
+func TestPredictedCachedTokens(t *testing.T) {
+	cases := []struct{ g1, bs, prompt, want int }{
+		{0, 16, 100, 0},
+		{4, 16, 100, 64},
+		{6, 16, 100, 96},  // (100−1)/16 = 6 full blocks
+		{7, 16, 112, 96},  // a fully cached 112-token prompt: vLLM recomputes the last token
+		{7, 16, 113, 112}, // one token more: all 7 blocks count
+		{3, 0, 100, 0},
+	}
+	for _, tc := range cases {
+		if got := PredictedCachedTokens(tc.g1, tc.bs, tc.prompt); got != tc.want {
+			t.Errorf("PredictedCachedTokens(%d,%d,%d) = %d, want %d", tc.g1, tc.bs, tc.prompt, got, tc.want)
+		}
+	}
+}
+
+// TestEngineObserve: usage reports feed the prediction-error and mismatch metrics; the mismatch
+// log names the model and is rate limited.
+func TestEngineObserve(t *testing.T) {
+	reg := prometheus.NewPedanticRegistry()
+	var logs bytes.Buffer
+	log := slog.New(slog.NewTextHandler(&logs, nil))
+	p, err := NewKV(DefaultKVConfig(), KVDeps{Matcher: fixedMatcher{tgt(0): {G1: 100}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := NewEngine(EngineOptions{Policy: p, Registerer: reg, Log: log, MismatchLogBurst: 2, MismatchLogEvery: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := request(chain(1, 128)) // 2048 tokens
+	d, h, err := e.Route(context.Background(), req, kvCands(2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.Done()
+	e.Observe("qwen", req, d, Usage{PromptTokens: 2048, CachedTokens: 1536, HasCached: true})
+	for range 5 {
+		e.Observe("qwen", req, d, Usage{PromptTokens: 2051, CachedTokens: 1600, HasCached: true})
+	}
+	e.Observe("qwen", req, d, Usage{PromptTokens: 2048})
+
+	if got := metricValue(t, e.feedback.mismatches.WithLabelValues("qwen")); got != 5 {
+		t.Errorf("mismatches %v, want 5", got)
+	}
+	if got := metricValue(t, e.feedback.predicted.WithLabelValues("qwen", "events")); got != 6*1600 {
+		t.Errorf("predicted %v", got)
+	}
+	if got := metricValue(t, e.feedback.actual.WithLabelValues("qwen", "events")); got != 1536+5*1600 {
+		t.Errorf("reported %v", got)
+	}
+	if got := metricValue(t, e.feedback.unpredicted.WithLabelValues("qwen")); got != 1 {
+		t.Errorf("without cached_tokens %v", got)
+	}
+	if n := histogramCount(t, reg, "kvgate_router_cached_tokens_prediction_error"); n != 6 {
+		t.Errorf("prediction error observations %d, want 6", n)
+	}
+	if n := histogramCount(t, reg, "kvgate_router_decision_seconds"); n != 1 {
+		t.Errorf("decision latency observations %d, want 1", n)
+	}
+	if lines := strings.Count(logs.String(), "model=qwen"); lines != 2 {
+		t.Errorf("logged %d mismatch lines, want the burst of 2:\n%s", lines, logs.String())
+	}
+	if !strings.Contains(logs.String(), "gateway_prompt_tokens=2048 worker_prompt_tokens=2051") {
+		t.Errorf("log lacks the counts:\n%s", logs.String())
+	}
+}
+
+// TestEngineDryRunAccountsNothing: a dry run returns the same record shape and leaves load and
+// the approximate index untouched.
+func TestEngineDryRunAccountsNothing(t *testing.T) {
+	approx := NewApproxIndex(DefaultKVConfig().Approximate)
+	p, err := NewKV(DefaultKVConfig(), KVDeps{Approx: approx})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := NewEngine(EngineOptions{Policy: p})
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := request(chain(1, 128))
+	d, err := e.DryRun(context.Background(), req, kvCands(3))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range kvCands(3) {
+		if e.Load().Load(c.Target) != (TargetLoad{}) || approx.Resident(c.Target) != 0 {
+			t.Fatalf("dry run accounted state on %v", c.Target)
+		}
+	}
+	// The record serialises with the fixed keys of issue 6 item 3.
+	raw, err := json.Marshal(d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var generic map[string]any
+	if err := json.Unmarshal(raw, &generic); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{"prompt_tokens", "prompt_blocks", "policy", "chosen", "candidates"} {
+		if _, ok := generic[k]; !ok {
+			t.Fatalf("record lacks %q: %s", k, raw)
+		}
+	}
+	chosen := generic["chosen"].(map[string]any)
+	for _, k := range []string{"worker", "dp_rank", "reason"} {
+		if _, ok := chosen[k]; !ok {
+			t.Fatalf("chosen lacks %q: %s", k, raw)
+		}
+	}
+	cand := generic["candidates"].([]any)[0].(map[string]any)
+	for _, k := range []string{"worker", "dp_rank", "mode", "g1_blocks", "g2_blocks", "g3_blocks", "cost"} {
+		if _, ok := cand[k]; !ok {
+			t.Fatalf("candidate lacks %q: %s", k, raw)
+		}
+	}
+	if _, err := e.DryRun(context.Background(), req, nil); err == nil {
+		t.Fatal("no candidates accepted")
+	}
+}
+
+// metricValue reads a counter or gauge.
+func metricValue(t *testing.T, c prometheus.Metric) float64 {
+	t.Helper()
+	var m dto.Metric
+	if err := c.Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	if m.Counter != nil {
+		return m.Counter.GetValue()
+	}
+	return m.Gauge.GetValue()
+}
+
+// histogramCount sums the sample counts of every series of a histogram family.
+func histogramCount(t *testing.T, reg prometheus.Gatherer, name string) uint64 {
+	t.Helper()
+	fams, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n uint64
+	for _, f := range fams {
+		if f.GetName() == name {
+			for _, m := range f.Metric {
+				n += m.GetHistogram().GetSampleCount()
+			}
+		}
+	}
+	return n
+}
+
+// TestEngineWrapsAnyPolicy: the engine is a Policy and a Tracker around any policy, so the
+// server accounts load the same way whichever policy is configured.
+func TestEngineWrapsAnyPolicy(t *testing.T) {
+	e, err := NewEngine(EngineOptions{Policy: &RoundRobin{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var p Policy = e
+	tr, ok := p.(Tracker)
+	if !ok || p.Name() != "round_robin" {
+		t.Fatalf("engine is not a tracking policy named round_robin")
+	}
+	req := request(chain(1, 8))
+	d, err := p.Pick(context.Background(), req, kvCands(2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	life := tr.Begin(d, req)
+	if got := e.Load().Load(d.Chosen.Target); got.PrefillTokens != 128 || got.Requests != 1 {
+		t.Fatalf("after Begin: %+v", got)
+	}
+	life.FirstToken()
+	life.Done()
+	if got := e.Load().Load(d.Chosen.Target); got != (TargetLoad{}) {
+		t.Fatalf("after Done: %+v", got)
+	}
+}
+
+// TestRequestWithoutBlockSize: an unset block size means vLLM's default 16, not 1.
+func TestRequestWithoutBlockSize(t *testing.T) {
+	p := newTestKV(t, PolicyKV, DefaultKVConfig(), KVDeps{Matcher: fixedMatcher{tgt(0): {G1: 8}}}, nil)
+	req := request(chain(1, 8))
+	req.BlockSize = 0
+	d, _ := p.Pick(context.Background(), req, kvCands(2))
+	if d.Candidates[0].Cost != 0 || d.Candidates[1].Cost != 8 {
+		t.Fatalf("costs %v, %v; want 0 and 8 blocks", d.Candidates[0].Cost, d.Candidates[1].Cost)
+	}
+}

@@ -1,0 +1,294 @@
+package router
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/kvgate/kvgate/sessions"
+
+	"github.com/kvgate/kvgate/workers"
+)
+
+// Policy names of the KV-aware policies.
+const (
+	PolicyKV       = "kv"
+	PolicyKVNoLoad = "kv_no_load"
+)
+
+// KVPolicy is the KV-aware policy (dynamo-router.md §3.2–3.5). Per target:
+//
+//	credit  = G1 + g2_credit·G2 + g3_credit·G3 + session hint blocks
+//	prefill = max(prompt blocks − credit, 0)
+//	load    = prefill_load_weight·(prompt tokens in flight)/block_size
+//	        + decode_weight·(blocks held by active requests − those this prompt shares)
+//	        + request_weight·active requests + waiting_weight·waiting requests not ours
+//	cost    = prefill_weight·prefill + load
+//
+// The lowest cost wins, ties at random; with a temperature, a softmax draw. Busy targets are
+// avoided while any other is not. Unlike Dynamo, the overlap credit offsets only this request's
+// own prompt, never the prefill other requests already queued on the target. In kv_no_load
+// mode the load term and the busy thresholds are off: overlap (and hints) only.
+type KVPolicy struct {
+	name    string
+	cfg     KVConfig
+	noLoad  bool
+	matcher PrefixMatcher
+	events  EventHealth
+	approx  *ApproxIndex
+	load    *LoadTracker
+	hints   HintSource
+	now     func() time.Time
+	float   func() float64 // uniform [0,1); replaced in tests for determinism
+	scratch sync.Pool      // *kvScratch
+}
+
+// kvScratch holds per-decision buffers, pooled to keep the hot path allocation-light.
+type kvScratch struct {
+	targets []workers.Target
+	matches []TierMatch
+	approx  []int
+	rows    []kvRow
+}
+
+// kvRow is one candidate's evaluation.
+type kvRow struct {
+	mode      string
+	match     TierMatch
+	hint      float64
+	prefHint  float64 // the part of hint from preference rules, applied beyond the clamp
+	hintRule  string
+	prefill   float64 // uncached prompt blocks after credits (hints included)
+	noHint    float64 // the same without hints, to tell whether a hint decided
+	load      float64
+	busy      bool
+	busyWhy   string
+	cost      float64
+	costNoHnt float64
+}
+
+// NewKV returns the `kv` policy. A zero cfg means DefaultKVConfig().
+func NewKV(cfg KVConfig, deps KVDeps) (*KVPolicy, error) {
+	return newKV(PolicyKV, false, cfg, deps)
+}
+
+// NewKVNoLoad returns the `kv_no_load` policy: overlap (and session hints) only. A zero cfg
+// means DefaultKVConfig().
+func NewKVNoLoad(cfg KVConfig, deps KVDeps) (*KVPolicy, error) {
+	return newKV(PolicyKVNoLoad, true, cfg, deps)
+}
+
+// NewKVByName builds the KV-aware policy called name ("kv" or "kv_no_load"), for the policy
+// registry; ok is false for any other name.
+func NewKVByName(name string, cfg KVConfig, deps KVDeps) (p *KVPolicy, ok bool, err error) {
+	switch name {
+	case PolicyKV:
+		p, err = NewKV(cfg, deps)
+	case PolicyKVNoLoad:
+		p, err = NewKVNoLoad(cfg, deps)
+	default:
+		return nil, false, nil
+	}
+	return p, true, err
+}
+
+func newKV(name string, noLoad bool, cfg KVConfig, deps KVDeps) (*KVPolicy, error) {
+	if cfg == (KVConfig{}) {
+		cfg = DefaultKVConfig()
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("%s policy: %w", name, err)
+	}
+	p := &KVPolicy{
+		name: name, cfg: cfg, noLoad: noLoad,
+		matcher: deps.Matcher, events: deps.Events, approx: deps.Approx, load: deps.Load, hints: deps.Hints,
+		now: time.Now, float: rand.Float64,
+	}
+	if p.load == nil {
+		p.load = NewLoadTracker(cfg.LoadExpiry)
+	}
+	p.scratch.New = func() any { return &kvScratch{} }
+	return p, nil
+}
+
+// Name returns "kv" or "kv_no_load".
+func (p *KVPolicy) Name() string { return p.name }
+
+// Config returns the policy's configuration.
+func (p *KVPolicy) Config() KVConfig { return p.cfg }
+
+// Load returns the load tracker the policy reads.
+func (p *KVPolicy) Load() *LoadTracker { return p.load }
+
+// Approx returns the approximate index the policy reads (nil if none).
+func (p *KVPolicy) Approx() *ApproxIndex { return p.approx }
+
+// Begin implements Tracker: it accounts the request's load on the chosen target and, in
+// predict-on-route fashion, records its blocks there in the approximate index (the chosen
+// worker is about to compute them; this also covers the burst of identical prompts that
+// arrives before the worker's KV events do).
+func (p *KVPolicy) Begin(d Decision, req *Request) Lifecycle { return p.begin(d, req) }
+
+func (p *KVPolicy) begin(d Decision, req *Request) *Handle {
+	h := p.load.Begin(d.Chosen.Target, req, CachedBlocks(d))
+	if p.approx != nil && len(req.BlockHashes) > 0 {
+		p.approx.Record(d.Chosen.Target, req.BlockHashes)
+	}
+	return h
+}
+
+// errNoCandidates is returned when Pick is called with nothing to pick from.
+var errNoCandidates = errors.New("router: no candidates")
+
+// Pick scores every candidate and chooses one; it accounts no load.
+func (p *KVPolicy) Pick(ctx context.Context, req *Request, candidates []Candidate) (Decision, error) {
+	if len(candidates) == 0 {
+		return Decision{}, errNoCandidates
+	}
+	if err := ctx.Err(); err != nil {
+		return Decision{}, fmt.Errorf("kv pick: %w", err)
+	}
+	s := p.scratch.Get().(*kvScratch)
+	defer p.scratch.Put(s)
+	p.evaluate(req, candidates, s)
+	return p.decide(req, candidates, s.rows), nil
+}
+
+// evaluate fills s.rows with one row per candidate.
+func (p *KVPolicy) evaluate(req *Request, cands []Candidate, s *kvScratch) {
+	n := len(cands)
+	s.targets = s.targets[:0]
+	for _, c := range cands {
+		s.targets = append(s.targets, c.Target)
+	}
+	s.matches = grow(s.matches, n)
+	s.approx = grow(s.approx, n)
+	s.rows = grow(s.rows, n)
+	clear(s.matches)
+	hashes := req.BlockHashes
+	anyApprox := false
+	for i, t := range s.targets {
+		mode := p.Mode(t)
+		anyApprox = anyApprox || mode == ModeApproximate
+		s.rows[i] = kvRow{mode: mode}
+	}
+	if p.matcher != nil && len(hashes) > 0 {
+		p.matcher.MatchTiers(hashes, s.targets, s.matches)
+	}
+	if anyApprox {
+		if p.approx != nil {
+			p.approx.Match(hashes, s.targets, s.approx)
+		} else {
+			clear(s.approx)
+		}
+	}
+	if p.hints != nil && (req.SessionID != "" || req.ParentSessionID != "") {
+		var hs []sessions.Hint
+		if ph, ok := p.hints.(PrefixHintSource); ok {
+			hs = ph.HintsWithPrefix(req.SessionID, req.ParentSessionID, hashes)
+		} else {
+			hs = p.hints.Hints(req.SessionID, req.ParentSessionID)
+		}
+		for _, h := range hs {
+			for i, t := range s.targets {
+				if t == h.Target && h.Blocks > 0 {
+					r := &s.rows[i]
+					r.hint += h.Blocks
+					if h.Rule != sessions.RuleSiblingPrefix {
+						r.prefHint += h.Blocks
+					}
+					if r.hintRule == "" {
+						r.hintRule = h.Rule
+					} else if !strings.Contains(r.hintRule, h.Rule) {
+						r.hintRule += "+" + h.Rule
+					}
+				}
+			}
+		}
+	}
+
+	bs := float64(blockSizeOf(req))
+	reqBlocks := float64(len(hashes))
+	if req.PromptTokens > 0 {
+		reqBlocks = float64(req.PromptTokens) / bs
+	}
+	now := p.now()
+	for i := range s.rows {
+		r := &s.rows[i]
+		if r.mode == ModeEvents {
+			r.match = s.matches[i]
+		} else {
+			r.match = TierMatch{G1: s.approx[i]}
+		}
+		credit := float64(r.match.G1) + p.cfg.G2Credit*float64(r.match.G2) + p.cfg.G3Credit*float64(r.match.G3)
+		r.noHint = math.Max(reqBlocks-credit, 0)
+		r.prefill = math.Max(reqBlocks-credit-(r.hint-r.prefHint), 0)
+		if !p.noLoad {
+			p.loadOf(r, cands[i], hashes, bs, now)
+		}
+		r.cost = p.cfg.PrefillWeight*(r.prefill-r.prefHint) + r.load
+		r.costNoHnt = p.cfg.PrefillWeight*r.noHint + r.load
+	}
+}
+
+// loadOf fills the load term and the busy flag of one row.
+func (p *KVPolicy) loadOf(r *kvRow, c Candidate, hashes []uint64, bs float64, now time.Time) {
+	tl := p.load.get(c.Target)
+	var snap TargetLoad
+	shared := 0
+	var m WorkerMetrics
+	fresh := false
+	if tl != nil {
+		snap = tl.snapshot()
+		if snap.ActiveBlocks > 0 {
+			shared = tl.sharedActive(hashes)
+		}
+		m, fresh = tl.freshMetrics(now, p.cfg.MetricsMaxAge)
+	}
+	active := float64(snap.ActiveBlocks)
+	requests := float64(max(snap.Requests, c.InFlight))
+	unseenWaiting := 0.0
+	if fresh {
+		mActive, mRequests := tl.sinceSample(m)
+		if m.NumGPUBlocks > 0 {
+			active = math.Max(active, mActive)
+		}
+		requests = math.Max(requests, mRequests)
+		unseenWaiting = math.Max(m.Waiting-float64(snap.PrefillRequests), 0)
+		switch {
+		case p.cfg.BusyWaitingRequests > 0 && m.Waiting >= float64(p.cfg.BusyWaitingRequests):
+			r.busy, r.busyWhy = true, fmt.Sprintf("waiting %g >= %d", m.Waiting, p.cfg.BusyWaitingRequests)
+		case p.cfg.BusyKVUsage > 0 && m.KVUsage >= p.cfg.BusyKVUsage:
+			r.busy, r.busyWhy = true, fmt.Sprintf("kv usage %.2f >= %.2f", m.KVUsage, p.cfg.BusyKVUsage)
+		}
+	}
+	if !r.busy && p.cfg.BusyPrefillTokens > 0 && snap.PrefillTokens >= p.cfg.BusyPrefillTokens {
+		r.busy, r.busyWhy = true, fmt.Sprintf("prefill tokens %d >= %d", snap.PrefillTokens, p.cfg.BusyPrefillTokens)
+	}
+	r.load = p.cfg.PrefillLoadWeight*float64(snap.PrefillTokens)/bs +
+		p.cfg.DecodeWeight*math.Max(active-float64(shared), 0) +
+		p.cfg.RequestWeight*requests +
+		p.cfg.WaitingWeight*unseenWaiting
+}
+
+// grow returns s resized to n, reusing its storage when it can.
+func grow[T any](s []T, n int) []T {
+	if cap(s) < n {
+		return make([]T, n)
+	}
+	return s[:n]
+}
+
+// Mode reports how the policy currently scores t: ModeEvents when the event index is trusted
+// for it, else ModeApproximate (for GET /debug/workers).
+func (p *KVPolicy) Mode(t workers.Target) string {
+	if p.matcher != nil && (p.events == nil || p.events.EventsHealthy(t)) {
+		return ModeEvents
+	}
+	return ModeApproximate
+}

@@ -1,0 +1,65 @@
+package router
+
+import (
+	"github.com/kvgate/kvgate/sessions"
+	"github.com/kvgate/kvgate/workers"
+)
+
+// TierMatch is how far a prompt's leading blocks are resident on one target: G1 counts the
+// leading blocks on GPU; G2 the blocks in host memory that extend the prefix beyond G1; G3 the
+// blocks on disk that extend it beyond G1+G2 (dynamo-router.md §2.6).
+type TierMatch struct {
+	G1, G2, G3 int
+}
+
+// PrefixMatcher answers tiered prefix matches from the KV-event index. MatchTiers writes into
+// out[i] the match of hashes on targets[i] (zero for a target the index does not know);
+// len(out) == len(targets). It must be safe for concurrent use.
+type PrefixMatcher interface {
+	MatchTiers(hashes []uint64, targets []workers.Target, out []TierMatch)
+}
+
+// EventHealth says whether a target's KV event stream is healthy, i.e. whether the event index
+// can be trusted for it. Targets for which it returns false are scored in approximate mode.
+// The indexers' subscriber state is meant to satisfy it.
+type EventHealth interface {
+	EventsHealthy(t workers.Target) bool
+}
+
+// EventHealthFunc adapts a function to EventHealth.
+type EventHealthFunc func(t workers.Target) bool
+
+// EventsHealthy calls f.
+func (f EventHealthFunc) EventsHealthy(t workers.Target) bool { return f(t) }
+
+// HintSource yields soft placement preferences for a request from session state (the sessions
+// package). Hints are credited as extra cached blocks; they never override busy thresholds.
+type HintSource interface {
+	Hints(sessionID, parentID string) []sessions.Hint
+}
+
+// PrefixHintSource is a HintSource that can also credit blocks it knows a target is computing
+// for a related session right now (sessions.Manager.HintsWithPrefix). When the KV policy's hint
+// source implements it, the policy calls it with the request's block hashes instead of Hints.
+type PrefixHintSource interface {
+	HintSource
+	HintsWithPrefix(sessionID, parentID string, hashes []uint64) []sessions.Hint
+}
+
+// Modes a target is scored in, as reported in CandidateScore.Mode.
+const (
+	ModeEvents      = "events"
+	ModeApproximate = "approximate"
+)
+
+// KVDeps are the collaborators of the KV-aware policies. Every field may be nil: without a
+// Matcher every target is approximate; without Events every target is trusted to the Matcher;
+// without Approx approximate targets get no overlap; without Load a private tracker is made;
+// without Hints no session preference applies.
+type KVDeps struct {
+	Matcher PrefixMatcher
+	Events  EventHealth
+	Approx  *ApproxIndex
+	Load    *LoadTracker
+	Hints   HintSource
+}

@@ -1,0 +1,301 @@
+package router
+
+import (
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/kvgate/kvgate/workers"
+)
+
+// LoadTracker is the gateway's own view of the load on each target, Dynamo-style
+// (dynamo-router.md §3.4): prompt tokens in flight until each request's first token, and the KV
+// blocks each request holds until it ends, with blocks shared by concurrent requests on the same
+// target counted once. It is corrected by the workers' own /metrics (UpdateMetrics). Safe for
+// concurrent use; reads for scoring take no global lock.
+type LoadTracker struct {
+	mu      sync.RWMutex
+	targets map[workers.Target]*targetLoad
+	expiry  time.Duration
+	now     func() time.Time
+}
+
+// targetLoad is one target's load. Counters are atomics so scoring reads them without locks;
+// the block refcounts and the live-handle set sit behind mu.
+type targetLoad struct {
+	prefillTokens   atomic.Int64
+	prefillRequests atomic.Int64
+	requests        atomic.Int64
+	uniqueBlocks    atomic.Int64
+	metrics         atomic.Pointer[WorkerMetrics]
+	// released and finished count, since the target was first seen, the blocks that stopped
+	// being held and the requests that ended. A metrics sample remembers both at scrape time,
+	// so scoring can take off what ended after the sample instead of trusting a stale report.
+	released atomic.Int64
+	finished atomic.Int64
+
+	mu     sync.RWMutex
+	blocks map[uint64]int32 // refcount per sequence hash of the prompts of active requests
+	live   map[*Handle]struct{}
+}
+
+// WorkerMetrics is what a worker's /metrics said about one target at one moment.
+type WorkerMetrics struct {
+	Running      float64   // vllm:num_requests_running
+	Waiting      float64   // vllm:num_requests_waiting
+	KVUsage      float64   // vllm:kv_cache_usage_perc, a fraction 0..1
+	NumGPUBlocks int       // vllm:cache_config_info{num_gpu_blocks}; 0 when unknown
+	At           time.Time // when it was scraped
+
+	mark metricsMark // the target's released/finished counters when the scrape was sent
+}
+
+// metricsMark is a target's released-blocks and finished-requests counters at one moment.
+type metricsMark struct {
+	released, finished int64
+	set                bool
+}
+
+// mark reads t's counters; a scrape takes it before asking the worker, so that whatever ends
+// while the request is in flight is discounted from the (then already stale) report.
+func (lt *LoadTracker) mark(t workers.Target) metricsMark {
+	tl := lt.getOrCreate(t)
+	return metricsMark{released: tl.released.Load(), finished: tl.finished.Load(), set: true}
+}
+
+// TargetLoad is a snapshot of one target's load as the gateway accounts it.
+type TargetLoad struct {
+	PrefillTokens   int // prompt tokens sent and not yet answered by a first token
+	PrefillRequests int // requests still before their first token
+	Requests        int // active requests
+	ActiveBlocks    int // distinct prompt blocks held by active requests
+}
+
+// Handle is one request's load on one target. Call FirstToken when the first token arrives
+// and Done when the request ends for any reason (finished, cancelled, failed); both are
+// idempotent and safe to call concurrently, and Done without FirstToken releases everything.
+type Handle struct {
+	lt      *LoadTracker
+	tl      *targetLoad
+	target  workers.Target
+	prefill int64
+	hashes  []uint64
+	started time.Time
+	stage   atomic.Int32 // stagePrefill → stageDecode → stageDone
+}
+
+const (
+	stagePrefill int32 = iota
+	stageDecode
+	stageDone
+)
+
+// NewLoadTracker returns a tracker that force-releases handles older than expiry (see
+// KVConfig.LoadExpiry) when Expire runs.
+func NewLoadTracker(expiry time.Duration) *LoadTracker {
+	return &LoadTracker{targets: make(map[workers.Target]*targetLoad), expiry: expiry, now: time.Now}
+}
+
+func (lt *LoadTracker) get(t workers.Target) *targetLoad {
+	lt.mu.RLock()
+	tl := lt.targets[t]
+	lt.mu.RUnlock()
+	return tl
+}
+
+func (lt *LoadTracker) getOrCreate(t workers.Target) *targetLoad {
+	if tl := lt.get(t); tl != nil {
+		return tl
+	}
+	lt.mu.Lock()
+	defer lt.mu.Unlock()
+	tl := lt.targets[t]
+	if tl == nil {
+		tl = &targetLoad{blocks: make(map[uint64]int32), live: make(map[*Handle]struct{})}
+		lt.targets[t] = tl
+	}
+	return tl
+}
+
+// Begin accounts a request routed to t: its prompt tokens not expected to be cached
+// (prompt − cachedBlocks×block size) as prefill in flight, and its prompt blocks as held. The
+// handle keeps req.BlockHashes until Done; the caller must not modify that slice meanwhile.
+func (lt *LoadTracker) Begin(t workers.Target, req *Request, cachedBlocks int) *Handle {
+	tl := lt.getOrCreate(t)
+	prefill := int64(req.PromptTokens - cachedBlocks*blockSizeOf(req))
+	if prefill < 0 {
+		prefill = 0
+	}
+	h := &Handle{lt: lt, tl: tl, target: t, prefill: prefill, hashes: req.BlockHashes, started: lt.now()}
+	tl.mu.Lock()
+	for _, b := range h.hashes {
+		if tl.blocks[b]++; tl.blocks[b] == 1 {
+			tl.uniqueBlocks.Add(1)
+		}
+	}
+	tl.live[h] = struct{}{}
+	tl.mu.Unlock()
+	tl.prefillTokens.Add(prefill)
+	tl.prefillRequests.Add(1)
+	tl.requests.Add(1)
+	return h
+}
+
+// Target is the target the handle's load is accounted on.
+func (h *Handle) Target() workers.Target { return h.target }
+
+// FirstToken moves the request from prefill to decode: its prompt tokens stop counting as
+// prefill in flight; its blocks stay held until Done.
+func (h *Handle) FirstToken() {
+	if h.stage.CompareAndSwap(stagePrefill, stageDecode) {
+		h.tl.prefillTokens.Add(-h.prefill)
+		h.tl.prefillRequests.Add(-1)
+	}
+}
+
+// Done releases everything the request still holds.
+func (h *Handle) Done() {
+	for {
+		s := h.stage.Load()
+		if s == stageDone {
+			return
+		}
+		if h.stage.CompareAndSwap(s, stageDone) {
+			if s == stagePrefill {
+				h.tl.prefillTokens.Add(-h.prefill)
+				h.tl.prefillRequests.Add(-1)
+			}
+			break
+		}
+	}
+	tl := h.tl
+	tl.mu.Lock()
+	for _, b := range h.hashes {
+		if n := tl.blocks[b] - 1; n > 0 {
+			tl.blocks[b] = n
+		} else {
+			delete(tl.blocks, b)
+			tl.uniqueBlocks.Add(-1)
+			tl.released.Add(1)
+		}
+	}
+	delete(tl.live, h)
+	tl.mu.Unlock()
+	tl.requests.Add(-1)
+	tl.finished.Add(1)
+}
+
+// Load returns the gateway's accounting of t (zero for a target never seen).
+func (lt *LoadTracker) Load(t workers.Target) TargetLoad {
+	tl := lt.get(t)
+	if tl == nil {
+		return TargetLoad{}
+	}
+	return tl.snapshot()
+}
+
+func (tl *targetLoad) snapshot() TargetLoad {
+	return TargetLoad{
+		PrefillTokens:   int(tl.prefillTokens.Load()),
+		PrefillRequests: int(tl.prefillRequests.Load()),
+		Requests:        int(tl.requests.Load()),
+		ActiveBlocks:    int(tl.uniqueBlocks.Load()),
+	}
+}
+
+// sharedActive returns how many leading blocks of hashes are already held by active requests
+// on the target. The held set is prefix-closed (each request holds its whole chain, and a
+// chained hash names its whole prefix), so membership is monotone along the chain and a binary
+// search needs only log2(len) lookups.
+func (tl *targetLoad) sharedActive(hashes []uint64) int {
+	if tl.uniqueBlocks.Load() == 0 || len(hashes) == 0 {
+		return 0
+	}
+	tl.mu.RLock()
+	defer tl.mu.RUnlock()
+	n := len(hashes)
+	switch {
+	case tl.blocks[hashes[0]] == 0: // the common unrelated prompt: one lookup
+		return 0
+	case tl.blocks[hashes[n-1]] != 0: // the whole prompt is already held
+		return n
+	}
+	return 1 + sort.Search(n-2, func(i int) bool { return tl.blocks[hashes[i+1]] == 0 })
+}
+
+// UpdateMetrics records a worker's own report for target t; scoring uses it while it is fresh.
+func (lt *LoadTracker) UpdateMetrics(t workers.Target, m WorkerMetrics) {
+	if m.At.IsZero() {
+		m.At = lt.now()
+	}
+	if !m.mark.set {
+		m.mark = lt.mark(t)
+	}
+	lt.getOrCreate(t).metrics.Store(&m)
+}
+
+// sinceSample returns the worker's report with what the gateway saw end after it was taken
+// (blocks released, requests finished) taken off: a report scraped mid-request must not keep a
+// target looking loaded once that request is over.
+func (tl *targetLoad) sinceSample(m WorkerMetrics) (activeBlocks, requests float64) {
+	activeBlocks = m.KVUsage*float64(m.NumGPUBlocks) - float64(tl.released.Load()-m.mark.released)
+	requests = m.Running + m.Waiting - float64(tl.finished.Load()-m.mark.finished)
+	return max(activeBlocks, 0), max(requests, 0)
+}
+
+// Metrics returns the last report for t if it is not older than maxAge.
+func (lt *LoadTracker) Metrics(t workers.Target, maxAge time.Duration) (WorkerMetrics, bool) {
+	tl := lt.get(t)
+	if tl == nil {
+		return WorkerMetrics{}, false
+	}
+	return tl.freshMetrics(lt.now(), maxAge)
+}
+
+func (tl *targetLoad) freshMetrics(now time.Time, maxAge time.Duration) (WorkerMetrics, bool) {
+	m := tl.metrics.Load()
+	if m == nil || now.Sub(m.At) > maxAge {
+		return WorkerMetrics{}, false
+	}
+	return *m, true
+}
+
+// Expire force-releases handles that began more than the tracker's expiry ago and returns how
+// many it released; it bounds the damage of a caller that forgets Done.
+func (lt *LoadTracker) Expire() int {
+	cutoff := lt.now().Add(-lt.expiry)
+	lt.mu.RLock()
+	tls := make([]*targetLoad, 0, len(lt.targets))
+	for _, tl := range lt.targets {
+		tls = append(tls, tl)
+	}
+	lt.mu.RUnlock()
+	n := 0
+	for _, tl := range tls {
+		var stale []*Handle
+		tl.mu.RLock()
+		for h := range tl.live {
+			if h.started.Before(cutoff) {
+				stale = append(stale, h)
+			}
+		}
+		tl.mu.RUnlock()
+		for _, h := range stale {
+			h.Done()
+			n++
+		}
+	}
+	return n
+}
+
+// defaultBlockSize is vLLM's default --block-size, assumed when a request does not say.
+const defaultBlockSize = 16
+
+// blockSizeOf is the request's block size, or vLLM's default when unset.
+func blockSizeOf(req *Request) int {
+	if req.BlockSize > 0 {
+		return req.BlockSize
+	}
+	return defaultBlockSize
+}

@@ -1,0 +1,119 @@
+package server
+
+import (
+	"encoding/json"
+	"errors"
+	"net/http"
+	"strings"
+
+	"github.com/gin-gonic/gin"
+)
+
+// apiError is an OpenAI/vLLM error response: HTTP status plus
+// {"error": {"message", "type", "param", "code"}} (vllm-kv-events.md §7.2).
+type apiError struct {
+	Status  int
+	Message string
+	Param   string // empty → null
+}
+
+func (e *apiError) Error() string { return e.Message }
+
+func badRequest(param, msg string) *apiError {
+	return &apiError{Status: http.StatusBadRequest, Message: msg, Param: param}
+}
+
+// errorType names the error the way vLLM does: BadRequestError, NotFoundError, ...
+func errorType(status int) string {
+	if status == http.StatusInternalServerError {
+		return "InternalServerError"
+	}
+	text := strings.ReplaceAll(http.StatusText(status), " ", "")
+	text = strings.ReplaceAll(text, "-", "")
+	if text == "" {
+		text = "Unknown"
+	}
+	return text + "Error"
+}
+
+type errorInfo struct {
+	Message string  `json:"message"`
+	Type    string  `json:"type"`
+	Param   *string `json:"param"`
+	Code    int     `json:"code"`
+}
+
+type errorBody struct {
+	Error errorInfo `json:"error"`
+}
+
+func (e *apiError) body() errorBody {
+	info := errorInfo{Message: e.Message, Type: errorType(e.Status), Code: e.Status}
+	if e.Param != "" {
+		p := e.Param
+		info.Param = &p
+	}
+	return errorBody{Error: info}
+}
+
+// writeError sends e as a JSON error response and stops the gin chain.
+func writeError(c *gin.Context, e *apiError) {
+	c.Header("Content-Type", "application/json")
+	c.AbortWithStatus(e.Status)
+	data, _ := json.Marshal(e.body())
+	_, _ = c.Writer.Write(data)
+}
+
+// sseErrorEvent is the event that ends a stream that failed after it started: vLLM sends
+// `data: {"error": {...}}` (json.dumps spacing) and then `data: [DONE]` (§7.2).
+func sseErrorEvent(e *apiError) []byte {
+	b := e.body()
+	param := "null"
+	if b.Error.Param != nil {
+		p, _ := json.Marshal(*b.Error.Param)
+		param = string(p)
+	}
+	msg, _ := json.Marshal(b.Error.Message)
+	typ, _ := json.Marshal(b.Error.Type)
+	var sb strings.Builder
+	sb.WriteString(`data: {"error": {"message": `)
+	sb.Write(msg)
+	sb.WriteString(`, "type": `)
+	sb.Write(typ)
+	sb.WriteString(`, "param": `)
+	sb.WriteString(param)
+	sb.WriteString(`, "code": `)
+	sb.WriteString(itoa(b.Error.Code))
+	sb.WriteString("}}\n\ndata: [DONE]\n\n")
+	return []byte(sb.String())
+}
+
+func itoa(n int) string {
+	data, _ := json.Marshal(n)
+	return string(data)
+}
+
+// BadRequest returns an error that the server answers with HTTP 400 and this message (param
+// names the field at fault, "" for none). A RequestEnricher returns it for requests the worker
+// would reject too, such as a chat template error.
+func BadRequest(param, message string) error { return badRequest(param, message) }
+
+// StatusOf returns the HTTP status an error from Decide stands for: the request error's own
+// status, else 500.
+func StatusOf(err error) int {
+	var e *apiError
+	if errors.As(err, &e) {
+		return e.Status
+	}
+	return http.StatusInternalServerError
+}
+
+// WriteError answers with err as an OpenAI error body (status from StatusOf); for handlers
+// other packages add to Engine, e.g. a dry-run route.
+func WriteError(c *gin.Context, err error) {
+	var e *apiError
+	if !errors.As(err, &e) {
+		e = &apiError{Status: http.StatusInternalServerError, Message: err.Error()}
+	}
+	writeError(c, e)
+}

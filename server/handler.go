@@ -1,0 +1,204 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/gin-gonic/gin"
+
+	"github.com/kvgate/kvgate/router"
+)
+
+// codeClientGone is the status recorded (never sent) when the client went away (nginx's 499).
+const codeClientGone = 499
+
+// handleCompletion serves POST /v1/chat/completions and /v1/completions: read and validate
+// the body, route, and proxy it byte-for-byte to the chosen worker.
+func (s *Server) handleCompletion(endpoint string) gin.HandlerFunc {
+	return func(c *gin.Context) {
+		start := time.Now()
+		s.m.inFlight.WithLabelValues(endpoint).Inc()
+		code := 0
+		defer func() {
+			s.m.inFlight.WithLabelValues(endpoint).Dec()
+			s.m.requests.WithLabelValues(endpoint, strconv.Itoa(code)).Inc()
+			s.m.duration.WithLabelValues(endpoint).Observe(time.Since(start).Seconds())
+		}()
+		fail := func(e *apiError) {
+			code = e.Status
+			writeError(c, e)
+		}
+
+		body, e := s.readBody(c)
+		if e != nil {
+			fail(e)
+			return
+		}
+		in, rreq, e := s.prepare(c.Request.Context(), endpoint, body, c.Request.Header)
+		if e != nil {
+			fail(e)
+			return
+		}
+		if s.sessions != nil && in.Session.SessionID != "" {
+			s.sessions.Observe(in.Session)
+			if in.Session.Final {
+				// End of session: its state is released once the request has been routed and
+				// served (a retry inside proxy still sees the session).
+				defer s.sessions.End(in.Session.SessionID)
+			}
+		}
+		code = s.proxy(c, in, rreq, start)
+	}
+}
+
+// prepare parses and validates a body and builds the routing request (session ids, and the
+// enricher's prompt tokens and block hashes when one is configured).
+func (s *Server) prepare(ctx context.Context, endpoint string, body []byte, h http.Header) (*Inbound, *router.Request, *apiError) {
+	in, e := parseRequest(endpoint, body)
+	if e != nil {
+		return nil, nil, e
+	}
+	if e := s.checkModel(in.Model()); e != nil {
+		return nil, nil, e
+	}
+	id, err := s.ids.Parse(h, body)
+	if err != nil {
+		return nil, nil, badRequest("", err.Error())
+	}
+	in.Session = id
+	model := in.Model()
+	if model == "" {
+		model = s.cfg.Model
+	}
+	rreq := &router.Request{
+		Model:           model,
+		BlockSize:       s.cfg.BlockSize,
+		SessionID:       id.SessionID,
+		ParentSessionID: id.ParentID,
+		Header:          h,
+	}
+	if s.enricher != nil {
+		if err := s.enricher.Enrich(ctx, in, rreq); err != nil {
+			var ae *apiError
+			if errors.As(err, &ae) {
+				// The request itself is wrong (e.g. the chat template rejects it): the worker
+				// would answer 400 too, so answer now with the same message.
+				return nil, nil, ae
+			}
+			s.log.Warn("request enrichment failed; routing without it", "endpoint", endpoint, "err", err)
+		}
+	}
+	return in, rreq, nil
+}
+
+// Decide runs the routing steps of one request without proxying it — parse, validate,
+// enrich, Pick among the routable targets — and returns the decision record. It is the basis
+// of a dry-run endpoint such as POST /debug/route. Policies with state (round robin) advance.
+// A request error is returned as an error whose message is the client-facing one.
+func (s *Server) Decide(ctx context.Context, endpoint string, body []byte, h http.Header) (router.Decision, error) {
+	d, _, err := s.decide(ctx, endpoint, body, h)
+	return d, err
+}
+
+// decide is Decide that also returns the routing request it built. Nothing is accounted and
+// no session state changes: Pick only reads.
+func (s *Server) decide(ctx context.Context, endpoint string, body []byte, h http.Header) (router.Decision, *router.Request, error) {
+	_, rreq, e := s.prepare(ctx, endpoint, body, h)
+	if e != nil {
+		return router.Decision{}, nil, e
+	}
+	cands := s.candidates(nil)
+	if len(cands) == 0 {
+		return router.Decision{}, nil, &apiError{Status: http.StatusServiceUnavailable, Message: "no healthy worker"}
+	}
+	d, err := s.policy.Pick(ctx, rreq, cands)
+	if err != nil {
+		return router.Decision{}, nil, fmt.Errorf("routing failed: %w", err)
+	}
+	return d, rreq, nil
+}
+
+// readBody reads the whole body, bounded by proxy.max_body_bytes (413 beyond).
+func (s *Server) readBody(c *gin.Context) ([]byte, *apiError) {
+	limit := int64(s.cfg.Proxy.MaxBodyBytes)
+	tooLarge := &apiError{
+		Status:  http.StatusRequestEntityTooLarge,
+		Message: fmt.Sprintf("request body exceeds the gateway limit of %d bytes (proxy.max_body_bytes)", limit),
+	}
+	if c.Request.ContentLength > limit {
+		return nil, tooLarge
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(c.Writer, c.Request.Body, limit))
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			return nil, tooLarge
+		}
+		return nil, badRequest("", "reading request body: "+err.Error())
+	}
+	return body, nil
+}
+
+// checkModel accepts the configured model, any model a worker lists (LoRA adapters), and an
+// absent model (vLLM then serves its default); anything else is vLLM's 404.
+func (s *Server) checkModel(model string) *apiError {
+	if model == "" || model == s.cfg.Model || slices.Contains(s.reg.Models(), model) {
+		return nil
+	}
+	return &apiError{
+		Status:  http.StatusNotFound,
+		Message: fmt.Sprintf("The model `%s` does not exist.", model),
+		Param:   "model",
+	}
+}
+
+// hopHeaders are connection-scoped and never forwarded (RFC 9110 §7.6.1), plus headers the
+// gateway sets itself.
+var hopHeaders = []string{
+	"Connection", "Keep-Alive", "Proxy-Connection", "Proxy-Authenticate", "Proxy-Authorization",
+	"Te", "Trailer", "Transfer-Encoding", "Upgrade",
+}
+
+func isHopHeader(name string, conn string) bool {
+	for _, h := range hopHeaders {
+		if strings.EqualFold(h, name) {
+			return true
+		}
+	}
+	for _, f := range strings.Split(conn, ",") {
+		if f = strings.TrimSpace(f); f != "" && strings.EqualFold(f, name) {
+			return true
+		}
+	}
+	return false
+}
+
+func copyRequestHeaders(dst, src http.Header) {
+	conn := src.Get("Connection")
+	for k, vs := range src {
+		switch {
+		case isHopHeader(k, conn), k == "Content-Length", k == "Host",
+			// The worker must answer uncompressed so SSE framing stays visible.
+			k == "Accept-Encoding":
+			continue
+		}
+		dst[k] = slices.Clone(vs)
+	}
+}
+
+func copyResponseHeaders(dst, src http.Header, stream bool) {
+	conn := src.Get("Connection")
+	for k, vs := range src {
+		if isHopHeader(k, conn) || (stream && k == "Content-Length") {
+			continue
+		}
+		dst[k] = slices.Clone(vs)
+	}
+}

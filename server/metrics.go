@@ -1,0 +1,108 @@
+package server
+
+import (
+	"strconv"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/kvgate/kvgate/workers"
+)
+
+// metrics are the gateway's Prometheus series, registered on a registry owned by one Server.
+type metrics struct {
+	reg            *prometheus.Registry
+	requests       *prometheus.CounterVec   // endpoint, code
+	inFlight       *prometheus.GaugeVec     // endpoint
+	ttfb           *prometheus.HistogramVec // endpoint
+	duration       *prometheus.HistogramVec // endpoint
+	upstreamErrors *prometheus.CounterVec   // worker, kind
+	retries        *prometheus.CounterVec   // endpoint
+	workerRequests *prometheus.CounterVec   // worker, code
+	disconnects    *prometheus.CounterVec   // endpoint
+}
+
+// Upstream error kinds.
+const (
+	errConnect         = "connect"           // dial, reset or header timeout before any response
+	errStatus          = "status"            // 502/503/504 from the worker, retried
+	errBeforeFirstByte = "before_first_byte" // response started but no body byte arrived
+	errMidStream       = "mid_stream"        // the stream broke after bytes reached the client
+	errIdle            = "idle_timeout"      // no bytes for proxy.stream_idle_timeout
+)
+
+// newMetrics registers the server's series on prom (a new registry when nil).
+func newMetrics(reg *workers.Registry, prom *prometheus.Registry) *metrics {
+	if prom == nil {
+		prom = prometheus.NewRegistry()
+	}
+	m := &metrics{
+		reg: prom,
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvgate_requests_total", Help: "Client requests by endpoint and HTTP status sent to the client (499: client went away).",
+		}, []string{"endpoint", "code"}),
+		inFlight: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "kvgate_requests_in_flight", Help: "Client requests being served.",
+		}, []string{"endpoint"}),
+		ttfb: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "kvgate_time_to_first_byte_seconds", Help: "From request arrival to the first response body byte sent to the client.",
+			Buckets: prometheus.ExponentialBuckets(0.005, 2, 14),
+		}, []string{"endpoint"}),
+		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "kvgate_request_duration_seconds", Help: "From request arrival to the end of the response.",
+			Buckets: prometheus.ExponentialBuckets(0.01, 2, 16),
+		}, []string{"endpoint"}),
+		upstreamErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvgate_upstream_errors_total", Help: "Worker failures seen while proxying, by kind: connect, status, before_first_byte, mid_stream, idle_timeout.",
+		}, []string{"worker", "kind"}),
+		retries: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvgate_retries_total", Help: "Requests sent to another worker after a failure before the first byte.",
+		}, []string{"endpoint"}),
+		workerRequests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvgate_worker_requests_total", Help: "Requests sent to each worker by the HTTP status it answered (0: no answer).",
+		}, []string{"worker", "code"}),
+		disconnects: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvgate_client_disconnects_total", Help: "Requests whose client went away before the response ended (the upstream request is cancelled).",
+		}, []string{"endpoint"}),
+	}
+	m.reg.MustRegister(m.requests, m.inFlight, m.ttfb, m.duration, m.upstreamErrors, m.retries,
+		m.workerRequests, m.disconnects, newWorkerCollector(reg),
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return m
+}
+
+// workerCollector reads worker health and in-flight counts at scrape time.
+type workerCollector struct {
+	reg                                      *workers.Registry
+	descHealthy, descInFlight, descEjections *prometheus.Desc
+}
+
+func newWorkerCollector(reg *workers.Registry) *workerCollector {
+	return &workerCollector{
+		reg:           reg,
+		descHealthy:   prometheus.NewDesc("kvgate_worker_healthy", "1 when the worker is routable, 0 when ejected.", []string{"worker"}, nil),
+		descInFlight:  prometheus.NewDesc("kvgate_worker_in_flight", "Requests in flight from this gateway to the worker's DP rank.", []string{"worker", "dp_rank"}, nil),
+		descEjections: prometheus.NewDesc("kvgate_worker_ejections_total", "Times the worker was ejected by health checking.", []string{"worker"}, nil),
+	}
+}
+
+func (c *workerCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.descHealthy
+	ch <- c.descInFlight
+	ch <- c.descEjections
+}
+
+func (c *workerCollector) Collect(ch chan<- prometheus.Metric) {
+	for _, w := range c.reg.Workers() {
+		st := w.Status()
+		healthy := 0.0
+		if st.Healthy {
+			healthy = 1
+		}
+		ch <- prometheus.MustNewConstMetric(c.descHealthy, prometheus.GaugeValue, healthy, st.URL)
+		ch <- prometheus.MustNewConstMetric(c.descEjections, prometheus.CounterValue, float64(st.Ejections), st.URL)
+		for rank, n := range st.InFlight {
+			ch <- prometheus.MustNewConstMetric(c.descInFlight, prometheus.GaugeValue, float64(n), st.URL, strconv.Itoa(rank))
+		}
+	}
+}

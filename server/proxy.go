@@ -1,0 +1,377 @@
+package server
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"mime"
+	"net"
+	"net/http"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/gin-gonic/gin"
+
+	"github.com/kvgate/kvgate/router"
+	"github.com/kvgate/kvgate/workers"
+)
+
+// errIdleTimeout is the cancel cause of an upstream request that went quiet for too long.
+var errIdleTimeout = errors.New("no bytes from the worker within proxy.stream_idle_timeout")
+
+// outcome of one attempt on one worker.
+type outcome int
+
+const (
+	served     outcome = iota // a response (success or the worker's own error) reached the client
+	failed                    // nothing reached the client; another worker may be tried
+	clientGone                // the client left; stop
+)
+
+// proxy routes the request and relays the response, trying another worker when one fails
+// before its first byte (at most proxy.max_retries times). It returns the status for metrics.
+func (s *Server) proxy(c *gin.Context, in *Inbound, rreq *router.Request, start time.Time) int {
+	ctx := c.Request.Context()
+	tried := map[string]bool{}
+	maxAttempts := 1 + s.cfg.Proxy.MaxRetries
+	var last *apiError
+	for attempt := 0; attempt < maxAttempts; attempt++ {
+		cands := s.candidates(tried)
+		if len(cands) == 0 {
+			break
+		}
+		if attempt > 0 {
+			s.m.retries.WithLabelValues(in.Endpoint).Inc()
+		}
+		d, err := s.policy.Pick(ctx, rreq, cands)
+		if err != nil {
+			last = &apiError{Status: http.StatusInternalServerError, Message: "routing failed: " + err.Error()}
+			break
+		}
+		w := s.reg.Get(d.Chosen.Worker)
+		if w == nil {
+			last = &apiError{Status: http.StatusInternalServerError, Message: fmt.Sprintf("policy %s chose unknown worker %q", s.policy.Name(), d.Chosen.Worker)}
+			break
+		}
+		tried[w.URL()] = true
+		canRetry := attempt+1 < maxAttempts && len(s.candidates(tried)) > 0
+		res, code, e := s.attempt(c, in, rreq, d, w, start, canRetry)
+		switch res {
+		case served:
+			return code
+		case clientGone:
+			s.m.disconnects.WithLabelValues(in.Endpoint).Inc()
+			return codeClientGone
+		}
+		last = e
+		s.log.Warn("worker failed before the first byte", "worker", w.URL(), "attempt", attempt+1, "err", e.Message)
+	}
+	if ctx.Err() != nil {
+		s.m.disconnects.WithLabelValues(in.Endpoint).Inc()
+		return codeClientGone
+	}
+	if last == nil {
+		last = &apiError{
+			Status:  http.StatusServiceUnavailable,
+			Message: fmt.Sprintf("no healthy worker: 0 of %d workers are routable", len(s.reg.Workers())),
+		}
+	}
+	writeError(c, last)
+	return last.Status
+}
+
+// candidates lists routable targets of workers not yet tried for this request.
+func (s *Server) candidates(tried map[string]bool) []router.Candidate {
+	var out []router.Candidate
+	for _, t := range s.reg.Routable() {
+		if !tried[t.Worker] {
+			out = append(out, router.Candidate{Target: t.Target, InFlight: t.InFlight})
+		}
+	}
+	return out
+}
+
+func retryableStatus(code int) bool {
+	return code == http.StatusBadGateway || code == http.StatusServiceUnavailable || code == http.StatusGatewayTimeout
+}
+
+// attempt sends the request to one worker. Headers are committed to the client only once the
+// worker's first body byte arrived, so a worker that dies before that can be replaced.
+func (s *Server) attempt(c *gin.Context, in *Inbound, rreq *router.Request, d router.Decision,
+	w *workers.Worker, start time.Time, canRetry bool) (outcome, int, *apiError) {
+	clientCtx := c.Request.Context()
+	ctx, cancel := context.WithCancelCause(clientCtx)
+	defer cancel(nil)
+
+	release := w.Acquire(d.Chosen.DPRank)
+	defer release()
+	firstToken, done := func() {}, func() {}
+	if t, ok := s.policy.(router.Tracker); ok {
+		life := t.Begin(d, rreq)
+		firstToken, done = life.FirstToken, life.Done
+	}
+	defer done()
+	if s.sessions != nil && rreq.SessionID != "" {
+		// Post-selection update (issue 7 §4): affinity and the session's frontier on the chosen
+		// target, from its G1 match, guarded by the target's residency version.
+		s.sessions.OnRouted(rreq.SessionID, d.Chosen.Target, rreq.BlockHashes)
+	}
+	var uc *usageCapture
+	if s.observer != nil {
+		uc = &usageCapture{}
+	}
+	res, code, e := s.send(ctx, cancel, c, in, w, d, rreq.SessionID, start, canRetry, firstToken, uc)
+	if res == served && code == http.StatusOK && uc != nil {
+		if u, ok := uc.usage(); ok {
+			s.observer.Observe(rreq.Model, rreq, d, u)
+		}
+	}
+	return res, code, e
+}
+
+func (s *Server) send(ctx context.Context, cancel context.CancelCauseFunc, c *gin.Context, in *Inbound,
+	w *workers.Worker, d router.Decision, session string, start time.Time, canRetry bool, firstToken func(),
+	uc *usageCapture) (outcome, int, *apiError) {
+	clientCtx := c.Request.Context()
+	up, err := http.NewRequestWithContext(ctx, http.MethodPost, w.Endpoint(in.Endpoint, c.Request.URL.RawQuery), bytes.NewReader(in.Body))
+	if err != nil {
+		return failed, 0, &apiError{Status: http.StatusInternalServerError, Message: "building upstream request: " + err.Error()}
+	}
+	copyRequestHeaders(up.Header, c.Request.Header)
+	if session != "" {
+		up.Header.Set("X-Session-ID", session)
+	}
+	if ip, _, err := net.SplitHostPort(c.Request.RemoteAddr); err == nil {
+		if prior := c.Request.Header.Get("X-Forwarded-For"); prior != "" {
+			ip = prior + ", " + ip
+		}
+		up.Header.Set("X-Forwarded-For", ip)
+	}
+	up.ContentLength = int64(len(in.Body))
+
+	resp, err := w.Client().Do(up)
+	if err != nil {
+		if clientCtx.Err() != nil {
+			return clientGone, 0, nil
+		}
+		w.ReportFailure(err)
+		s.m.upstreamErrors.WithLabelValues(w.URL(), errConnect).Inc()
+		s.m.workerRequests.WithLabelValues(w.URL(), "0").Inc()
+		return failed, 0, &apiError{Status: http.StatusBadGateway, Message: fmt.Sprintf("worker %s failed: %v", w.URL(), err)}
+	}
+	defer resp.Body.Close()
+	s.m.workerRequests.WithLabelValues(w.URL(), strconv.Itoa(resp.StatusCode)).Inc()
+	if retryableStatus(resp.StatusCode) && canRetry {
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+		s.m.upstreamErrors.WithLabelValues(w.URL(), errStatus).Inc()
+		return failed, 0, &apiError{Status: resp.StatusCode, Message: fmt.Sprintf("worker %s answered %d", w.URL(), resp.StatusCode)}
+	}
+
+	body := io.Reader(resp.Body)
+	if idle := s.cfg.Proxy.StreamIdleTimeout.D(); idle > 0 {
+		ir := newIdleReader(resp.Body, idle, func() { cancel(errIdleTimeout) })
+		defer ir.stop()
+		body = ir
+	}
+	buf := make([]byte, 32<<10)
+	n, rerr := readSome(body, buf)
+	if n == 0 && rerr != nil {
+		switch {
+		case clientCtx.Err() != nil:
+			return clientGone, 0, nil
+		case errors.Is(rerr, io.EOF) && resp.StatusCode != http.StatusOK:
+			// An empty error body is still the worker's answer: pass the status through.
+		default:
+			cause := rerr
+			if context.Cause(ctx) == errIdleTimeout {
+				cause = errIdleTimeout
+			}
+			w.ReportFailure(cause)
+			s.m.upstreamErrors.WithLabelValues(w.URL(), errBeforeFirstByte).Inc()
+			return failed, 0, &apiError{Status: http.StatusBadGateway, Message: fmt.Sprintf("worker %s closed the response before its first byte: %v", w.URL(), cause)}
+		}
+	}
+	firstToken()
+	w.ReportSuccess()
+
+	mediatype, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type"))
+	stream := mediatype == "text/event-stream"
+	h := c.Writer.Header()
+	copyResponseHeaders(h, resp.Header, stream)
+	h.Set("X-Kvgate-Worker", w.URL())
+	h.Set(router.HeaderCachedBlocks, router.CachedBlocksHeader(d))
+	if stream {
+		h.Set("X-Accel-Buffering", "no")
+		if h.Get("Cache-Control") == "" {
+			h.Set("Cache-Control", "no-cache")
+		}
+	}
+	c.Status(resp.StatusCode)
+	s.m.ttfb.WithLabelValues(in.Endpoint).Observe(time.Since(start).Seconds())
+
+	if resp.StatusCode != http.StatusOK {
+		uc = nil // error bodies carry no usage
+	}
+	if stream && resp.StatusCode == http.StatusOK {
+		return s.relaySSE(ctx, c, w, in.Endpoint, buf[:n], body, rerr, uc), resp.StatusCode, nil
+	}
+	return s.relayBody(ctx, c, w, buf[:n], body, rerr, uc), resp.StatusCode, nil
+}
+
+// readSome reads until it gets at least one byte or an error.
+func readSome(r io.Reader, buf []byte) (int, error) {
+	for {
+		n, err := r.Read(buf)
+		if n > 0 || err != nil {
+			return n, err
+		}
+	}
+}
+
+// relayBody copies a non-stream response through. A worker failure mid-body aborts the client
+// connection, so the client sees a broken response rather than a silently truncated one.
+func (s *Server) relayBody(ctx context.Context, c *gin.Context, w *workers.Worker, first []byte, body io.Reader, firstErr error, uc *usageCapture) outcome {
+	if _, err := c.Writer.Write(first); err != nil {
+		return clientGone
+	}
+	uc.body(first)
+	if firstErr == nil {
+		var dst io.Writer = c.Writer
+		if uc != nil {
+			dst = io.MultiWriter(c.Writer, uc) // copies what reached the client, bounded
+		}
+		_, firstErr = io.Copy(dst, body)
+	}
+	if firstErr == nil || errors.Is(firstErr, io.EOF) {
+		return served
+	}
+	if c.Request.Context().Err() != nil || isWriteError(firstErr) {
+		return clientGone
+	}
+	kind := errMidStream
+	if context.Cause(ctx) == errIdleTimeout {
+		kind = errIdle
+	}
+	w.ReportFailure(firstErr)
+	s.m.upstreamErrors.WithLabelValues(w.URL(), kind).Inc()
+	s.log.Warn("worker failed mid-response; aborting client connection", "worker", w.URL(), "err", firstErr)
+	panic(http.ErrAbortHandler)
+}
+
+// isWriteError reports whether io.Copy failed writing to the client (not reading upstream).
+func isWriteError(err error) bool {
+	var ne *net.OpError
+	return errors.As(err, &ne) && ne.Op == "write"
+}
+
+// maxPendingEvent bounds how much of one SSE event is held back waiting for its end.
+const maxPendingEvent = 1 << 20
+
+// relaySSE relays an event stream one complete event at a time, flushing after each, so a
+// client never sees half an event. If the worker breaks off (error, EOF before [DONE], idle
+// timeout) the stream ends with an OpenAI error event and [DONE].
+func (s *Server) relaySSE(ctx context.Context, c *gin.Context, w *workers.Worker, endpoint string, first []byte, body io.Reader, firstErr error, uc *usageCapture) outcome {
+	src := io.MultiReader(bytes.NewReader(first), body)
+	if firstErr != nil {
+		src = io.MultiReader(bytes.NewReader(first), errReader{firstErr})
+	}
+	r := bufio.NewReaderSize(src, 64<<10)
+	event := make([]byte, 0, 4096)
+	sawDone := false
+	emit := func() bool {
+		if len(event) < 32 && bytes.Contains(event, []byte("data: [DONE]")) {
+			sawDone = true
+		}
+		if _, err := c.Writer.Write(event); err != nil {
+			return false
+		}
+		c.Writer.Flush()
+		uc.event(event) // after the flush: reading usage never delays an event
+		event = event[:0]
+		return true
+	}
+	var err error
+	for {
+		var line []byte
+		line, err = r.ReadSlice('\n')
+		event = append(event, line...)
+		if (len(line) > 0 && isBlankLine(line)) || len(event) > maxPendingEvent {
+			if !emit() {
+				return clientGone
+			}
+			if sawDone {
+				// The client has the whole response; whatever happens next is not its
+				// problem. Drain the terminator so the connection can be reused.
+				_, _ = io.Copy(io.Discard, io.LimitReader(r, 4096))
+				return served
+			}
+		}
+		if err == bufio.ErrBufferFull {
+			continue
+		}
+		if err != nil {
+			break
+		}
+	}
+	if errors.Is(err, io.EOF) && len(event) > 0 && event[len(event)-1] == '\n' {
+		// Last event without its blank line: complete lines, pass them on.
+		event = append(event, '\n')
+		if !emit() {
+			return clientGone
+		}
+	}
+	if errors.Is(err, io.EOF) && sawDone {
+		return served
+	}
+	if c.Request.Context().Err() != nil {
+		return clientGone
+	}
+	kind, msg := errMidStream, fmt.Sprintf("worker %s broke off the stream: %v", w.URL(), err)
+	switch {
+	case context.Cause(ctx) == errIdleTimeout:
+		kind, msg = errIdle, fmt.Sprintf("worker %s sent nothing for %s; stream abandoned", w.URL(), s.cfg.Proxy.StreamIdleTimeout)
+	case errors.Is(err, io.EOF):
+		msg = fmt.Sprintf("worker %s ended the stream before [DONE]", w.URL())
+	}
+	w.ReportFailure(errors.New(msg))
+	s.m.upstreamErrors.WithLabelValues(w.URL(), kind).Inc()
+	s.log.Warn("stream failed after it started", "worker", w.URL(), "endpoint", endpoint, "err", msg)
+	if _, werr := c.Writer.Write(sseErrorEvent(&apiError{Status: http.StatusBadGateway, Message: msg})); werr == nil {
+		c.Writer.Flush()
+	}
+	return served
+}
+
+func isBlankLine(line []byte) bool {
+	return len(line) == 1 || (len(line) == 2 && line[0] == '\r')
+}
+
+type errReader struct{ err error }
+
+func (e errReader) Read([]byte) (int, error) { return 0, e.err }
+
+// idleReader calls onIdle when no Read has returned data for d.
+type idleReader struct {
+	r     io.Reader
+	d     time.Duration
+	timer *time.Timer
+	once  sync.Once
+}
+
+func newIdleReader(r io.Reader, d time.Duration, onIdle func()) *idleReader {
+	return &idleReader{r: r, d: d, timer: time.AfterFunc(d, onIdle)}
+}
+
+func (ir *idleReader) Read(p []byte) (int, error) {
+	n, err := ir.r.Read(p)
+	if n > 0 {
+		ir.timer.Reset(ir.d)
+	}
+	return n, err
+}
+
+func (ir *idleReader) stop() { ir.once.Do(func() { ir.timer.Stop() }) }

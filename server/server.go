@@ -1,0 +1,180 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/gin-gonic/gin"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/kvgate/kvgate/configs"
+	"github.com/kvgate/kvgate/indexers"
+	"github.com/kvgate/kvgate/router"
+	"github.com/kvgate/kvgate/sessions"
+	"github.com/kvgate/kvgate/workers"
+)
+
+// RequestEnricher fills the routing inputs a policy needs beyond the candidates (prompt
+// tokens, block hashes) before Pick. An error made by BadRequest fails the request with 400
+// (the request is wrong, e.g. its chat template raised an error, and the worker would refuse
+// it too); any other error is logged and the request is routed without the enrichment: a
+// tokenizer problem must never fail a request the worker could serve.
+type RequestEnricher interface {
+	Enrich(ctx context.Context, in *Inbound, req *router.Request) error
+}
+
+// UsageObserver hears what a worker reported about a routed request's prompt (the OpenAI usage
+// object of a non-stream body, or of a stream's usage chunk). router.Engine implements it; the
+// server finds it on the policy by type assertion.
+type UsageObserver interface {
+	Observe(model string, req *router.Request, d router.Decision, u router.Usage)
+}
+
+// Options are the parts a Server is built from.
+type Options struct {
+	Config   configs.Config
+	Registry *workers.Registry
+	Policy   router.Policy
+	Enricher RequestEnricher // optional
+	Logger   *slog.Logger    // optional
+	// Sessions, when set, hears every request's identity (Observe), every routing decision
+	// (OnRouted) and end-of-session markers (End), and backs GET /debug/sessions/{id}.
+	Sessions *sessions.Manager
+	// Events, when set, is the KV-event subscription manager shown in GET /debug/workers.
+	Events *indexers.Manager
+	// Metrics is the Prometheus registry GET /metrics serves; the server registers its own
+	// series on it. Nil makes a new one (other components then register on Server.Metrics).
+	Metrics *prometheus.Registry
+}
+
+// Server is the gateway's HTTP front. Each Server owns its gin engine and Prometheus registry.
+type Server struct {
+	cfg      configs.Config
+	reg      *workers.Registry
+	policy   router.Policy
+	enricher RequestEnricher
+	observer UsageObserver // nil when the policy does not close the loop
+	ids      *sessions.IdentityParser
+	sessions *sessions.Manager
+	events   *indexers.Manager
+	log      *slog.Logger
+	m        *metrics
+	engine   *gin.Engine
+}
+
+// New builds a server; it does not start probing or listening (see Serve).
+func New(opts Options) (*Server, error) {
+	if opts.Registry == nil || opts.Policy == nil {
+		return nil, errors.New("server: registry and policy are required")
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	s := &Server{
+		cfg:      opts.Config,
+		reg:      opts.Registry,
+		policy:   opts.Policy,
+		enricher: opts.Enricher,
+		ids:      sessions.NewIdentityParser(identityConfig(opts.Config.Sessions)),
+		sessions: opts.Sessions,
+		events:   opts.Events,
+		log:      opts.Logger,
+		m:        newMetrics(opts.Registry, opts.Metrics),
+	}
+	s.observer, _ = opts.Policy.(UsageObserver)
+	gin.SetMode(gin.ReleaseMode) // no route dump on stdout; gin keeps its mode globally
+	e := gin.New()
+	e.HandleMethodNotAllowed = true
+	e.ContextWithFallback = true
+	e.Use(s.recovery)
+	e.POST(pathChat, s.handleCompletion(pathChat))
+	e.POST(pathCompletions, s.handleCompletion(pathCompletions))
+	e.GET("/v1/models", s.handleModels)
+	e.GET("/health", s.handleHealth)
+	e.HEAD("/health", s.handleHealth)
+	metricsHandler := promhttp.HandlerFor(s.m.reg, promhttp.HandlerOpts{})
+	e.GET("/metrics", gin.WrapH(metricsHandler))
+	e.POST("/debug/route", s.handleDebugRoute)
+	e.GET("/debug/workers", s.handleDebugWorkers)
+	e.GET("/debug/sessions/*id", s.handleDebugSession)
+	e.NoRoute(func(c *gin.Context) {
+		writeError(c, &apiError{Status: http.StatusNotFound, Message: fmt.Sprintf("no route %s %s", c.Request.Method, c.Request.URL.Path)})
+	})
+	e.NoMethod(func(c *gin.Context) {
+		writeError(c, &apiError{Status: http.StatusMethodNotAllowed, Message: fmt.Sprintf("method %s not allowed on %s", c.Request.Method, c.Request.URL.Path)})
+	})
+	s.engine = e
+	return s, nil
+}
+
+// Handler returns the HTTP handler (for tests and embedding).
+func (s *Server) Handler() http.Handler { return s.engine }
+
+// Engine exposes the gin engine so other packages can add routes (e.g. /debug) before Serve.
+func (s *Server) Engine() *gin.Engine { return s.engine }
+
+// Metrics is the server's own Prometheus registry; other components may register on it.
+func (s *Server) Metrics() *prometheus.Registry { return s.m.reg }
+
+// recovery turns a panic into a 500 (or an aborted connection if the response had started),
+// so no panic reaches a client as a dropped connection without a reason.
+func (s *Server) recovery(c *gin.Context) {
+	defer func() {
+		r := recover()
+		if r == nil {
+			return
+		}
+		if r == http.ErrAbortHandler {
+			panic(r) // deliberate abort of a broken response; net/http closes the connection
+		}
+		s.log.Error("panic in handler", "path", c.Request.URL.Path, "panic", r)
+		if !c.Writer.Written() {
+			writeError(c, &apiError{Status: http.StatusInternalServerError, Message: "internal error"})
+			return
+		}
+		panic(http.ErrAbortHandler)
+	}()
+	c.Next()
+}
+
+// Serve serves on ln until ctx ends, then shuts down gracefully: it stops accepting, lets
+// running requests finish for up to shutdown_timeout, then closes what remains (which cancels
+// their upstream requests). It returns nil after a clean shutdown.
+func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
+	srv := &http.Server{
+		Handler:           s.engine,
+		ReadHeaderTimeout: 30 * time.Second,
+		IdleTimeout:       120 * time.Second,
+		// No WriteTimeout: streams may run for minutes.
+		BaseContext: func(net.Listener) context.Context { return context.WithoutCancel(ctx) },
+		ErrorLog:    slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	select {
+	case err := <-errc:
+		return fmt.Errorf("serve: %w", err)
+	case <-ctx.Done():
+	}
+	s.log.Info("shutting down", "deadline", s.cfg.ShutdownTimeout.D())
+	sdCtx, cancel := context.WithTimeout(context.Background(), s.cfg.ShutdownTimeout.D())
+	defer cancel()
+	err := srv.Shutdown(sdCtx)
+	if errors.Is(err, context.DeadlineExceeded) {
+		s.log.Warn("shutdown deadline reached; closing remaining connections")
+		err = srv.Close()
+	}
+	if serr := <-errc; serr != nil && !errors.Is(serr, http.ErrServerClosed) {
+		return fmt.Errorf("serve: %w", serr)
+	}
+	if err != nil {
+		return fmt.Errorf("shutdown: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,117 @@
+package server
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/gin-gonic/gin"
+
+	"github.com/kvgate/kvgate/workers"
+)
+
+// handleModels answers GET /v1/models from the workers' own /v1/models: the cards of every
+// routable worker, merged by id in fleet order, exactly as the workers wrote them.
+func (s *Server) handleModels(c *gin.Context) {
+	var ws []*workers.Worker
+	for _, w := range s.reg.Workers() {
+		if w.Routable() {
+			ws = append(ws, w)
+		}
+	}
+	if len(ws) == 0 {
+		writeError(c, &apiError{Status: http.StatusServiceUnavailable, Message: "no healthy worker to list models"})
+		return
+	}
+	ctx, cancel := context.WithTimeout(c.Request.Context(), max(s.cfg.Health.Timeout.D(), 5*time.Second))
+	defer cancel()
+	lists := make([][]json.RawMessage, len(ws))
+	errs := make([]error, len(ws))
+	var wg sync.WaitGroup
+	for i, w := range ws {
+		wg.Go(func() { lists[i], errs[i] = fetchModels(ctx, w) })
+	}
+	wg.Wait()
+
+	seen := map[string]bool{}
+	data := []json.RawMessage{}
+	var failures []string
+	for i, cards := range lists {
+		if errs[i] != nil {
+			failures = append(failures, errs[i].Error())
+			continue
+		}
+		for _, card := range cards {
+			var id struct {
+				ID string `json:"id"`
+			}
+			if json.Unmarshal(card, &id) != nil || seen[id.ID] {
+				continue
+			}
+			seen[id.ID] = true
+			data = append(data, card)
+		}
+	}
+	if len(failures) == len(ws) {
+		writeError(c, &apiError{Status: http.StatusBadGateway, Message: "no worker answered /v1/models: " + strings.Join(failures, "; ")})
+		return
+	}
+	c.JSON(http.StatusOK, gin.H{"object": "list", "data": data})
+}
+
+func fetchModels(ctx context.Context, w *workers.Worker) ([]json.RawMessage, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, w.Endpoint("/v1/models", ""), nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := w.Client().Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", w.URL(), err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("%s: status %d", w.URL(), resp.StatusCode)
+	}
+	var list struct {
+		Data []json.RawMessage `json:"data"`
+	}
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 8<<20)).Decode(&list); err != nil {
+		return nil, fmt.Errorf("%s: %w", w.URL(), err)
+	}
+	return list.Data, nil
+}
+
+// handleHealth is 200 while at least one worker is routable, else 503 with the reason.
+func (s *Server) handleHealth(c *gin.Context) {
+	type workerState struct {
+		URL       string `json:"url"`
+		State     string `json:"state"`
+		InFlight  []int  `json:"in_flight"`
+		LastError string `json:"last_error,omitempty"`
+	}
+	var states []workerState
+	routable := 0
+	var reasons []string
+	for _, w := range s.reg.Workers() {
+		st := w.Status()
+		states = append(states, workerState{URL: st.URL, State: st.State, InFlight: st.InFlight, LastError: st.LastError})
+		if st.Healthy {
+			routable++
+		} else {
+			reasons = append(reasons, fmt.Sprintf("%s: %s", st.URL, st.LastError))
+		}
+	}
+	body := gin.H{"status": "ok", "routable_workers": routable, "workers": states}
+	code := http.StatusOK
+	if routable == 0 {
+		code = http.StatusServiceUnavailable
+		body["status"] = "unavailable"
+		body["reason"] = fmt.Sprintf("no healthy worker (0 of %d routable): %s", len(states), strings.Join(reasons, "; "))
+	}
+	c.JSON(code, body)
+}

@@ -1,0 +1,161 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/kvgate/kvgate/router"
+)
+
+func TestUsageCapture(t *testing.T) {
+	chunk := func(s string) string { return "data: " + s + "\n\n" }
+	cases := []struct {
+		name   string
+		body   string   // non-stream body
+		events []string // SSE events, in order
+		want   router.Usage
+		ok     bool
+	}{
+		{"non-stream with details", `{"id":"x","usage":{"prompt_tokens":40,"total_tokens":42,"completion_tokens":2,"prompt_tokens_details":{"cached_tokens":32}}}`, nil,
+			router.Usage{PromptTokens: 40, CachedTokens: 32, HasCached: true}, true},
+		{"non-stream miss without details", `{"usage":{"prompt_tokens":9,"completion_tokens":1}}`, nil, router.Usage{PromptTokens: 9}, true},
+		{"non-stream details null", `{"usage":{"prompt_tokens":9,"prompt_tokens_details":null}}`, nil, router.Usage{PromptTokens: 9}, true},
+		{"non-stream cached 0 reported", `{"usage":{"prompt_tokens":9,"prompt_tokens_details":{"cached_tokens":0}}}`, nil, router.Usage{PromptTokens: 9, HasCached: true}, true},
+		{"no usage", `{"id":"x","choices":[]}`, nil, router.Usage{}, false},
+		{"usage null", `{"usage":null}`, nil, router.Usage{}, false},
+		{"not JSON", `<html>`, nil, router.Usage{}, false},
+		{"stream usage chunk", "", []string{chunk(`{"choices":[{"delta":{"content":"a"}}]}`),
+			chunk(`{"choices":[],"usage":{"prompt_tokens":64,"prompt_tokens_details":{"cached_tokens":48}}}`), chunk("[DONE]")},
+			router.Usage{PromptTokens: 64, CachedTokens: 48, HasCached: true}, true},
+		{"stream continuous usage: the last wins", "", []string{
+			chunk(`{"choices":[{"delta":{"content":"a"}}],"usage":{"prompt_tokens":64,"completion_tokens":1}}`),
+			chunk(`{"choices":[{"delta":{"content":"b"}}],"usage":{"prompt_tokens":64,"completion_tokens":2,"prompt_tokens_details":{"cached_tokens":16}}}`),
+			chunk("[DONE]")}, router.Usage{PromptTokens: 64, CachedTokens: 16, HasCached: true}, true},
+		{"stream CRLF and split data lines", "", []string{"data: {\"usage\":\r\ndata: {\"prompt_tokens\":7}}\r\n\r\n"}, router.Usage{PromptTokens: 7}, true},
+		{"stream without usage", "", []string{chunk(`{"choices":[{"delta":{"content":"a"}}]}`), chunk("[DONE]")}, router.Usage{}, false},
+		{"oversized body is not read", `{"usage":{"prompt_tokens":1}}` + strings.Repeat(" ", maxUsageBody), nil, router.Usage{}, false},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			u := &usageCapture{}
+			// Bodies arrive in pieces; write them in two.
+			if tc.body != "" {
+				half := len(tc.body) / 2
+				u.body([]byte(tc.body[:half]))
+				_, _ = u.Write([]byte(tc.body[half:]))
+			}
+			for _, ev := range tc.events {
+				u.event([]byte(ev))
+			}
+			got, ok := u.usage()
+			if ok != tc.ok || got != tc.want {
+				t.Errorf("got %+v, %v; want %+v, %v", got, ok, tc.want, tc.ok)
+			}
+		})
+	}
+	var nilCapture *usageCapture
+	nilCapture.body([]byte("x"))
+	nilCapture.event([]byte(`data: {"usage":{"prompt_tokens":1}}`))
+	if _, ok := nilCapture.usage(); ok {
+		t.Error("a nil capture reported usage")
+	}
+}
+
+// observingPolicy is round robin that records what the server observed (server.UsageObserver).
+type observingPolicy struct {
+	router.RoundRobin
+	mu   sync.Mutex
+	seen []router.Usage
+}
+
+func (p *observingPolicy) Observe(model string, req *router.Request, d router.Decision, u router.Usage) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if model == testModel && d.Chosen.Worker != "" && req != nil {
+		p.seen = append(p.seen, u)
+	}
+}
+
+func (p *observingPolicy) observed() []router.Usage {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append([]router.Usage(nil), p.seen...)
+}
+
+// The server reads usage from non-stream bodies and from a stream's usage chunk (relayed
+// unchanged) and hands it to the policy; error answers report nothing.
+func TestUsageReachesObserver(t *testing.T) {
+	a := startSim(t, fastSim())
+	pol := &observingPolicy{}
+	g := startGatewayWith(t, testGatewayConfig(a.srv.URL), pol, nil)
+	ctx := context.Background()
+	resp, err := g.client().CreateChatCompletion(ctx, chatReq(false, 2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := resp.Header().Get(router.HeaderCachedBlocks); got != "0" {
+		t.Errorf("%s = %q, want 0 for a policy that matches no blocks", router.HeaderCachedBlocks, got)
+	}
+	body := `{"model":"` + testModel + `","stream":true,"stream_options":{"include_usage":true},"max_tokens":2,"messages":[{"role":"user","content":"Hello there, how are you?"}]}`
+	sresp, data := g.post(t, pathChat, body, nil)
+	if sresp.StatusCode != http.StatusOK || !strings.Contains(string(data), `"usage":{"prompt_tokens":`) {
+		t.Fatalf("stream: %d %s", sresp.StatusCode, data)
+	}
+	// A stream without include_usage has nothing to read.
+	body = strings.Replace(body, `"stream_options":{"include_usage":true},`, "", 1)
+	if sresp, _ := g.post(t, pathChat, body, nil); sresp.StatusCode != http.StatusOK {
+		t.Fatal(sresp.Status)
+	}
+	// An error answer from the worker (over-long max_tokens) is not usage.
+	if sresp, _ := g.post(t, pathChat, `{"model":"`+testModel+`","max_tokens":100000000,"messages":[{"role":"user","content":"x"}]}`, nil); sresp.StatusCode == http.StatusOK {
+		t.Fatal("expected the worker to refuse max_tokens")
+	}
+	seen := pol.observed()
+	if len(seen) != 2 || seen[0].PromptTokens != resp.Usage.PromptTokens || seen[1].PromptTokens != seen[0].PromptTokens {
+		t.Errorf("observed %+v, want the non-stream and the include_usage stream (%d prompt tokens)", seen, resp.Usage.PromptTokens)
+	}
+}
+
+// refusingEnricher refuses requests whose last message says "refuse" (as a chat template
+// would) and fails internally on "crash".
+type refusingEnricher struct{}
+
+func (refusingEnricher) Enrich(_ context.Context, in *Inbound, _ *router.Request) error {
+	if in.Chat == nil {
+		return nil
+	}
+	switch in.Chat.Messages[len(in.Chat.Messages)-1].Content {
+	case "refuse":
+		return BadRequest("messages", "Conversation roles must alternate user/assistant/user/assistant/...")
+	case "crash":
+		return errors.New("tokenizer exploded")
+	}
+	return nil
+}
+
+// An enricher's BadRequest is the client's error (400, its message, nothing sent to a worker);
+// any other enricher error is logged and the request routed without enrichment.
+func TestEnricherErrors(t *testing.T) {
+	a := startSim(t, fastSim())
+	g := startGatewayWith(t, testGatewayConfig(a.srv.URL), &router.RoundRobin{}, refusingEnricher{})
+	body := func(content string) string {
+		return `{"model":"` + testModel + `","max_tokens":1,"messages":[{"role":"user","content":"` + content + `"}]}`
+	}
+	for _, path := range []string{pathChat, "/debug/route"} {
+		resp, data := g.post(t, path, body("refuse"), nil)
+		if resp.StatusCode != http.StatusBadRequest || !strings.Contains(string(data), `"message":"Conversation roles must alternate`) ||
+			!strings.Contains(string(data), `"param":"messages"`) || !strings.Contains(string(data), `"type":"BadRequestError"`) {
+			t.Errorf("%s refused: %d %s", path, resp.StatusCode, data)
+		}
+	}
+	if n := a.Stats().Requests; n != 0 {
+		t.Errorf("a refused request reached the worker (%d requests)", n)
+	}
+	if resp, data := g.post(t, pathChat, body("crash"), nil); resp.StatusCode != http.StatusOK {
+		t.Errorf("enricher fault failed the request: %d %s", resp.StatusCode, data)
+	}
+}

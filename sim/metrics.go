@@ -1,0 +1,107 @@
+package sim
+
+import (
+	"strconv"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// pyBool renders a bool as Python's str(bool) does in vLLM's info labels.
+func pyBool(b bool) string {
+	if b {
+		return "True"
+	}
+	return "False"
+}
+
+// simMetrics are the vLLM metrics a gateway scrapes, with vLLM's names and labels
+// (model_name, engine = DP rank), on a registry owned by the worker.
+type simMetrics struct {
+	reg           *prometheus.Registry
+	prefixQueries *prometheus.CounterVec
+	prefixHits    *prometheus.CounterVec
+	promptTokens  *prometheus.CounterVec
+	genTokens     *prometheus.CounterVec
+	preemptions   *prometheus.CounterVec
+	success       *prometheus.CounterVec
+	ttft          *prometheus.HistogramVec
+	e2e           *prometheus.HistogramVec
+}
+
+func newSimMetrics(w *Worker) *simMetrics {
+	labels := []string{"model_name", "engine"}
+	m := &simMetrics{
+		reg: prometheus.NewRegistry(),
+		prefixQueries: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "vllm:prefix_cache_queries_total",
+			Help: "Prefix cache queries, in terms of number of queried tokens."}, labels),
+		prefixHits: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "vllm:prefix_cache_hits_total",
+			Help: "Prefix cache hits, in terms of number of cached tokens."}, labels),
+		promptTokens: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "vllm:prompt_tokens_total",
+			Help: "Number of prefill tokens processed."}, labels),
+		genTokens: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "vllm:generation_tokens_total",
+			Help: "Number of generation tokens processed."}, labels),
+		preemptions: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "vllm:num_preemptions_total",
+			Help: "Cumulative number of preemption from the engine."}, labels),
+		success: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "vllm:request_success_total",
+			Help: "Count of successfully processed requests."}, append(labels, "finished_reason")),
+		ttft: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "vllm:time_to_first_token_seconds",
+			Help:    "Histogram of time to first token in seconds.",
+			Buckets: []float64{0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10}}, labels),
+		e2e: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "vllm:e2e_request_latency_seconds",
+			Help:    "Histogram of e2e request latency in seconds.",
+			Buckets: []float64{0.3, 0.5, 0.8, 1, 1.5, 2, 2.5, 5, 10, 15, 20, 30, 40, 50, 60}}, labels),
+	}
+	m.reg.MustRegister(m.prefixQueries, m.prefixHits, m.promptTokens, m.genTokens, m.preemptions,
+		m.success, m.ttft, m.e2e)
+	m.reg.MustRegister(cacheConfigInfo(w))
+	for rank, e := range w.engines {
+		cl := prometheus.Labels{"model_name": w.opts.ServedModelName, "engine": w.rankLabels[rank]}
+		m.reg.MustRegister(
+			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "vllm:num_requests_running", ConstLabels: cl,
+				Help: "Number of requests in model execution batches."}, func() float64 { return float64(e.numRunning.Load()) }),
+			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "vllm:num_requests_waiting", ConstLabels: cl,
+				Help: "Number of requests waiting to be processed."}, func() float64 { return float64(e.numWaiting.Load()) }),
+			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "vllm:kv_cache_usage_perc", ConstLabels: cl,
+				Help: "KV-cache usage. 1 means 100 percent usage."}, e.usage),
+			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "vllm:gpu_cache_usage_perc", ConstLabels: cl,
+				Help: "GPU KV-cache usage (deprecated name). 1 means 100 percent usage."}, e.usage),
+		)
+		// Pre-create the counters so a scrape shows them at zero, as vLLM does.
+		for _, c := range []*prometheus.CounterVec{m.prefixQueries, m.prefixHits, m.promptTokens, m.genTokens, m.preemptions} {
+			c.With(cl)
+		}
+	}
+	return m
+}
+
+// cacheConfigInfo is vLLM's vllm:cache_config_info: an info-style gauge fixed at 1 whose labels
+// are the engine's CacheConfig fields rendered with Python's str() (CacheConfig.metrics_info()),
+// plus "engine", one series per engine (DP rank) and no model_name label (vLLM's
+// PrometheusStatLogger.log_metrics_info). Only the fields the simulator models are exported.
+func cacheConfigInfo(w *Worker) *prometheus.GaugeVec {
+	o := w.opts
+	cpuBlocks := "None" // vLLM leaves num_cpu_blocks unset without a host tier
+	if o.NumCPUBlocks > 0 {
+		cpuBlocks = strconv.Itoa(o.NumCPUBlocks)
+	}
+	labels := prometheus.Labels{
+		"block_size":            strconv.Itoa(o.BlockSize),
+		"cache_dtype":           "auto",
+		"enable_prefix_caching": pyBool(!o.DisablePrefixCaching),
+		"is_attention_free":     pyBool(false),
+		"num_cpu_blocks":        cpuBlocks,
+		"num_gpu_blocks":        strconv.Itoa(o.NumGPUBlocks),
+		"sliding_window":        "None",
+	}
+	names := make([]string, 0, len(labels)+1)
+	for k := range labels {
+		names = append(names, k)
+	}
+	info := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "vllm:cache_config_info",
+		Help: "Information of the LLMEngine CacheConfig"}, append(names, "engine"))
+	for _, rank := range w.rankLabels {
+		labels["engine"] = rank
+		info.With(labels).Set(1)
+	}
+	return info
+}

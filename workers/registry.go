@@ -1,0 +1,160 @@
+package workers
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/kvgate/kvgate/configs"
+)
+
+// Registry is the fleet from config: the workers in configured order, their health probing
+// and their load. Safe for concurrent use.
+type Registry struct {
+	workers []*Worker
+	byURL   map[string]*Worker
+	health  configs.Health
+	log     *slog.Logger
+
+	mu       sync.Mutex
+	onChange []func(w *Worker, change string)
+}
+
+// TargetLoad is one routable target with the gateway's in-flight count on it.
+type TargetLoad struct {
+	Target
+	InFlight int
+}
+
+// NewRegistry builds the registry from a validated config. Nothing is probed until Run or
+// ProbeAll; until its first probe a worker counts as routable.
+func NewRegistry(cfg configs.Config, log *slog.Logger) (*Registry, error) {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	r := &Registry{byURL: map[string]*Worker{}, health: cfg.Health, log: log}
+	for _, wc := range cfg.Workers {
+		if _, dup := r.byURL[wc.URL]; dup {
+			return nil, fmt.Errorf("workers: %q listed twice", wc.URL)
+		}
+		w, err := newWorker(wc, cfg.Proxy, cfg.Health)
+		if err != nil {
+			return nil, err
+		}
+		r.workers = append(r.workers, w)
+		r.byURL[wc.URL] = w
+	}
+	if len(r.workers) == 0 {
+		return nil, fmt.Errorf("workers: none configured")
+	}
+	return r, nil
+}
+
+// Workers returns every configured worker in config order.
+func (r *Registry) Workers() []*Worker { return r.workers }
+
+// Get returns the worker with the given base URL, or nil.
+func (r *Registry) Get(url string) *Worker { return r.byURL[url] }
+
+// Routable returns every target (worker and DP rank) of every routable worker, in config
+// order, with its in-flight count. The order is stable so that round robin spreads evenly.
+func (r *Registry) Routable() []TargetLoad {
+	out := make([]TargetLoad, 0, len(r.workers))
+	for _, w := range r.workers {
+		if !w.Routable() {
+			continue
+		}
+		for rank := 0; rank < w.DPSize(); rank++ {
+			out = append(out, TargetLoad{Target: Target{Worker: w.URL(), DPRank: rank}, InFlight: w.InFlight(rank)})
+		}
+	}
+	return out
+}
+
+// RoutableCount is the number of routable workers.
+func (r *Registry) RoutableCount() int {
+	n := 0
+	for _, w := range r.workers {
+		if w.Routable() {
+			n++
+		}
+	}
+	return n
+}
+
+// Models returns the union of the model ids the workers reported, in first-seen order.
+func (r *Registry) Models() []string {
+	seen := map[string]bool{}
+	var out []string
+	for _, w := range r.workers {
+		for _, m := range w.Models() {
+			if !seen[m] {
+				seen[m] = true
+				out = append(out, m)
+			}
+		}
+	}
+	return out
+}
+
+// OnChange registers fn to hear every state change a probe causes (ChangeAdmitted,
+// ChangeReadmitted, ChangeEjected), synchronously on the probing goroutine; fn must be quick.
+// The gateway uses it to tell the KV-event subscriptions that a worker's health flapped.
+func (r *Registry) OnChange(fn func(w *Worker, change string)) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.onChange = append(r.onChange, fn)
+}
+
+func (r *Registry) notify(w *Worker, change string) {
+	r.mu.Lock()
+	fns := append([]func(*Worker, string){}, r.onChange...)
+	r.mu.Unlock()
+	for _, fn := range fns {
+		fn(w, change)
+	}
+}
+
+// ProbeAll probes every worker once, concurrently, and returns when all probes ended.
+func (r *Registry) ProbeAll(ctx context.Context) {
+	var wg sync.WaitGroup
+	for _, w := range r.workers {
+		wg.Go(func() {
+			change, err := w.probe(ctx)
+			switch change {
+			case ChangeEjected:
+				r.log.Warn("worker ejected", "worker", w.URL(), "err", err)
+			case ChangeAdmitted, ChangeReadmitted:
+				r.log.Info("worker "+change, "worker", w.URL(), "models", w.Models())
+			}
+			if change != "" {
+				r.notify(w, change)
+			}
+		})
+	}
+	wg.Wait()
+}
+
+// Run probes every worker every health.interval until ctx ends. Call ProbeAll first to know
+// the fleet before serving.
+func (r *Registry) Run(ctx context.Context) {
+	t := time.NewTicker(r.health.Interval.D())
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		r.ProbeAll(ctx)
+	}
+}
+
+// Close releases the idle connections of every worker's pool.
+func (r *Registry) Close() {
+	for _, w := range r.workers {
+		w.client.CloseIdleConnections()
+	}
+}

@@ -1,0 +1,301 @@
+package workers
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/kvgate/kvgate/configs"
+)
+
+// Worker is one vLLM server as the gateway sees it: its pooled HTTP client, health state and
+// per-DP-rank in-flight counts. Safe for concurrent use.
+type Worker struct {
+	cfg    configs.Worker
+	base   *url.URL
+	client *http.Client
+	health configs.Health
+
+	inflight []atomic.Int64 // one per DP rank
+
+	mu       sync.Mutex
+	state    state
+	fails    int // consecutive failures (probes and passive reports)
+	oks      int // consecutive successful probes while ejected
+	lastErr  string
+	models   []string
+	ejected  int // times ejected, for metrics and debugging
+	lastSeen time.Time
+}
+
+type state int
+
+const (
+	stateUnknown state = iota // not probed yet: routable, ejected on its first failure
+	stateHealthy
+	stateEjected
+)
+
+// Status is a snapshot of a worker for /health, metrics and debugging.
+type Status struct {
+	URL                 string    `json:"url"`
+	Healthy             bool      `json:"healthy"`
+	State               string    `json:"state"`
+	ConsecutiveFailures int       `json:"consecutive_failures"`
+	LastError           string    `json:"last_error,omitempty"`
+	Ejections           int       `json:"ejections"`
+	InFlight            []int     `json:"in_flight"`
+	Models              []string  `json:"models,omitempty"`
+	LastHealthy         time.Time `json:"last_healthy,omitzero"`
+}
+
+func newWorker(cfg configs.Worker, proxy configs.Proxy, health configs.Health) (*Worker, error) {
+	base, err := url.Parse(cfg.URL)
+	if err != nil {
+		return nil, fmt.Errorf("worker %q: %w", cfg.URL, err)
+	}
+	dp := max(cfg.DPSize, 1)
+	tr := &http.Transport{
+		// Workers sit on the cluster network: never route to them through an environment proxy.
+		Proxy:                 nil,
+		DialContext:           (&net.Dialer{Timeout: proxy.DialTimeout.D(), KeepAlive: 30 * time.Second}).DialContext,
+		TLSHandshakeTimeout:   proxy.DialTimeout.D(),
+		ResponseHeaderTimeout: proxy.ResponseHeaderTimeout.D(),
+		IdleConnTimeout:       proxy.IdleConnTimeout.D(),
+		MaxIdleConns:          proxy.MaxIdleConnsPerWorker,
+		MaxIdleConnsPerHost:   proxy.MaxIdleConnsPerWorker,
+		// Bytes are relayed as the worker sends them; transparent gzip would hide SSE framing.
+		DisableCompression: true,
+	}
+	return &Worker{
+		cfg:  cfg,
+		base: base,
+		client: &http.Client{
+			Transport: tr,
+			// No Timeout: a stream may legitimately run for many minutes.
+			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+		},
+		health:   health,
+		inflight: make([]atomic.Int64, dp),
+	}, nil
+}
+
+// URL is the worker's configured base URL (its identity).
+func (w *Worker) URL() string { return w.cfg.URL }
+
+// Config is the worker's configuration entry.
+func (w *Worker) Config() configs.Worker { return w.cfg }
+
+// DPSize is the worker's number of data-parallel ranks.
+func (w *Worker) DPSize() int { return len(w.inflight) }
+
+// Client is the worker's pooled HTTP client; it has no total timeout.
+func (w *Worker) Client() *http.Client { return w.client }
+
+// Endpoint returns the absolute URL of path (e.g. "/v1/chat/completions") on this worker.
+func (w *Worker) Endpoint(path, rawQuery string) string {
+	u := *w.base
+	u.Path = w.base.Path + path
+	u.RawQuery = rawQuery
+	return u.String()
+}
+
+// Routable reports whether requests may be sent to the worker now.
+func (w *Worker) Routable() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.state != stateEjected
+}
+
+// InFlight returns the gateway's in-flight requests on one DP rank.
+func (w *Worker) InFlight(rank int) int {
+	if rank < 0 || rank >= len(w.inflight) {
+		return 0
+	}
+	return int(w.inflight[rank].Load())
+}
+
+// Acquire counts one request in flight on rank and returns its release; calling release more
+// than once has no further effect, so deferred and early releases can coexist.
+func (w *Worker) Acquire(rank int) (release func()) {
+	if rank < 0 || rank >= len(w.inflight) {
+		rank = 0
+	}
+	w.inflight[rank].Add(1)
+	var done atomic.Bool
+	return func() {
+		if done.CompareAndSwap(false, true) {
+			w.inflight[rank].Add(-1)
+		}
+	}
+}
+
+// ReportFailure records a connection-level failure seen while proxying. It counts toward
+// ejection like a failed probe.
+func (w *Worker) ReportFailure(err error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.fail(err.Error())
+}
+
+// ReportSuccess records a response received while proxying; it clears the failure streak of
+// a routable worker.
+func (w *Worker) ReportSuccess() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.state != stateEjected {
+		w.fails = 0
+	}
+}
+
+// fail must be called with mu held. It returns true when this failure ejected the worker.
+func (w *Worker) fail(reason string) bool {
+	w.lastErr = reason
+	w.oks = 0
+	w.fails++
+	switch {
+	case w.state == stateUnknown,
+		w.state == stateHealthy && w.fails >= w.health.FailureThreshold:
+		w.state = stateEjected
+		w.ejected++
+		return true
+	}
+	return false
+}
+
+// succeed must be called with mu held. It returns true when this success (re)admitted the worker.
+func (w *Worker) succeed(now time.Time) bool {
+	w.fails = 0
+	w.lastSeen = now
+	switch w.state {
+	case stateUnknown:
+		w.state = stateHealthy
+		return true
+	case stateEjected:
+		w.oks++
+		if w.oks >= w.health.SuccessThreshold {
+			w.state, w.oks, w.lastErr = stateHealthy, 0, ""
+			return true
+		}
+	}
+	return false
+}
+
+// Status snapshots the worker.
+func (w *Worker) Status() Status {
+	inflight := make([]int, len(w.inflight))
+	for i := range w.inflight {
+		inflight[i] = int(w.inflight[i].Load())
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return Status{
+		URL:                 w.cfg.URL,
+		Healthy:             w.state != stateEjected,
+		State:               [...]string{"unknown", "healthy", "ejected"}[w.state],
+		ConsecutiveFailures: w.fails,
+		LastError:           w.lastErr,
+		Ejections:           w.ejected,
+		InFlight:            inflight,
+		Models:              append([]string(nil), w.models...),
+		LastHealthy:         w.lastSeen,
+	}
+}
+
+// Models returns the model ids the worker listed in its /v1/models at its last admission.
+func (w *Worker) Models() []string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return append([]string(nil), w.models...)
+}
+
+// State changes a probe can cause, as passed to Registry.OnChange.
+const (
+	// ChangeAdmitted: the worker's first successful probe.
+	ChangeAdmitted = "admitted"
+	// ChangeReadmitted: an ejected worker is healthy again. Its /health flapped, so it may have
+	// restarted and lost its KV cache.
+	ChangeReadmitted = "readmitted"
+	// ChangeEjected: the worker stopped being routable.
+	ChangeEjected = "ejected"
+)
+
+// probe runs one GET /health. It returns the state change it caused ("" for none).
+func (w *Worker) probe(parent context.Context) (change string, err error) {
+	ctx, cancel := context.WithTimeout(parent, w.health.Timeout.D())
+	defer cancel()
+	err = w.get(ctx, "/health", nil)
+	if err != nil && parent.Err() != nil {
+		return "", err // the prober itself is stopping: no verdict
+	}
+	w.mu.Lock()
+	var admitted, ejected bool
+	wasEjected := w.state == stateEjected
+	if err != nil {
+		ejected = w.fail(err.Error())
+	} else {
+		admitted = w.succeed(time.Now())
+	}
+	w.mu.Unlock()
+	switch {
+	case ejected:
+		return ChangeEjected, err
+	case admitted:
+		w.refreshModels(ctx)
+		if wasEjected {
+			return ChangeReadmitted, nil
+		}
+		return ChangeAdmitted, nil
+	}
+	return "", err
+}
+
+// refreshModels reads /v1/models so that adapters served by the worker are known models.
+func (w *Worker) refreshModels(ctx context.Context) {
+	var list struct {
+		Data []struct {
+			ID string `json:"id"`
+		} `json:"data"`
+	}
+	if err := w.get(ctx, "/v1/models", &list); err != nil {
+		return // best effort: the configured model is always known
+	}
+	ids := make([]string, 0, len(list.Data))
+	for _, m := range list.Data {
+		ids = append(ids, m.ID)
+	}
+	w.mu.Lock()
+	w.models = ids
+	w.mu.Unlock()
+}
+
+func (w *Worker) get(ctx context.Context, path string, into any) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, w.Endpoint(path, ""), nil)
+	if err != nil {
+		return err
+	}
+	resp, err := w.client.Do(req)
+	if err != nil {
+		return fmt.Errorf("GET %s: %w", path, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 4096))
+		return fmt.Errorf("GET %s: status %d", path, resp.StatusCode)
+	}
+	if into == nil {
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 4096))
+		return nil
+	}
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 4<<20)).Decode(into); err != nil {
+		return fmt.Errorf("GET %s: %w", path, err)
+	}
+	return nil
+}
