@@ -23,12 +23,16 @@ const (
 
 // KVPolicy is the KV-aware policy (dynamo-router.md §3.2–3.5). Per target:
 //
-//	credit  = G1 + g2_credit·G2 + g3_credit·G3 + session hint blocks
+//	credit  = G1 + g2_credit·G2 + g3_credit·G3 + sibling-prefix hint blocks
 //	prefill = max(prompt blocks − credit, 0)
 //	load    = prefill_load_weight·(prompt tokens in flight)/block_size
 //	        + decode_weight·(blocks held by active requests − those this prompt shares)
 //	        + request_weight·active requests + waiting_weight·waiting requests not ours
-//	cost    = prefill_weight·prefill + load
+//	cost    = prefill_weight·(prefill − preference hint blocks) + load
+//
+// Preference hints (affinity, parent, lineage root, sibling group) are subtracted outside the
+// clamp, so they can still separate targets that all hold the whole prompt; a sibling's
+// in-flight prefix is cache credit and is clamped like the tiers.
 //
 // The lowest cost wins, ties at random; with a temperature, a softmax draw. Busy targets are
 // avoided while any other is not. Unlike Dynamo, the overlap credit offsets only this request's

@@ -1,9 +1,11 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"strconv"
 	"strings"
@@ -128,9 +130,21 @@ func TestParentAwarePlacement(t *testing.T) {
 		var fill sync.WaitGroup
 		for i := range 8 {
 			fill.Go(func() {
-				req := chatRequest("filler", fmt.Sprintf("filler %d %s", i, longText(900+i, 10)))
-				req.MaxCompletionTokens = 20000
-				_, _ = f.direct[parentWorker].CreateChatCompletion(ctx, req)
+				// ignore_eos: the simulator (like vLLM) would otherwise end it at its natural EOS.
+				body := map[string]any{"model": servedModel, "max_tokens": 20000, "ignore_eos": true,
+					"messages": []map[string]string{{"role": "user", "content": fmt.Sprintf("filler %d %s", i, longText(900+i, 10))}}}
+				data, _ := json.Marshal(body)
+				req, _ := http.NewRequestWithContext(ctx, http.MethodPost, parentWorker+"/v1/chat/completions", bytes.NewReader(data))
+				req.Header.Set("Content-Type", "application/json")
+				resp, err := http.DefaultClient.Do(req)
+				if err != nil {
+					if ctx.Err() == nil {
+						t.Errorf("filler: %v", err)
+					}
+					return
+				}
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
 			})
 		}
 		defer fill.Wait()
