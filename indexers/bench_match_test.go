@@ -84,7 +84,7 @@ func (m *beforeMatcher) split(lo int, flo [numTiers]tset, hi int, fhi [numTiers]
 // bisection, reused result slice: none), alternating call by call so that both see the same
 // machine noise, alone and under a concurrent writer. Reports p50/p99 of each and the ratio.
 func BenchmarkMatchBeforeAfter(b *testing.B) {
-	f := newBenchFleet(b, 64, true)
+	f := newBenchFleet(b, 64)
 	if want, got := matchBefore(f.ix, f.query), f.ix.Match(f.query); !slices.Equal(want, got) || len(got) != 64 {
 		b.Fatalf("before and after disagree: %v vs %v", want, got)
 	}

@@ -80,25 +80,15 @@ type benchFleet struct {
 	churns []*churn
 }
 
-func newBenchFleet(tb testing.TB, workersN int, rw bool) *benchFleet {
-	return newBenchFleetDepths(tb, workersN, rw, func(w int) int { return (w * 8192) / workersN })
+func newBenchFleet(tb testing.TB, workersN int) *benchFleet {
+	return newBenchFleetDepths(tb, workersN, func(w int) int { return (w * 8192) / workersN })
 }
 
 // newBenchFleetDepths builds the fleet with worker w holding depth(w) leading query blocks (at
 // least the 128-block system prompt).
-func newBenchFleetDepths(tb testing.TB, workersN int, rw bool, depthOf func(int) int) *benchFleet {
-	return newBenchFleetOpts(tb, workersN, func(ix *Index) {
-		if !rw {
-			ix.table = newSeqTable()
-		}
-	}, depthOf)
-}
-
-// newBenchFleetOpts builds the fleet on an index prepared by setup (e.g. its table swapped).
-func newBenchFleetOpts(tb testing.TB, workersN int, setup func(*Index), depthOf func(int) int) *benchFleet {
+func newBenchFleetDepths(tb testing.TB, workersN int, depthOf func(int) int) *benchFleet {
 	r := rand.New(rand.NewPCG(1, 2))
 	f := &benchFleet{ix: NewIndex(Options{BlockSize: benchBS})}
-	setup(f.ix)
 	system := randTokens(r, 128*benchBS)
 	qtoks := append(slices.Clone(system), randTokens(r, (8192-128)*benchBS)...)
 	f.query = tokenize.BlockHashes(qtoks, benchBS, tokenize.HashOptions{})
@@ -152,8 +142,8 @@ func BenchmarkApply(b *testing.B) {
 		if tc.grouped {
 			continue // the query depths do not matter for application
 		}
-		f := newBenchFleet(b, 64, tc.rw)
-		b.Run(fmt.Sprintf("table=%s/readers=%d", tc.table, tc.n), func(b *testing.B) {
+		f := newBenchFleet(b, 64)
+		b.Run(fmt.Sprintf("readers=%d", tc.n), func(b *testing.B) {
 			readers := tc.n
 			stop := make(chan struct{})
 			var wg sync.WaitGroup
@@ -186,15 +176,15 @@ func BenchmarkApply(b *testing.B) {
 // another goroutine applies the churn stream.
 func BenchmarkMatch(b *testing.B) {
 	for _, tc := range benchCases() {
-		f := newBenchFleet(b, 64, tc.rw)
+		f := newBenchFleet(b, 64)
 		if tc.grouped {
 			// The common shape: a few distinct depths (system prompt only, half, all of it).
-			f = newBenchFleetDepths(b, 64, tc.rw, func(w int) int { return []int{128, 128, 4096, 8192}[w%4] })
+			f = newBenchFleetDepths(b, 64, func(w int) int { return []int{128, 128, 4096, 8192}[w%4] })
 		}
 		if got := f.ix.Match(f.query); len(got) != 64 {
 			b.Fatalf("fixture: %d targets matched", len(got))
 		}
-		b.Run(fmt.Sprintf("table=%s/depths=%s/writers=%d", tc.table, map[bool]string{false: "64", true: "3"}[tc.grouped], tc.n), func(b *testing.B) {
+		b.Run(fmt.Sprintf("depths=%s/writers=%d", map[bool]string{false: "64", true: "3"}[tc.grouped], tc.n), func(b *testing.B) {
 			writers := tc.n
 			stop := make(chan struct{})
 			var wg sync.WaitGroup
@@ -227,15 +217,12 @@ func BenchmarkMatch(b *testing.B) {
 }
 
 type benchCase struct {
-	table   string
-	rw      bool
-	n       int
-	grouped bool
+	n       int  // concurrent readers (Apply) or writers (Match)
+	grouped bool // Match: 3 distinct worker depths instead of 64
 }
 
 func benchCases() []benchCase {
-	return []benchCase{{"seqlock", false, 0, false}, {"rwmutex", true, 0, false}, {"seqlock", false, 1, false},
-		{"rwmutex", true, 1, false}, {"rwmutex", true, 0, true}, {"rwmutex", true, 1, true}}
+	return []benchCase{{0, false}, {1, false}, {0, true}, {1, true}}
 }
 
 // BenchmarkMemoryPerBlock reports heap bytes per resident block for one target.

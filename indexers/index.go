@@ -61,8 +61,6 @@ type Options struct {
 	// Listener, if set, hears every residency change after the index applied it (the sessions
 	// layer uses it to move session frontiers strictly after the physical index).
 	Listener Listener
-
-	seqlockTable bool // use the seqlock table (benchmark comparison only, see table.go)
 }
 
 // Listener hears residency changes of one target, in our block hashes, synchronously on the
@@ -116,9 +114,6 @@ func NewIndex(opt Options) *Index {
 		opt.RecentlyRemoved = DefaultRecentlyRemoved
 	}
 	ix := &Index{opt: opt, table: newRWTable()}
-	if opt.seqlockTable {
-		ix.table = newSeqTable()
-	}
 	ix.reg.Store(&registry{byTarget: map[workers.Target]*targetState{}})
 	return ix
 }

@@ -1,45 +1,13 @@
 package indexers
 
 import (
-	"math/rand/v2"
 	"testing"
 
 	"github.com/kvgate/kvgate/tokenize"
 	"github.com/kvgate/kvgate/workers"
 )
 
-// The seqlock table must behave like a map under inserts, updates, deletes (dead slots),
-// growth and shrinking; rwTable serves as the reference.
-func TestSeqTableAgainstMap(t *testing.T) {
-	r := rand.New(rand.NewPCG(9, 9))
-	seq, ref := newSeqTable(), newRWTable()
-	keys := make([]uint64, 20_000)
-	for i := range keys {
-		keys[i] = r.Uint64()
-	}
-	keys[0] = 0 // the empty-slot marker must still work as a key
-	for round := range 4 {
-		n := 60_000
-		if round%2 == 1 {
-			n = 30_000
-		}
-		for range n {
-			k := keys[r.IntN(len(keys))]
-			slot, mask, on := r.IntN(MaxTargets), uint8(1+r.IntN(7)), r.IntN(3) > 0 || round%2 == 1 && r.IntN(2) == 0
-			if round%2 == 1 {
-				on = false // drain rounds shrink the tables
-			}
-			seq.update(k, slot, mask, on)
-			ref.update(k, slot, mask, on)
-		}
-		for _, k := range keys {
-			if seq.get(k) != ref.get(k) {
-				t.Fatalf("round %d: key %x differs", round, k)
-			}
-		}
-	}
-}
-
+// countingTable counts the lookups Match makes.
 type countingTable struct {
 	blockTable
 	gets int
