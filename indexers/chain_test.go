@@ -4,6 +4,8 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/kvgate/kvgate/tokenize"
 	"github.com/kvgate/kvgate/workers"
 )
@@ -352,4 +354,48 @@ func TestNoteRoutedConcurrentWithApply(t *testing.T) {
 	ts.mu.Lock()
 	checkOrphans(t, ts)
 	ts.mu.Unlock()
+}
+
+// TestRecoveryMetrics: recoveries and failures are exported per target.
+func TestRecoveryMetrics(t *testing.T) {
+	ix := NewIndex(Options{BlockSize: 4})
+	m, err := NewManager(ix, quietLog())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	tg := workers.Target{Worker: "http://w:8000"}
+	if err := ix.AddTarget(tg); err != nil {
+		t.Fatal(err)
+	}
+	p := seqTokens(3*4, 40)
+	noteRouted(ix, tg, p)
+	apply(t, ix, tg,
+		&BlockStored{BlockHashes: exts(3), ParentBlockHash: Some(IntHash(2)), TokenIDs: p[8:], BlockSize: 4},
+		&BlockStored{BlockHashes: exts(13), ParentBlockHash: Some(IntHash(12)), TokenIDs: seqTokens(4, 9000), BlockSize: 4},
+		&BlockStored{BlockHashes: exts(23), ParentBlockHash: Some(IntHash(22)), TokenIDs: seqTokens(4, 9100), BlockSize: 4})
+	reg := prometheus.NewPedanticRegistry()
+	if err := m.Register(reg); err != nil {
+		t.Fatal(err)
+	}
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]float64{}
+	for _, mf := range mfs {
+		if mf.GetName() != "kvgate_kv_parent_recoveries_total" {
+			continue
+		}
+		for _, mt := range mf.GetMetric() {
+			for _, lp := range mt.GetLabel() {
+				if lp.GetName() == "result" {
+					got[lp.GetValue()] = mt.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	if got["recovered"] != 1 || got["failed"] != 2 {
+		t.Fatalf("parent recoveries %v, want recovered 1, failed 2", got)
+	}
 }
