@@ -399,3 +399,23 @@ func TestRecoveryMetrics(t *testing.T) {
 		t.Fatalf("parent recoveries %v, want recovered 1, failed 2", got)
 	}
 }
+
+// BenchmarkNoteRouted measures the request-side cost of remembering a routed 2,048-block prompt.
+func BenchmarkNoteRouted(b *testing.B) {
+	ix := NewIndex(Options{BlockSize: 16})
+	tg := workers.Target{Worker: "w"}
+	if err := ix.AddTarget(tg); err != nil {
+		b.Fatal(err)
+	}
+	prompts := make([][2][]uint64, 16)
+	for i := range prompts {
+		l := tokenize.LocalHashes(seqTokens(2048*16, uint32(i)<<20), 16, tokenize.HashOptions{})
+		prompts[i] = [2][]uint64{l, tokenize.SequenceHashes(l)}
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := range b.N {
+		p := prompts[i%len(prompts)]
+		ix.NoteRouted(tg, p[0], p[1])
+	}
+}
