@@ -193,7 +193,7 @@ func (ts *targetState) applyStored(e *BlockStored) {
 		} else {
 			// Without the parent's hash of ours the chain cannot be computed; indexing the run
 			// as a new root would invent matches for prompts that start with these tokens.
-			// Drop it (vLLM's kv_events.py leaves unknown parents to the consumer); its
+			// Drop it, counted; its
 			// descendants will be dropped the same way.
 			ts.stats.unrecovered.Add(1)
 			ts.stats.drop(dropParentNotFound, len(e.BlockHashes))
