@@ -468,6 +468,12 @@ func (s *BlockStored) readField(r *reader, k string, ok *bool) error {
 		s.BlockHashes, *ok, err = r.hashList()
 	case "parent_block_hash":
 		s.ParentBlockHash, *ok, err = r.optHash()
+		if h := s.ParentBlockHash.V; s.ParentBlockHash.Set && h.U == 0 && !h.Neg && h.Raw == nil {
+			// Integer 0 means "no parent": llm-d-inference-sim writes the root block's parent as
+			// 0 rather than nil, and llm-d's kvcache indexer reads it so
+			// (llm-d-kv-cache pkg/kvevents/pool.go, processEventBatch: ParentHash != 0).
+			s.ParentBlockHash = Opt[BlockHash]{}
+		}
 	case "token_ids":
 		s.TokenIDs, *ok, err = r.tokenList()
 	case "block_size":

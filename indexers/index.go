@@ -58,6 +58,10 @@ type Options struct {
 	// token-less CPU/disk store arriving after the GPU copy's removal still resolves (spec
 	// §8.12). Default DefaultRecentlyRemoved; negative disables.
 	RecentlyRemoved int
+	// RoutedBlocks is how many blocks of recently routed prompts (NoteRouted) each target
+	// remembers, whole prompts least recently routed out first, to recover the chain of a store
+	// whose parent is unknown. Default DefaultRoutedBlocks; negative disables.
+	RoutedBlocks int
 	// Listener, if set, hears every residency change after the index applied it (the sessions
 	// layer uses it to move session frontiers strictly after the physical index).
 	Listener Listener
@@ -112,6 +116,9 @@ func NewIndex(opt Options) *Index {
 	}
 	if opt.RecentlyRemoved == 0 {
 		opt.RecentlyRemoved = DefaultRecentlyRemoved
+	}
+	if opt.RoutedBlocks == 0 {
+		opt.RoutedBlocks = DefaultRoutedBlocks
 	}
 	ix := &Index{opt: opt, table: newRWTable()}
 	ix.reg.Store(&registry{byTarget: map[workers.Target]*targetState{}})

@@ -14,7 +14,7 @@ type collector struct {
 	events, blocks, dropped, resident, orphans  *prometheus.Desc
 	batches, gaps, replays, resets, parseErrors *prometheus.Desc
 	reconnects, lastSeq, state, version         *prometheus.Desc
-	joins, duplicates                           *prometheus.Desc
+	joins, duplicates, recoveries               *prometheus.Desc
 }
 
 // Register registers the manager's metrics (prefix kvgate_kv_) with reg.
@@ -45,13 +45,16 @@ func (m *Manager) Collector() prometheus.Collector {
 		version:     d("residency_version", "Residency version (increases on every removal, clear and reset)."),
 		joins:       d("join_replays_total", "Replays requested on (re)connecting, before any live batch revealed a gap."),
 		duplicates:  d("late_duplicates_total", "Live batches skipped because a replay had already delivered them."),
+		recoveries: d("parent_recoveries_total",
+			"Stores with an unknown parent, placed under a recently routed prompt (recovered) or dropped (failed).", "result"),
 	}
 }
 
 // Describe implements prometheus.Collector.
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.events, c.blocks, c.dropped, c.resident, c.orphans, c.batches,
-		c.gaps, c.replays, c.resets, c.parseErrors, c.reconnects, c.lastSeq, c.state, c.version, c.joins, c.duplicates} {
+		c.gaps, c.replays, c.resets, c.parseErrors, c.reconnects, c.lastSeq, c.state, c.version, c.joins, c.duplicates,
+		c.recoveries} {
 		ch <- d
 	}
 }
@@ -86,6 +89,8 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 			gauge(c.resident, float64(ts.resident[tier].Load()), w, r, tier.String())
 		}
 		gauge(c.orphans, float64(ts.orphans[0].Load()), w, r)
+		counter(c.recoveries, ts.stats.recovered.Load(), w, r, "recovered")
+		counter(c.recoveries, ts.stats.unrecovered.Load(), w, r, "failed")
 		gauge(c.version, float64(ts.version.Load()), w, r)
 		s := subs[t.String()]
 		if s == nil {

@@ -19,7 +19,7 @@ const (
 	dropKind                  // non-prefix KV-cache group (sliding window, mamba, ...)
 	dropInvalid               // self-referencing chain, token count ≠ blocks × block_size
 	dropBlockSize             // block_size differs from the index's
-	dropParentNotFound        // parent hash never seen on this target
+	dropParentNotFound        // parent hash never seen on this target, nor recoverable from routed prompts
 	dropUnresolved            // token-less lower-tier store of an unknown hash
 	dropNotFound              // removal of a hash that is not resident in that tier
 	dropConflict              // a hash re-stored with different content
@@ -37,6 +37,9 @@ type targetStats struct {
 	blocks [numKinds][numTiers]atomic.Int64 // blocks in applied events
 	drops  [numDrops]atomic.Int64           // blocks dropped by reason
 	resets atomic.Int64
+	// Stores whose parent was unknown: placed under a recently routed prompt (recovered) or
+	// dropped as parent_not_found (unrecovered).
+	recovered, unrecovered atomic.Int64
 }
 
 func (s *targetStats) drop(reason, n int) { s.drops[reason].Add(int64(n)) }

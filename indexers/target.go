@@ -66,6 +66,14 @@ type targetState struct {
 	keys       []uint64
 	out        [numTiers][]uint64 // listener scratch
 	run        []uint64           // listener scratch: a store's whole run in chain order
+	locals     []uint64           // scratch: a store's local block hashes
+
+	// routedQ (own lock, written by request goroutines) and routed (under mu) remember recently
+	// routed prompts for chain recovery; anchors are the parents placed by recovery (see
+	// recoverParent). All three survive a reset: that is when they are needed.
+	routedQ routedQueue
+	routed  routedMemory
+	anchors map[uint64]anchor
 
 	// orphans[k] counts members of nested set k whose parent is not a member. While it is zero,
 	// membership of block i of a query implies membership of blocks 0..i-1, which lets Match
@@ -84,6 +92,7 @@ func newTargetState(ix *Index, t workers.Target, slot int) *targetState {
 
 func (ts *targetState) clearMaps() {
 	ts.ext = map[uint64]extEntry{}
+	ts.anchors = map[uint64]anchor{}
 	ts.byOur = map[uint64]int32{}
 	ts.slab = ts.slab[:0]
 	ts.free = ts.free[:0]
@@ -161,35 +170,49 @@ func (ts *targetState) applyStored(e *BlockStored) {
 		ts.stats.drop(dropInvalid, len(e.BlockHashes))
 		return
 	}
-	var parentOur uint64
-	parent := int32(-1)
-	hasParent := false
-	if e.ParentBlockHash.Set {
-		pe, ok := ts.ext[e.ParentBlockHash.V.U]
-		if !ok {
-			// Without the parent's hash of ours the chain cannot be computed; indexing the run
-			// as a new root would invent matches for prompts that start with these tokens.
-			// Drop it (spec §8.9 "or drop"); its descendants will be dropped the same way.
-			ts.stats.drop(dropParentNotFound, len(e.BlockHashes))
-			return
-		}
-		parent, parentOur = pe.node, ts.slab[pe.node].our
-		hasParent = true
-	}
-	runParent := parentOur
-	if ts.blocks()+len(e.BlockHashes) > ts.ix.opt.MaxBlocksPerTarget {
-		ts.stats.drop(dropCapacity, len(e.BlockHashes))
-		return
-	}
 	seed := tokenize.LocalSeed(e.LoRAName.V)
-	stored := ts.out[tier][:0]
-	run := ts.run[:0]
-	for i, h := range e.BlockHashes {
+	locals := ts.locals[:0]
+	for i := range e.BlockHashes {
 		ts.keys = ts.keys[:0]
 		if i < len(e.ExtraKeys) && e.ExtraKeys[i] != nil {
 			ts.keys = foldExtraKeys(e.ExtraKeys[i], e.LoRAName.V, ts.keys)
 		}
-		local := tokenize.LocalBlockHash(e.TokenIDs[i*bs:(i+1)*bs], ts.keys, seed, ts.buf[:0])
+		locals = append(locals, tokenize.LocalBlockHash(e.TokenIDs[i*bs:(i+1)*bs], ts.keys, seed, ts.buf[:0]))
+	}
+	ts.locals = locals
+	var parentOur uint64
+	parent := int32(-1)
+	hasParent := false
+	var prefix []uint64 // set when the parent was recovered: our hashes of blocks 0..k-1
+	if e.ParentBlockHash.Set {
+		if pe, ok := ts.ext[e.ParentBlockHash.V.U]; ok {
+			parent, parentOur = pe.node, ts.slab[pe.node].our
+		} else if prefix, ok = ts.recoverParent(locals); ok {
+			parentOur = prefix[len(prefix)-1]
+			ts.stats.recovered.Add(1)
+		} else {
+			// Without the parent's hash of ours the chain cannot be computed; indexing the run
+			// as a new root would invent matches for prompts that start with these tokens.
+			// Drop it, counted; its
+			// descendants will be dropped the same way.
+			ts.stats.unrecovered.Add(1)
+			ts.stats.drop(dropParentNotFound, len(e.BlockHashes))
+			return
+		}
+		hasParent = true
+	}
+	runParent := parentOur
+	if ts.blocks()+len(e.BlockHashes)+len(prefix) > ts.ix.opt.MaxBlocksPerTarget {
+		ts.stats.drop(dropCapacity, len(e.BlockHashes))
+		return
+	}
+	stored := ts.out[tier][:0]
+	if prefix != nil {
+		parent, stored = ts.anchor(e.ParentBlockHash.V.U, prefix, tier, stored)
+	}
+	run := ts.run[:0]
+	for i, h := range e.BlockHashes {
+		local := locals[i]
 		our := local
 		if parent >= 0 {
 			our = tokenize.ChainHash(parentOur, local)
@@ -212,6 +235,74 @@ func (ts *targetState) applyStored(e *BlockStored) {
 			al.BlocksStoredFrom(ts.target, tier, run, runParent, hasParent, e.SessionID.V)
 		}
 	}
+}
+
+// anchor is a parent placed by chain recovery: the worker's hash of it is known (the store's
+// parent_block_hash), those of the blocks before it are not. nodes are the blocks before it,
+// which hold one reference each in tier for as long as the anchor is resident there.
+type anchor struct {
+	tier  Tier
+	nodes []int32
+}
+
+// recoverParent finds where a store whose parent is unknown sits, from the prompts recently
+// routed to this target: our hashes of every block before its first (see routedMemory.find).
+func (ts *targetState) recoverParent(locals []uint64) ([]uint64, bool) {
+	budget := ts.ix.opt.RoutedBlocks
+	if budget <= 0 {
+		return nil, false
+	}
+	ts.routed.sync(&ts.routedQ, budget)
+	return ts.routed.find(locals)
+}
+
+// anchor makes a recovered parent known: the worker's hash ext names our prefix[len-1],
+// resident in tier (vLLM stores a block only while its parent is cached, and the request that
+// computed it holds its whole prefix). The blocks before it, whose worker hashes are unknown so
+// that no event can name them, are made resident in tier too, but only as long as the anchor
+// stays there: its removal, a clear of the tier or a reset takes them away again. It returns
+// the anchor's node and stored with the blocks that became resident appended.
+func (ts *targetState) anchor(ext uint64, prefix []uint64, tier Tier, stored []uint64) (int32, []uint64) {
+	parent := int32(-1)
+	var nodes []int32
+	if n := len(prefix) - 1; n > 0 {
+		nodes = make([]int32, 0, n)
+	}
+	for _, our := range prefix[:len(prefix)-1] {
+		i := ts.nodeFor(our, parent)
+		if ts.ref(i, tier) {
+			stored = append(stored, our)
+		}
+		nodes = append(nodes, i)
+		parent = i
+	}
+	our := prefix[len(prefix)-1]
+	i, became := ts.storeOne(ext, our, parent, tier)
+	if became {
+		stored = append(stored, our)
+	}
+	if len(nodes) > 0 {
+		ts.anchors[ext] = anchor{tier: tier, nodes: nodes}
+	}
+	return i, stored
+}
+
+// releaseAnchor drops the prefix references of the anchor ext once it left tier; it appends
+// the blocks that stopped being resident to removed.
+func (ts *targetState) releaseAnchor(ext uint64, tier Tier, removed []uint64) []uint64 {
+	a, ok := ts.anchors[ext]
+	if !ok || a.tier != tier {
+		return removed
+	}
+	delete(ts.anchors, ext)
+	for j := len(a.nodes) - 1; j >= 0; j-- {
+		i := a.nodes[j]
+		our := ts.slab[i].our
+		if ts.unref(i, tier) {
+			removed = append(removed, our)
+		}
+	}
+	return removed
 }
 
 // validChain rejects a store whose hashes repeat or reference the parent (Dynamo's
@@ -303,6 +394,9 @@ func (ts *targetState) storeOne(ext, our uint64, parent int32, tier Tier) (int32
 		for t := range Tier(numTiers) {
 			for range x.refs[t] {
 				ts.unref(old, t)
+			}
+			if x.refs[t] > 0 {
+				ts.releaseAnchor(ext, t, nil)
 			}
 		}
 		ok = false
@@ -421,6 +515,9 @@ func (ts *targetState) applyRemoved(e *BlockRemoved) {
 		if ts.unref(x.node, tier) {
 			removed = append(removed, our)
 		}
+		if x.refs[tier] == 0 {
+			removed = ts.releaseAnchor(h.U, tier, removed)
+		}
 		ts.stats.blocks[kindRemoved][tier].Add(1)
 	}
 	ts.out[tier] = removed
@@ -446,6 +543,7 @@ func (ts *targetState) clearTier(tier Tier) {
 		for range x.refs[tier] {
 			ts.unref(x.node, tier)
 		}
+		ts.releaseAnchor(h, tier, nil)
 		x.refs[tier] = 0
 		if last {
 			delete(ts.ext, h)

@@ -43,6 +43,7 @@ type KVPolicy struct {
 	cfg     KVConfig
 	noLoad  bool
 	matcher PrefixMatcher
+	routed  RoutedRecorder // the matcher, when it records routed prompts
 	events  EventHealth
 	approx  *ApproxIndex
 	load    *LoadTracker
@@ -116,6 +117,7 @@ func newKV(name string, noLoad bool, cfg KVConfig, deps KVDeps) (*KVPolicy, erro
 	if p.load == nil {
 		p.load = NewLoadTracker(cfg.LoadExpiry)
 	}
+	p.routed, _ = deps.Matcher.(RoutedRecorder)
 	p.scratch.New = func() any { return &kvScratch{} }
 	return p, nil
 }
@@ -135,13 +137,18 @@ func (p *KVPolicy) Approx() *ApproxIndex { return p.approx }
 // Begin implements Tracker: it accounts the request's load on the chosen target and, in
 // predict-on-route fashion, records its blocks there in the approximate index (the chosen
 // worker is about to compute them; this also covers the burst of identical prompts that
-// arrives before the worker's KV events do).
+// arrives before the worker's KV events do). When the matcher is a RoutedRecorder it also hands
+// it the prompt's hashes, so the event index can place the worker's coming stores even if it
+// lost their parents.
 func (p *KVPolicy) Begin(d Decision, req *Request) Lifecycle { return p.begin(d, req) }
 
 func (p *KVPolicy) begin(d Decision, req *Request) *Handle {
 	h := p.load.Begin(d.Chosen.Target, req, CachedBlocks(d))
 	if p.approx != nil && len(req.BlockHashes) > 0 {
 		p.approx.Record(d.Chosen.Target, req.BlockHashes)
+	}
+	if p.routed != nil && len(req.BlockHashes) > 0 && len(req.LocalHashes) == len(req.BlockHashes) {
+		p.routed.NoteRouted(d.Chosen.Target, req.LocalHashes, req.BlockHashes)
 	}
 	return h
 }

@@ -139,7 +139,8 @@ func BenchmarkKVDecision(b *testing.B) {
 		targets[i] = c.Target
 	}
 	tokens := promptTokens(1, nBlocks*16)
-	prompt := tokenize.BlockHashes(tokens, 16, tokenize.HashOptions{})
+	local := tokenize.LocalHashes(tokens, 16, tokenize.HashOptions{})
+	prompt := tokenize.SequenceHashes(local)
 	ix := newTierIndex(targets)
 	realIx := indexers.NewIndex(indexers.Options{BlockSize: 16})
 	for i, t := range targets {
@@ -158,7 +159,7 @@ func BenchmarkKVDecision(b *testing.B) {
 		approx.Record(t, chain(uint64(100+i), 4096))
 		approx.Record(t, prompt[:512+i*24])
 	}
-	run := func(b *testing.B, deps KVDeps) {
+	run := func(b *testing.B, deps KVDeps, begin bool) {
 		p, err := NewKV(DefaultKVConfig(), deps)
 		if err != nil {
 			b.Fatal(err)
@@ -175,6 +176,7 @@ func BenchmarkKVDecision(b *testing.B) {
 			p.Load().UpdateMetrics(t, WorkerMetrics{Running: 4, Waiting: float64(i % 3), KVUsage: 0.5, NumGPUBlocks: 8192, At: now})
 		}
 		req := request(prompt)
+		req.LocalHashes = local
 		ctx := context.Background()
 		// Wall time per decision, and the thread's CPU time per decision: on a shared machine the
 		// wall-clock tail is mostly time spent descheduled, which the CPU time leaves out.
@@ -188,8 +190,12 @@ func BenchmarkKVDecision(b *testing.B) {
 		for range b.N {
 			c0 := threadCPU()
 			start := time.Now()
-			if _, err := p.Pick(ctx, req, cs); err != nil {
+			d, err := p.Pick(ctx, req, cs)
+			if err != nil {
 				b.Fatal(err)
+			}
+			if begin {
+				p.Begin(d, req).Done()
 			}
 			wall = append(wall, time.Since(start))
 			cpu = append(cpu, threadCPU()-c0)
@@ -202,10 +208,12 @@ func BenchmarkKVDecision(b *testing.B) {
 		b.ReportMetric(float64(cpu[len(cpu)/2].Nanoseconds()), "cpu-p50-ns")
 		b.ReportMetric(float64(cpu[len(cpu)*99/100].Nanoseconds()), "cpu-p99-ns")
 	}
-	b.Run("indexers/match+score+pick", func(b *testing.B) { run(b, KVDeps{Matcher: IndexMatcher(realIx)}) })
-	b.Run("tierIndex/match+score+pick", func(b *testing.B) { run(b, KVDeps{Matcher: ix}) })
-	b.Run("approximate/match+score+pick", func(b *testing.B) { run(b, KVDeps{Approx: approx}) })
-	b.Run("policy-only", func(b *testing.B) { run(b, KVDeps{Matcher: fixedMatcher{}}) })
+	b.Run("indexers/match+score+pick", func(b *testing.B) { run(b, KVDeps{Matcher: IndexMatcher(realIx)}, false) })
+	b.Run("tierIndex/match+score+pick", func(b *testing.B) { run(b, KVDeps{Matcher: ix}, false) })
+	b.Run("approximate/match+score+pick", func(b *testing.B) { run(b, KVDeps{Approx: approx}, false) })
+	b.Run("policy-only", func(b *testing.B) { run(b, KVDeps{Matcher: fixedMatcher{}}, false) })
+	// With Begin and Done: the load accounting and NoteRouted that a routed request adds.
+	b.Run("indexers/match+score+pick+begin", func(b *testing.B) { run(b, KVDeps{Matcher: IndexMatcher(realIx)}, true) })
 }
 
 // threadCPU is the calling OS thread's CPU time (the goroutine is locked to its thread).

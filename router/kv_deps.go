@@ -19,6 +19,13 @@ type PrefixMatcher interface {
 	MatchTiers(hashes []uint64, targets []workers.Target, out []TierMatch)
 }
 
+// RoutedRecorder is a PrefixMatcher that also learns which prompt was routed where: the KV
+// policy calls NoteRouted with the request's local and chained block hashes when a request is
+// begun on a target. It must be quick and safe for concurrent use, and may keep both slices.
+type RoutedRecorder interface {
+	NoteRouted(t workers.Target, local, seq []uint64)
+}
+
 // EventHealth says whether a target's KV event stream is healthy, i.e. whether the event index
 // can be trusted for it. Targets for which it returns false are scored in approximate mode.
 // The indexers' subscriber state is meant to satisfy it.

@@ -57,6 +57,11 @@ func (m *indexMatcher) MatchTiers(hashes []uint64, targets []workers.Target, out
 	}
 }
 
+// NoteRouted implements RoutedRecorder (indexers.Index.NoteRouted).
+func (m *indexMatcher) NoteRouted(t workers.Target, local, seq []uint64) {
+	m.ix.NoteRouted(t, local, seq)
+}
+
 // ManagerHealth reports a target's KV event stream healthy while its subscription is live or
 // replaying (indexers.Manager.EventsHealthy: atomic state per target, no lock, no polling). A
 // target with no subscription is not healthy (scored in approximate mode).

@@ -144,3 +144,53 @@ func TestManagerHealth(t *testing.T) {
 		t.Fatal("stopped subscription reported healthy")
 	}
 }
+
+// TestBeginNotesRoutedPrompt: beginning a request on a target hands the request's hashes to
+// the event index, so a store the chosen worker makes after the index lost its parent (a reset)
+// is placed under the routed prompt instead of being dropped.
+func TestBeginNotesRoutedPrompt(t *testing.T) {
+	tokens := promptTokens(7, 6*16)
+	local := tokenize.LocalHashes(tokens, 16, tokenize.HashOptions{})
+	seq := tokenize.SequenceHashes(local)
+	tests := []struct {
+		name      string
+		local     []uint64
+		recovered int64
+		wantG1    int
+	}{
+		{"with local hashes", local, 1, 6},
+		{"without local hashes", nil, 0, 0},
+		{"misaligned local hashes", local[:3], 0, 0},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			ix := indexers.NewIndex(indexers.Options{BlockSize: 16})
+			cands := kvCands(2)
+			for _, c := range cands {
+				if err := ix.AddTarget(c.Target); err != nil {
+					t.Fatal(err)
+				}
+			}
+			p := newTestKV(t, PolicyKV, DefaultKVConfig(), KVDeps{Matcher: IndexMatcher(ix)}, nil)
+			req := request(seq)
+			req.LocalHashes = tc.local
+			d, err := p.Pick(context.Background(), req, cands)
+			if err != nil {
+				t.Fatal(err)
+			}
+			p.Begin(d, req).Done()
+			chosen := d.Chosen.Target
+			ix.Reset(chosen)
+			// The worker stores blocks 4 and 5; block 3 (its parent) was stored before the reset.
+			storeBlocks(t, ix, chosen, indexers.MediumGPU, tokens, 4, 6, func(b int) uint64 { return uint64(500 + b) })
+			if rec, _ := ix.ChainRecoveries(chosen); rec != tc.recovered {
+				t.Fatalf("%d recoveries, want %d", rec, tc.recovered)
+			}
+			out := make([]TierMatch, len(cands))
+			IndexMatcher(ix).MatchTiers(seq, []workers.Target{chosen}, out[:1])
+			if out[0].G1 != tc.wantG1 {
+				t.Fatalf("G1 %d, want %d", out[0].G1, tc.wantG1)
+			}
+		})
+	}
+}

@@ -10,9 +10,13 @@ import (
 // Request is what a policy sees of one request. Fields a policy does not need may be empty:
 // the simple policies look only at the candidates, the kv policy at the block hashes too.
 type Request struct {
-	Model           string
-	PromptTokens    int
-	BlockHashes     []uint64 // chained block hashes of the prompt's full blocks (tokenize.BlockHashes)
+	Model        string
+	PromptTokens int
+	BlockHashes  []uint64 // chained block hashes of the prompt's full blocks (tokenize.BlockHashes)
+	// LocalHashes are the same blocks' unchained hashes (tokenize.LocalHashes), aligned with
+	// BlockHashes, or nil. The event index remembers them for the chosen target to recover the
+	// chain of stores whose parent it lost (indexers.Index.NoteRouted).
+	LocalHashes     []uint64
 	BlockSize       int
 	SessionID       string
 	ParentSessionID string

@@ -132,9 +132,15 @@ type Prompt struct {
 }
 
 // BlockHashes returns the chained hashes of the prompt's full blocks with its cache salt and
-// LoRA folded in (DESIGN §3).
+// LoRA folded in (see the README's "Keys").
 func (p *Prompt) BlockHashes(blockSize int) []uint64 {
-	return BlockHashes(p.TokenIDs, blockSize, HashOptions{LoRAName: p.LoRAName, CacheSalt: p.CacheSalt})
+	return SequenceHashes(p.LocalHashes(blockSize))
+}
+
+// LocalHashes returns the unchained hashes of the prompt's full blocks with its cache salt and
+// LoRA folded in; SequenceHashes of them is BlockHashes.
+func (p *Prompt) LocalHashes(blockSize int) []uint64 {
+	return LocalHashes(p.TokenIDs, blockSize, HashOptions{LoRAName: p.LoRAName, CacheSalt: p.CacheSalt})
 }
 
 // TokenizeRequest tokenizes an OpenAI chat completions body (has "messages") or completions body

@@ -11,7 +11,8 @@ import (
 )
 
 // enricher tokenizes each request exactly as the workers will (chat template, tokenizer,
-// cache_salt, LoRA) and fills the routing request's prompt tokens and chained block hashes.
+// cache_salt, LoRA) and fills the routing request's prompt tokens and its local and chained
+// block hashes.
 type enricher struct {
 	tok       *tokenize.Tokenizer
 	blockSize int
@@ -50,6 +51,7 @@ func (e *enricher) Enrich(ctx context.Context, in *server.Inbound, req *router.R
 	}
 	req.PromptTokens = len(p.TokenIDs)
 	req.BlockSize = e.blockSize
-	req.BlockHashes = p.BlockHashes(e.blockSize)
+	req.LocalHashes = p.LocalHashes(e.blockSize)
+	req.BlockHashes = tokenize.SequenceHashes(req.LocalHashes)
 	return nil
 }
