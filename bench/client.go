@@ -16,7 +16,8 @@ import (
 	"time"
 )
 
-// WorkerHeader is the response header in which kvgate names the worker that served a request.
+// WorkerHeader is the response header in which kvgate names the worker that served a request;
+// kvgate sends it only when started with --proxy-expose-routing-headers.
 const WorkerHeader = "X-Kvgate-Worker"
 
 // Record is the outcome of one request, with aiperf-like timing taken at chunk arrival.

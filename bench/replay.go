@@ -113,7 +113,7 @@ func Replay(ctx context.Context, tr *Trace, synth *Synth, opts ReplayOptions) (*
 	}
 	base := strings.TrimRight(opts.URL, "/")
 	if opts.Model == "" {
-		m, err := firstModel(ctx, client, base)
+		m, err := firstModel(ctx, client, base, opts.APIKey)
 		if err != nil {
 			return nil, err
 		}
@@ -380,17 +380,24 @@ func sleepUntil(ctx context.Context, deadline time.Time) bool {
 	}
 }
 
-// firstModel asks GET /v1/models for the served model when --model is not given.
-func firstModel(ctx context.Context, c *http.Client, base string) (string, error) {
+// firstModel asks GET /v1/models for the served model when --model is not given, with the
+// API key the requests use (a gateway with auth.api_keys wants it there too).
+func firstModel(ctx context.Context, c *http.Client, base, apiKey string) (string, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/v1/models", nil)
 	if err != nil {
 		return "", fmt.Errorf("list models: %w", err)
+	}
+	if apiKey != "" {
+		req.Header.Set("Authorization", "Bearer "+apiKey)
 	}
 	resp, err := c.Do(req)
 	if err != nil {
 		return "", fmt.Errorf("list models: %w", err)
 	}
 	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return "", fmt.Errorf("list models: status %d (set OPENAI_API_KEY if the server wants a key)", resp.StatusCode)
+	}
 	var out struct {
 		Data []struct {
 			ID string `json:"id"`

@@ -123,7 +123,7 @@ figure{margin:12px 0}small{color:#666}</style></head><body>`, esc(title))
 		}
 		b.WriteString(figure(svgBars("Requests per worker (X-Kvgate-Worker)", "requests", short, series)))
 	} else {
-		b.WriteString("<p><small>The server sent no X-Kvgate-Worker header.</small></p>")
+		b.WriteString("<p><small>The server sent no X-Kvgate-Worker header (kvgate sends it only with --proxy-expose-routing-headers).</small></p>")
 	}
 
 	b.WriteString("<h2>Errors</h2><table><tr><th>run</th><th>kind</th><th>count</th></tr>")

@@ -5,9 +5,14 @@ import "time"
 // Config is the whole kvgate configuration. Zero values are replaced by Default's values only
 // where Default sets them; Load applies file, then KVGATE_* environment, then flags.
 type Config struct {
-	Listen    string `yaml:"listen"`
-	Model     string `yaml:"model"`
-	Tokenizer string `yaml:"tokenizer"`
+	Listen string `yaml:"listen"`
+	// AdminListen is the address of the admin listener serving /debug/*; "" (the default)
+	// serves no debug endpoints at all. Bind it to loopback or a private network.
+	AdminListen string `yaml:"admin_listen"`
+	// AdminToken, when set, is the bearer token every admin request must carry.
+	AdminToken string `yaml:"admin_token"`
+	Model      string `yaml:"model"`
+	Tokenizer  string `yaml:"tokenizer"`
 	// ChatTemplate is a Jinja file overriding the tokenizer folder's template (the file the
 	// workers get as vllm serve --chat-template); "" uses the folder's.
 	ChatTemplate string `yaml:"chat_template"`
@@ -20,6 +25,7 @@ type Config struct {
 	Proxy                     Proxy    `yaml:"proxy"`
 	Health                    Health   `yaml:"health"`
 	Sessions                  Sessions `yaml:"sessions"`
+	Auth                      Auth     `yaml:"auth"`
 	ShutdownTimeout           Duration `yaml:"shutdown_timeout"`
 	LogLevel                  string   `yaml:"log_level"`
 
@@ -36,6 +42,22 @@ type Worker struct {
 	// Topic is the KV-event topic prefix subscribed to; "" (vLLM's default topic) receives every
 	// topic the worker publishes.
 	Topic string `yaml:"topic"`
+	// APIKey is the worker's vllm serve --api-key, sent as Authorization: Bearer on every call
+	// the gateway makes to it; "" uses auth.worker_api_key.
+	APIKey string `yaml:"api_key"`
+}
+
+// Auth holds the client API keys checked on the client listener and the key the gateway
+// presents to workers.
+type Auth struct {
+	// APIKeys are the keys clients may send as Authorization: Bearer; with none (and no
+	// APIKeysFile) the client listener is open.
+	APIKeys []string `yaml:"api_keys"`
+	// APIKeysFile names a file of further client keys, one per line (blank lines and lines
+	// starting with # are skipped).
+	APIKeysFile string `yaml:"api_keys_file"`
+	// WorkerAPIKey is the fleet-wide default of workers[].api_key.
+	WorkerAPIKey string `yaml:"worker_api_key"`
 }
 
 // PolicyAuto is the router.policy value (also the default, and what an empty value means) that
@@ -96,6 +118,9 @@ type Proxy struct {
 	StreamIdleTimeout     Duration `yaml:"stream_idle_timeout"`
 	IdleConnTimeout       Duration `yaml:"idle_conn_timeout"`
 	MaxIdleConnsPerWorker int      `yaml:"max_idle_conns_per_worker"`
+	// ExposeRoutingHeaders adds X-Kvgate-Worker and X-Kvgate-Cached-Blocks to responses. Off by
+	// default: the cached-block count lets a client test guesses of other users' prompts.
+	ExposeRoutingHeaders bool `yaml:"expose_routing_headers"`
 }
 
 // Health configures active /health probing of workers.

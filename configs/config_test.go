@@ -29,7 +29,7 @@ func TestExampleDocumentsDefaults(t *testing.T) {
 	def := Default()
 	for _, f := range Fields() {
 		switch f.Key {
-		case "model", "tokenizer", "workers":
+		case "model", "tokenizer", "workers", "admin_listen":
 			continue // example values, no default
 		}
 		if got, want := f.Value(&fromFile).String(), f.Value(&def).String(); got != want {

@@ -34,12 +34,14 @@ func field(key, help string, bind func(*Config) flag.Value) Field {
 func Fields() []Field {
 	fs := []Field{
 		field("listen", "address the gateway listens on (host:port)", func(c *Config) flag.Value { return stringValue{&c.Listen} }),
+		field("admin_listen", "address of the admin listener serving /debug/* (host:port); empty = no debug endpoints", func(c *Config) flag.Value { return stringValue{&c.AdminListen} }),
+		field("admin_token", "bearer token the admin listener requires (empty = none; keep the listener on a private address)", func(c *Config) flag.Value { return stringValue{&c.AdminToken} }),
 		field("model", "served model name clients use (required)", func(c *Config) flag.Value { return stringValue{&c.Model} }),
 		field("tokenizer", "folder holding the model's tokenizer.json and tokenizer_config.json", func(c *Config) flag.Value { return stringValue{&c.Tokenizer} }),
 		field("chat_template", "Jinja file overriding the tokenizer folder's chat template (as given to vllm serve --chat-template)", func(c *Config) flag.Value { return stringValue{&c.ChatTemplate} }),
 		field("default_chat_template_kwargs", "JSON object merged under every request's chat_template_kwargs (vllm serve --default-chat-template-kwargs)", func(c *Config) flag.Value { return stringValue{&c.DefaultChatTemplateKwargs} }),
 		field("block_size", "KV block size in tokens; must equal the workers' --block-size", func(c *Config) flag.Value { return intValue{&c.BlockSize} }),
-		field("workers", "worker spec URL[,kv_events=tcp://H:P][,replay=tcp://H:P][,dp_size=N][,topic=T]; flag repeatable, env separated by ';' or spaces", func(c *Config) flag.Value { return workersValue{&c.Workers} }),
+		field("workers", "worker spec URL[,kv_events=tcp://H:P][,replay=tcp://H:P][,dp_size=N][,topic=T][,api_key=K]; flag repeatable, env separated by ';' or spaces", func(c *Config) flag.Value { return workersValue{&c.Workers} }),
 		field("router.policy", "routing policy: auto (kv when any worker has kv_events, else round_robin), kv, kv_no_load, round_robin, random, least_loaded", func(c *Config) flag.Value { return stringValue{&c.Router.Policy} }),
 		field("router.seed", "seed of the random policy (0 = draw one at start)", func(c *Config) flag.Value { return uint64Value{&c.Router.Seed} }),
 		field("router.prefill_weight", "kv: weight of the uncached prompt blocks a target would prefill; higher favours cache hits over balance", func(c *Config) flag.Value { return floatValue{&c.Router.PrefillWeight} }),
@@ -65,6 +67,7 @@ func Fields() []Field {
 		field("proxy.stream_idle_timeout", "a stream with no bytes from the worker for this long is failed; 0 = none", func(c *Config) flag.Value { return &c.Proxy.StreamIdleTimeout }),
 		field("proxy.idle_conn_timeout", "how long an idle pooled connection to a worker is kept", func(c *Config) flag.Value { return &c.Proxy.IdleConnTimeout }),
 		field("proxy.max_idle_conns_per_worker", "pooled idle connections kept per worker", func(c *Config) flag.Value { return intValue{&c.Proxy.MaxIdleConnsPerWorker} }),
+		field("proxy.expose_routing_headers", "add X-Kvgate-Worker and X-Kvgate-Cached-Blocks to responses (reveals cache state to clients)", func(c *Config) flag.Value { return boolValue{&c.Proxy.ExposeRoutingHeaders} }),
 		field("health.interval", "time between /health probes of each worker", func(c *Config) flag.Value { return &c.Health.Interval }),
 		field("health.timeout", "timeout of one /health probe", func(c *Config) flag.Value { return &c.Health.Timeout }),
 		field("health.failure_threshold", "consecutive failures that eject a worker", func(c *Config) flag.Value { return intValue{&c.Health.FailureThreshold} }),
@@ -81,6 +84,9 @@ func Fields() []Field {
 		field("sessions.group_targets", "worker+ranks a sibling group keeps preferring once it spilled over", func(c *Config) flag.Value { return intValue{&c.Sessions.GroupTargets} }),
 		field("sessions.sibling_prefix", "credit blocks the parent's or a sibling's in-flight request is computing, before KV events announce them", func(c *Config) flag.Value { return boolValue{&c.Sessions.SiblingPrefix} }),
 		field("sessions.pending_ttl", "how long such in-flight blocks are credited", func(c *Config) flag.Value { return &c.Sessions.PendingTTL }),
+		field("auth.api_keys", "client API keys accepted as Authorization: Bearer (comma-separated); none = no client authentication", func(c *Config) flag.Value { return listValue{&c.Auth.APIKeys} }),
+		field("auth.api_keys_file", "file of further client API keys, one per line (# comments)", func(c *Config) flag.Value { return stringValue{&c.Auth.APIKeysFile} }),
+		field("auth.worker_api_key", "key sent as Authorization: Bearer to every worker without its own api_key (vllm serve --api-key)", func(c *Config) flag.Value { return stringValue{&c.Auth.WorkerAPIKey} }),
 		field("shutdown_timeout", "on SIGTERM, how long running streams may finish before they are cut", func(c *Config) flag.Value { return &c.ShutdownTimeout }),
 		field("log_level", "debug, info, warn or error", func(c *Config) flag.Value { return stringValue{&c.LogLevel} }),
 	}

@@ -12,13 +12,17 @@ import (
 	"strings"
 )
 
-// normalize fills implied values: dp_size 0 means 1, worker URLs lose a trailing slash, and
-// router.policy auto (or empty) becomes kv when any worker has kv_events, else round_robin.
+// normalize fills implied values: dp_size 0 means 1, worker URLs lose a trailing slash, a
+// worker without api_key gets auth.worker_api_key, and router.policy auto (or empty) becomes
+// kv when any worker has kv_events, else round_robin.
 func (c *Config) normalize() {
 	for i := range c.Workers {
 		c.Workers[i].URL = strings.TrimRight(strings.TrimSpace(c.Workers[i].URL), "/")
 		if c.Workers[i].DPSize == 0 {
 			c.Workers[i].DPSize = 1
+		}
+		if c.Workers[i].APIKey == "" {
+			c.Workers[i].APIKey = c.Auth.WorkerAPIKey
 		}
 	}
 	c.Router.Policy = strings.TrimSpace(c.Router.Policy)
@@ -160,6 +164,7 @@ func (c *Config) Validate() error {
 		}
 	}
 	c.validateSessions(bad)
+	c.validateAuth(bad)
 	if c.ShutdownTimeout < 0 {
 		bad("shutdown_timeout", "must not be negative, got %s", c.ShutdownTimeout)
 	}

@@ -182,7 +182,7 @@ func (v workersValue) Set(s string) error {
 }
 
 // ParseWorkerSpec parses the flag/env form of a worker: a bare URL, or the URL followed by
-// comma-separated key=value attributes, e.g.
+// comma-separated key=value attributes (kv_events, replay, dp_size, topic, api_key), e.g.
 // "http://10.0.0.5:8000,kv_events=tcp://10.0.0.5:5557,replay=tcp://10.0.0.5:5558,dp_size=2".
 func ParseWorkerSpec(spec string) (Worker, error) {
 	parts := strings.Split(strings.TrimSpace(spec), ",")
@@ -199,6 +199,8 @@ func ParseWorkerSpec(spec string) (Worker, error) {
 			w.Replay = val
 		case "topic":
 			w.Topic = val
+		case "api_key":
+			w.APIKey = val
 		case "dp_size":
 			n, err := strconv.Atoi(val)
 			if err != nil {
@@ -206,7 +208,7 @@ func ParseWorkerSpec(spec string) (Worker, error) {
 			}
 			w.DPSize = n
 		default:
-			return Worker{}, fmt.Errorf("worker %q: unknown attribute %q (known: kv_events, replay, dp_size, topic)", spec, k)
+			return Worker{}, fmt.Errorf("worker %q: unknown attribute %q (known: kv_events, replay, dp_size, topic, api_key)", spec, k)
 		}
 	}
 	return w, nil
@@ -226,6 +228,9 @@ func (w Worker) Spec() string {
 	}
 	if w.Topic != "" {
 		s += ",topic=" + w.Topic
+	}
+	if w.APIKey != "" {
+		s += ",api_key=" + w.APIKey
 	}
 	return s
 }

@@ -134,7 +134,7 @@ for variant in $POLICIES; do
   while [ ! -s "$dir/fleet.yaml" ] && [ $n -lt 100 ]; do sleep 0.1; n=$((n + 1)); done
 
   # shellcheck disable=SC2086 # gwargs is a list of flags
-  "$BIN/kvgate" serve --config "$dir/fleet.yaml" --router-policy "$policy" --log-level warn $gwargs >"$dir/kvgate.log" 2>&1 &
+  "$BIN/kvgate" serve --config "$dir/fleet.yaml" --router-policy "$policy" --proxy-expose-routing-headers --log-level warn $gwargs >"$dir/kvgate.log" 2>&1 &
   gw=$!
   PIDS+=("$gw")
   if ! wait_http "http://127.0.0.1:$GW_PORT/health" "$gw" 60; then

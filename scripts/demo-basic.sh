@@ -34,8 +34,10 @@ for i in 1 2; do
 done
 echo "demo: 2 simulated workers up on ports $((base + 1)) and $((base + 2))"
 
+# The demo prints which worker served each request: turn the routing headers on (they are off by
+# default because X-Kvgate-Cached-Blocks reveals cache state to clients).
 bin/kvgate serve --model "$model" --listen "127.0.0.1:$base" --router-policy "${POLICY:-round_robin}" \
-	--log-level warn "${workers[@]}" &
+	--proxy-expose-routing-headers --log-level warn "${workers[@]}" &
 pids+=($!)
 wait_healthy "http://127.0.0.1:$base"
 echo "demo: kvgate up on 127.0.0.1:$base: $(curl -fsS "http://127.0.0.1:$base/health")"

@@ -61,7 +61,9 @@ async function startSim(extra = []) {
 
 async function startGateway(workers) {
   const port = await freePort();
-  const args = ['serve', '--model', MODEL, '--listen', `127.0.0.1:${port}`, '--health-interval', '500ms', '--log-level', 'warn'];
+  // The checks read X-Kvgate-Worker, which kvgate sends only when asked to.
+  const args = ['serve', '--model', MODEL, '--listen', `127.0.0.1:${port}`, '--health-interval', '500ms', '--log-level', 'warn',
+    '--proxy-expose-routing-headers'];
   for (const w of workers) args.push('--worker', w);
   start('kvgate', args);
   const url = `http://127.0.0.1:${port}`;

@@ -18,6 +18,7 @@
 #   TOKENIZER_DIR      local folder with tokenizer.json for kvgate [MODEL if it is a folder, else
 #                      downloaded with huggingface_hub (tokenizer files only)]
 #   GATEWAY_LISTEN     kvgate listen address written into the config [0.0.0.0:8000]
+#   GATEWAY_ADMIN_PORT port of kvgate's admin listener (/debug/*), bound to 127.0.0.1 [8001]
 #   POLICY             kvgate router policy [kv]
 #   CONFIG_OUT         kvgate config written here [kvgate-fleet.yaml]
 #   LOG_DIR            vLLM logs [logs/vllm-fleet]
@@ -69,6 +70,8 @@ trap 'exit 130' INT TERM
 {
   echo "# written by scripts/launch-vllm-fleet.sh for $MODEL on $WORKERS servers"
   echo "listen: $GATEWAY_LISTEN"
+  echo "# /debug/* (routing and cache state) only on loopback; add admin_token to expose it further."
+  echo "admin_listen: 127.0.0.1:${GATEWAY_ADMIN_PORT:-8001}"
   echo "model: \"$SERVED_MODEL_NAME\""
   echo "tokenizer: \"$TOKENIZER_DIR\""
   echo "block_size: $BLOCK_SIZE"

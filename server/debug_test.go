@@ -38,7 +38,7 @@ func TestDebugEndpointsSimplePolicy(t *testing.T) {
 		})
 	}
 
-	resp, err := http.Get(g.url + "/debug/workers")
+	resp, err := http.Get(g.adminURL + "/debug/workers")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -58,7 +58,7 @@ func TestDebugEndpointsSimplePolicy(t *testing.T) {
 		t.Errorf("/debug/workers: %+v (%v)", out, err)
 	}
 
-	resp, err = http.Get(g.url + "/debug/sessions/any/id")
+	resp, err = http.Get(g.adminURL + "/debug/sessions/any/id")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -79,12 +80,14 @@ func startSim(t testing.TB, opts sim.Options) *simWorker {
 	return &simWorker{Worker: w, srv: srv, rec: rec}
 }
 
-// gateway is a Server on a loopback listener in front of some workers.
+// gateway is a Server on a loopback listener in front of some workers, with its admin
+// listener (/debug/*) on another.
 type gateway struct {
 	*Server
-	srv *httptest.Server
-	reg *workers.Registry
-	url string
+	srv      *httptest.Server
+	reg      *workers.Registry
+	url      string
+	adminURL string
 }
 
 func testGatewayConfig(urls ...string) configs.Config {
@@ -95,6 +98,7 @@ func testGatewayConfig(urls ...string) configs.Config {
 		c.Workers = append(c.Workers, configs.Worker{URL: u, DPSize: 1})
 	}
 	c.Health.Timeout = configs.Duration(time.Second)
+	c.Proxy.ExposeRoutingHeaders = true // most tests read X-Kvgate-Worker
 	return c
 }
 
@@ -123,10 +127,13 @@ func startGatewayWith(t testing.TB, cfg configs.Config, pol router.Policy, enric
 	}
 	reg.ProbeAll(context.Background())
 	srv := httptest.NewServer(s.Handler())
-	g := &gateway{Server: s, srv: srv, reg: reg, url: srv.URL}
+	admin := httptest.NewServer(s.AdminHandler())
+	g := &gateway{Server: s, srv: srv, reg: reg, url: srv.URL, adminURL: admin.URL}
 	t.Cleanup(func() {
 		srv.CloseClientConnections()
 		srv.Close()
+		admin.CloseClientConnections()
+		admin.Close()
 		reg.Close()
 	})
 	t.Cleanup(func() { g.requireNoInFlight(t) })
@@ -161,9 +168,14 @@ func (g *gateway) client() *openai.Client {
 	return openai.NewClientWithConfig(cfg)
 }
 
+// post sends body to path: /debug/* paths go to the admin listener, the rest to the client one.
 func (g *gateway) post(t testing.TB, path, body string, header map[string]string) (*http.Response, []byte) {
 	t.Helper()
-	req, err := http.NewRequest(http.MethodPost, g.url+path, bytes.NewBufferString(body))
+	base := g.url
+	if strings.HasPrefix(path, "/debug/") {
+		base = g.adminURL
+	}
+	req, err := http.NewRequest(http.MethodPost, base+path, bytes.NewBufferString(body))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -20,6 +20,7 @@ type metrics struct {
 	retries        *prometheus.CounterVec   // endpoint
 	workerRequests *prometheus.CounterVec   // worker, code
 	disconnects    *prometheus.CounterVec   // endpoint
+	authFailures   *prometheus.CounterVec   // listener
 }
 
 // Upstream error kinds.
@@ -64,9 +65,12 @@ func newMetrics(reg *workers.Registry, prom *prometheus.Registry) *metrics {
 		disconnects: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvgate_client_disconnects_total", Help: "Requests whose client went away before the response ended (the upstream request is cancelled).",
 		}, []string{"endpoint"}),
+		authFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvgate_auth_failures_total", Help: "Requests refused with 401 for a missing or wrong key, by listener: client (auth.api_keys) or admin (admin_token).",
+		}, []string{"listener"}),
 	}
 	m.reg.MustRegister(m.requests, m.inFlight, m.ttfb, m.duration, m.upstreamErrors, m.retries,
-		m.workerRequests, m.disconnects, newWorkerCollector(reg),
+		m.workerRequests, m.disconnects, m.authFailures, newWorkerCollector(reg),
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

@@ -142,6 +142,7 @@ func (s *Server) send(ctx context.Context, cancel context.CancelCauseFunc, c *gi
 		return failed, 0, &apiError{Status: http.StatusInternalServerError, Message: "building upstream request: " + err.Error()}
 	}
 	copyRequestHeaders(up.Header, c.Request.Header)
+	w.Authorize(up.Header) // the worker's key replaces the client's; without one it passes through
 	if session != "" {
 		up.Header.Set("X-Session-ID", session)
 	}
@@ -202,8 +203,10 @@ func (s *Server) send(ctx context.Context, cancel context.CancelCauseFunc, c *gi
 	stream := mediatype == "text/event-stream"
 	h := c.Writer.Header()
 	copyResponseHeaders(h, resp.Header, stream)
-	h.Set("X-Kvgate-Worker", w.URL())
-	h.Set(router.HeaderCachedBlocks, router.CachedBlocksHeader(d))
+	if s.cfg.Proxy.ExposeRoutingHeaders {
+		h.Set("X-Kvgate-Worker", w.URL())
+		h.Set(router.HeaderCachedBlocks, router.CachedBlocksHeader(d))
+	}
 	if stream {
 		h.Set("X-Accel-Buffering", "no")
 		if h.Get("Cache-Control") == "" {

@@ -44,9 +44,11 @@ type Options struct {
 	Enricher RequestEnricher // optional
 	Logger   *slog.Logger    // optional
 	// Sessions, when set, hears every request's identity (Observe), every routing decision
-	// (OnRouted) and end-of-session markers (End), and backs GET /debug/sessions/{id}.
+	// (OnRouted) and end-of-session markers (End), and backs the admin listener's
+	// GET /debug/sessions/{id}.
 	Sessions *sessions.Manager
-	// Events, when set, is the KV-event subscription manager shown in GET /debug/workers.
+	// Events, when set, is the KV-event subscription manager shown in the admin listener's
+	// GET /debug/workers.
 	Events *indexers.Manager
 	// Metrics is the Prometheus registry GET /metrics serves; the server registers its own
 	// series on it. Nil makes a new one (other components then register on Server.Metrics).
@@ -65,7 +67,11 @@ type Server struct {
 	events   *indexers.Manager
 	log      *slog.Logger
 	m        *metrics
-	engine   *gin.Engine
+	engine   *gin.Engine // the client listener: OpenAI API, /health, /metrics
+	admin    *gin.Engine // the admin listener: /debug/*
+
+	clientKeys keySet // empty: the client listener is open
+	adminToken keySet // empty: the admin listener is open
 }
 
 // New builds a server; it does not start probing or listening (see Serve).
@@ -88,11 +94,19 @@ func New(opts Options) (*Server, error) {
 		m:        newMetrics(opts.Registry, opts.Metrics),
 	}
 	s.observer, _ = opts.Policy.(UsageObserver)
+	keys, err := opts.Config.ClientAPIKeys()
+	if err != nil {
+		return nil, fmt.Errorf("server: %w", err)
+	}
+	s.clientKeys = newKeySet(keys)
+	if opts.Config.AdminToken != "" {
+		s.adminToken = newKeySet([]string{opts.Config.AdminToken})
+	}
 	gin.SetMode(gin.ReleaseMode) // no route dump on stdout; gin keeps its mode globally
-	e := gin.New()
-	e.HandleMethodNotAllowed = true
-	e.ContextWithFallback = true
-	e.Use(s.recovery)
+	e := s.newEngine()
+	if len(s.clientKeys) > 0 {
+		e.Use(s.clientAuth)
+	}
 	e.POST(pathChat, s.handleCompletion(pathChat))
 	e.POST(pathCompletions, s.handleCompletion(pathCompletions))
 	e.GET("/v1/models", s.handleModels)
@@ -100,24 +114,49 @@ func New(opts Options) (*Server, error) {
 	e.HEAD("/health", s.handleHealth)
 	metricsHandler := promhttp.HandlerFor(s.m.reg, promhttp.HandlerOpts{})
 	e.GET("/metrics", gin.WrapH(metricsHandler))
-	e.POST("/debug/route", s.handleDebugRoute)
-	e.GET("/debug/workers", s.handleDebugWorkers)
-	e.GET("/debug/sessions/*id", s.handleDebugSession)
+	s.engine = e
+
+	// The debug endpoints reveal routing and cache state (which prompts are cached where), so
+	// they live on their own listener, never on the client one.
+	a := s.newEngine()
+	if len(s.adminToken) > 0 {
+		a.Use(s.adminAuth)
+	}
+	a.POST("/debug/route", s.handleDebugRoute)
+	a.GET("/debug/workers", s.handleDebugWorkers)
+	a.GET("/debug/sessions/*id", s.handleDebugSession)
+	s.admin = a
+	return s, nil
+}
+
+// newEngine is a gin engine with the server's panic recovery and JSON 404/405 answers.
+func (s *Server) newEngine() *gin.Engine {
+	e := gin.New()
+	e.HandleMethodNotAllowed = true
+	e.ContextWithFallback = true
+	e.Use(s.recovery)
 	e.NoRoute(func(c *gin.Context) {
 		writeError(c, &apiError{Status: http.StatusNotFound, Message: fmt.Sprintf("no route %s %s", c.Request.Method, c.Request.URL.Path)})
 	})
 	e.NoMethod(func(c *gin.Context) {
 		writeError(c, &apiError{Status: http.StatusMethodNotAllowed, Message: fmt.Sprintf("method %s not allowed on %s", c.Request.Method, c.Request.URL.Path)})
 	})
-	s.engine = e
-	return s, nil
+	return e
 }
 
-// Handler returns the HTTP handler (for tests and embedding).
+// Handler returns the client listener's HTTP handler (for tests and embedding).
 func (s *Server) Handler() http.Handler { return s.engine }
 
-// Engine exposes the gin engine so other packages can add routes (e.g. /debug) before Serve.
+// AdminHandler returns the admin listener's HTTP handler: /debug/*, behind admin_token when
+// one is set (for tests and embedding; Serve runs it on admin_listen).
+func (s *Server) AdminHandler() http.Handler { return s.admin }
+
+// Engine exposes the client listener's gin engine so other packages can add routes before
+// Serve; routes added here are public (and behind auth.api_keys when set).
 func (s *Server) Engine() *gin.Engine { return s.engine }
+
+// AdminEngine exposes the admin listener's gin engine, for further diagnostic routes.
+func (s *Server) AdminEngine() *gin.Engine { return s.admin }
 
 // Metrics is the server's own Prometheus registry; other components may register on it.
 func (s *Server) Metrics() *prometheus.Registry { return s.m.reg }
@@ -143,12 +182,21 @@ func (s *Server) recovery(c *gin.Context) {
 	c.Next()
 }
 
-// Serve serves on ln until ctx ends, then shuts down gracefully: it stops accepting, lets
-// running requests finish for up to shutdown_timeout, then closes what remains (which cancels
-// their upstream requests). It returns nil after a clean shutdown.
+// Serve serves the client listener on ln until ctx ends, then shuts down gracefully: it stops
+// accepting, lets running requests finish for up to shutdown_timeout, then closes what remains
+// (which cancels their upstream requests). It returns nil after a clean shutdown.
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
+	return s.serve(ctx, ln, s.engine)
+}
+
+// ServeAdmin serves the admin listener (/debug/*) on ln until ctx ends, as Serve does.
+func (s *Server) ServeAdmin(ctx context.Context, ln net.Listener) error {
+	return s.serve(ctx, ln, s.admin)
+}
+
+func (s *Server) serve(ctx context.Context, ln net.Listener, h http.Handler) error {
 	srv := &http.Server{
-		Handler:           s.engine,
+		Handler:           h,
 		ReadHeaderTimeout: 30 * time.Second,
 		IdleTimeout:       120 * time.Second,
 		// No WriteTimeout: streams may run for minutes.

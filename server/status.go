@@ -69,6 +69,7 @@ func fetchModels(ctx context.Context, w *workers.Worker) ([]json.RawMessage, err
 	if err != nil {
 		return nil, err
 	}
+	w.Authorize(req.Header)
 	resp, err := w.Client().Do(req)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", w.URL(), err)

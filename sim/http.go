@@ -2,6 +2,8 @@ package sim
 
 import (
 	"bytes"
+	"crypto/sha256"
+	"crypto/subtle"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
@@ -39,7 +41,37 @@ func (w *Worker) routes() http.Handler {
 		writeJSON(rw, http.StatusOK, map[string]string{"version": version})
 	})
 	mux.Handle("GET /metrics", promhttp.HandlerFor(w.metrics.reg, promhttp.HandlerOpts{}))
-	return mux
+	if len(w.opts.APIKeys) == 0 {
+		return mux
+	}
+	return requireAPIKey(w.opts.APIKeys, mux)
+}
+
+// requireAPIKey answers 401 {"error": "Unauthorized"} to a /v1/* request without
+// "Authorization: Bearer KEY" for one of keys, as vLLM's AuthenticationMiddleware does
+// (vllm/entrypoints/openai/server_utils.py): OPTIONS and paths outside /v1 pass, and the
+// comparison is of SHA-256 digests in constant time.
+func requireAPIKey(keys []string, next http.Handler) http.Handler {
+	digests := make([][sha256.Size]byte, len(keys))
+	for i, k := range keys {
+		digests[i] = sha256.Sum256([]byte("Bearer " + k))
+	}
+	return http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodOptions || (r.URL.Path != "/v1" && !strings.HasPrefix(r.URL.Path, "/v1/")) {
+			next.ServeHTTP(rw, r)
+			return
+		}
+		got := sha256.Sum256([]byte(r.Header.Get("Authorization")))
+		ok := 0
+		for i := range digests {
+			ok |= subtle.ConstantTimeCompare(got[:], digests[i][:])
+		}
+		if ok != 1 {
+			writeJSON(rw, http.StatusUnauthorized, map[string]string{"error": "Unauthorized"})
+			return
+		}
+		next.ServeHTTP(rw, r)
+	})
 }
 
 func writeJSON(rw http.ResponseWriter, status int, v any) {

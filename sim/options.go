@@ -24,6 +24,10 @@ type Options struct {
 	Tokenize *tokenize.Tokenizer
 	// LoRAModules are adapter names clients may use as "model" (vLLM --lora-modules name=path).
 	LoRAModules []string
+	// APIKeys, when any is set, are the keys every /v1/* request must carry as
+	// Authorization: Bearer (vLLM --api-key, which may be given several times); other paths
+	// (/health, /metrics, ...) stay open, as in vLLM.
+	APIKeys []string
 
 	// TTFT and ITL, when either is set, replace the performance model with a fixed one: a step
 	// that carries prefill work takes TTFT, a decode-only step takes ITL.

@@ -2,7 +2,6 @@ package tokenize
 
 import (
 	"encoding/binary"
-	"encoding/hex"
 	"slices"
 
 	"github.com/zeebo/xxh3"
@@ -29,16 +28,12 @@ func LocalSeed(loraName string) uint64 {
 	return HashSeed + xxh3.HashSeed([]byte(loraName), 0) // wrapping add
 }
 
-// ExtraKeyHash turns a string extra key (cache salt, multimodal identifier) into its u64: a
-// 64-hex-digit digest contributes its first 16 hex digits, anything else xxh3_64 of its bytes.
+// ExtraKeyHash turns a string extra key (cache salt, multimodal identifier) into its u64:
+// xxh3_64 of all of its bytes. vLLM puts the salt string itself into block 0's extra keys
+// (vllm/v1/core/kv_cache_utils.py, generate_block_hash_extra_keys), so every byte of it must
+// count: two different salts (or identifiers) must never fold to the same key, whatever their
+// form (a 64-hex digest that shared its first 16 digits with another used to).
 func ExtraKeyHash(s string) uint64 {
-	if len(s) == 64 {
-		if b, err := hex.DecodeString(s[:16]); err == nil {
-			if _, err := hex.DecodeString(s); err == nil {
-				return binary.BigEndian.Uint64(b)
-			}
-		}
-	}
 	return xxh3.Hash([]byte(s))
 }
 

@@ -2,6 +2,7 @@ package tokenize
 
 import (
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/zeebo/xxh3"
@@ -87,7 +88,7 @@ func TestExtraKeyHash(t *testing.T) {
 		in   string
 		want uint64
 	}{
-		{hexSalt, 0x0123456789abcdef},
+		{hexSalt, xxh3.Hash([]byte(hexSalt))},
 		{"tenant-a", xxh3.Hash([]byte("tenant-a"))},
 		{"zz23456789abcdef00112233445566778899aabbccddeeff0011223344556677", xxh3.Hash([]byte("zz23456789abcdef00112233445566778899aabbccddeeff0011223344556677"))},
 	}
@@ -95,6 +96,36 @@ func TestExtraKeyHash(t *testing.T) {
 		if got := ExtraKeyHash(tc.in); got != tc.want {
 			t.Errorf("ExtraKeyHash(%q) = %d, want %d", tc.in, got, tc.want)
 		}
+	}
+}
+
+// Two tenants whose salts differ anywhere (here: 64-hex digests sharing their first 16 digits,
+// or differing in the last digit only) must never share a block hash.
+func TestDifferentSaltsNeverShareBlocks(t *testing.T) {
+	prefix := "0123456789abcdef"
+	tests := []struct {
+		name string
+		a, b string
+	}{
+		{"64-hex sharing 16 digits", prefix + strings.Repeat("0", 48), prefix + strings.Repeat("f", 48)},
+		{"64-hex differing in the last digit", strings.Repeat("ab", 31) + "c0", strings.Repeat("ab", 31) + "c1"},
+		{"plain strings", "tenant-a", "tenant-b"},
+		{"case only", strings.Repeat("ab", 32), strings.Repeat("AB", 32)},
+	}
+	toks := seqTokens(48)
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if ExtraKeyHash(tc.a) == ExtraKeyHash(tc.b) {
+				t.Fatalf("ExtraKeyHash(%q) == ExtraKeyHash(%q)", tc.a, tc.b)
+			}
+			ha := BlockHashes(toks, 16, HashOptions{CacheSalt: tc.a})
+			hb := BlockHashes(toks, 16, HashOptions{CacheSalt: tc.b})
+			for i := range ha {
+				if ha[i] == hb[i] {
+					t.Errorf("block %d: salts %q and %q share hash %d", i, tc.a, tc.b, ha[i])
+				}
+			}
+		})
 	}
 }
 

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net/http"
+	"strings"
 	"sync"
 	"time"
 
@@ -38,6 +40,9 @@ func NewRegistry(cfg configs.Config, log *slog.Logger) (*Registry, error) {
 	for _, wc := range cfg.Workers {
 		if _, dup := r.byURL[wc.URL]; dup {
 			return nil, fmt.Errorf("workers: %q listed twice", wc.URL)
+		}
+		if wc.APIKey == "" {
+			wc.APIKey = cfg.Auth.WorkerAPIKey // configs.Load already did; a hand-built config may not
 		}
 		w, err := newWorker(wc, cfg.Proxy, cfg.Health)
 		if err != nil {
@@ -150,6 +155,40 @@ func (r *Registry) Run(ctx context.Context) {
 		}
 		r.ProbeAll(ctx)
 	}
+}
+
+// AuthTransport wraps next (nil: http.DefaultTransport) so that every request to one of the
+// registry's workers carries that worker's key (see Worker.Authorize); a request is matched
+// to the worker whose base URL prefixes it. Other requests pass unchanged. The gateway's
+// /metrics scraper uses it.
+func (r *Registry) AuthTransport(next http.RoundTripper) http.RoundTripper {
+	if next == nil {
+		next = http.DefaultTransport
+	}
+	return authTransport{reg: r, next: next}
+}
+
+type authTransport struct {
+	reg  *Registry
+	next http.RoundTripper
+}
+
+func (t authTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	u := req.URL.String()
+	var best *Worker
+	for _, w := range t.reg.workers {
+		base := w.URL()
+		if w.HasAPIKey() && strings.HasPrefix(u, base) && (len(u) == len(base) || u[len(base)] == '/' || u[len(base)] == '?') &&
+			(best == nil || len(base) > len(best.URL())) {
+			best = w
+		}
+	}
+	if best == nil {
+		return t.next.RoundTrip(req)
+	}
+	req = req.Clone(req.Context()) // a RoundTripper must not modify the caller's request
+	best.Authorize(req.Header)
+	return t.next.RoundTrip(req)
 }
 
 // Close releases the idle connections of every worker's pool.

@@ -96,8 +96,20 @@ func (w *Worker) Config() configs.Worker { return w.cfg }
 // DPSize is the worker's number of data-parallel ranks.
 func (w *Worker) DPSize() int { return len(w.inflight) }
 
-// Client is the worker's pooled HTTP client; it has no total timeout.
+// Client is the worker's pooled HTTP client; it has no total timeout. Requests made with it
+// must go through Authorize.
 func (w *Worker) Client() *http.Client { return w.client }
+
+// HasAPIKey reports whether the gateway presents a key to this worker.
+func (w *Worker) HasAPIKey() bool { return w.cfg.APIKey != "" }
+
+// Authorize sets Authorization: Bearer to the worker's key (workers[].api_key, else
+// auth.worker_api_key) on h, replacing whatever was there. Without a key it leaves h alone.
+func (w *Worker) Authorize(h http.Header) {
+	if w.cfg.APIKey != "" {
+		h.Set("Authorization", "Bearer "+w.cfg.APIKey)
+	}
+}
 
 // Endpoint returns the absolute URL of path (e.g. "/v1/chat/completions") on this worker.
 func (w *Worker) Endpoint(path, rawQuery string) string {
@@ -281,6 +293,7 @@ func (w *Worker) get(ctx context.Context, path string, into any) error {
 	if err != nil {
 		return err
 	}
+	w.Authorize(req.Header)
 	resp, err := w.client.Do(req)
 	if err != nil {
 		return fmt.Errorf("GET %s: %w", path, err)

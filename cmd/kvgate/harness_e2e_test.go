@@ -68,7 +68,8 @@ type fleet struct {
 	sims   map[string]*sim.Worker
 	direct map[string]*openai.Client // straight to one worker, bypassing the gateway
 	gw     *httptest.Server
-	client *openai.Client // through the gateway
+	admin  *httptest.Server // the gateway's admin listener (/debug/*)
+	client *openai.Client   // through the gateway
 	prom   *prometheus.Registry
 }
 
@@ -77,7 +78,7 @@ func startFleet(t *testing.T, tok *tokenize.Tokenizer, spec fleetSpec) *fleet {
 	quiet := slog.New(slog.DiscardHandler)
 	f := &fleet{t: t, sims: map[string]*sim.Worker{}, direct: map[string]*openai.Client{}, prom: prometheus.NewRegistry()}
 	args := []string{"--model", servedModel, "--tokenizer", modelDir, "--listen", "127.0.0.1:0",
-		"--health-interval", "200ms", "--router-metrics-interval", "100ms"}
+		"--health-interval", "200ms", "--router-metrics-interval", "100ms", "--proxy-expose-routing-headers"}
 	for i := range spec.workers {
 		o := sim.Options{ServedModelName: servedModel, Tokenize: tok, TTFT: 5 * time.Millisecond, ITL: time.Millisecond,
 			Speedup: 1, Logger: quiet}
@@ -135,9 +136,12 @@ func startFleet(t *testing.T, tok *tokenize.Tokenizer, spec fleetSpec) *fleet {
 		t.Fatal(err)
 	}
 	f.gw = httptest.NewServer(s.Handler())
+	f.admin = httptest.NewServer(s.AdminHandler())
 	t.Cleanup(func() {
 		f.gw.CloseClientConnections()
 		f.gw.Close()
+		f.admin.CloseClientConnections()
+		f.admin.Close()
 		cancel()
 		wg.Wait()
 		rt.close()
@@ -228,13 +232,21 @@ func (f *fleet) pollTarget(u string, d time.Duration, cond func(targetJSON) bool
 
 func (f *fleet) get(path string) string {
 	f.t.Helper()
-	resp, err := http.Get(f.gw.URL + path)
+	resp, err := http.Get(f.base(path) + path)
 	if err != nil {
 		f.t.Fatal(err)
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
 	return string(b)
+}
+
+// base is the admin listener's URL for /debug/* paths, else the client listener's.
+func (f *fleet) base(path string) string {
+	if strings.HasPrefix(path, "/debug/") {
+		return f.admin.URL
+	}
+	return f.gw.URL
 }
 
 // post sends a raw JSON body to the gateway with extra headers and returns status and body.
@@ -244,7 +256,7 @@ func (f *fleet) post(path string, body any, h map[string]string) (int, http.Head
 	if err != nil {
 		f.t.Fatal(err)
 	}
-	req, _ := http.NewRequest(http.MethodPost, f.gw.URL+path, bytes.NewReader(data))
+	req, _ := http.NewRequest(http.MethodPost, f.base(path)+path, bytes.NewReader(data))
 	req.Header.Set("Content-Type", "application/json")
 	for k, v := range h {
 		req.Header.Set(k, v)

@@ -64,7 +64,7 @@ func buildRouting(ctx context.Context, cfg configs.Config, reg *workers.Registry
 		rt.enricher, rt.sessions, rt.events = k.enricher, k.sessions, k.events
 		opts.KVDeps = k.deps
 		engOpts.Targets = func() []workers.Target { return allTargets(reg) }
-		engOpts.MetricsClient = scrapeClient(cfg)
+		engOpts.MetricsClient = scrapeClient(cfg, reg)
 		engOpts.MetricsInterval = kvcfg.MetricsInterval
 	}
 	policy, err := router.New(cfg.Router.Policy, opts)
@@ -264,14 +264,15 @@ func allTargets(reg *workers.Registry) []workers.Target {
 }
 
 // scrapeClient reads the workers' /metrics directly (never through an environment proxy), with
-// the proxy's dial timeout; the scraper bounds each scrape by its interval.
-func scrapeClient(cfg configs.Config) *http.Client {
-	return &http.Client{Transport: &http.Transport{
+// the proxy's dial timeout and each worker's API key; the scraper bounds each scrape by its
+// interval.
+func scrapeClient(cfg configs.Config, reg *workers.Registry) *http.Client {
+	return &http.Client{Transport: reg.AuthTransport(&http.Transport{
 		Proxy:               nil,
 		DialContext:         (&net.Dialer{Timeout: cfg.Proxy.DialTimeout.D()}).DialContext,
 		MaxIdleConnsPerHost: 2,
 		IdleConnTimeout:     cfg.Proxy.IdleConnTimeout.D(),
-	}}
+	})}
 }
 
 // sessionFeed passes the index's residency changes to the session manager. It runs on the

@@ -50,15 +50,52 @@ func runServe(ctx context.Context, args []string, stderr io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("listen: %w", err)
 	}
+	var adminLn net.Listener
+	if cfg.AdminListen != "" {
+		if adminLn, err = net.Listen("tcp", cfg.AdminListen); err != nil {
+			ln.Close()
+			return fmt.Errorf("admin_listen: %w", err)
+		}
+		if cfg.AdminToken == "" && !isLoopback(adminLn.Addr()) {
+			log.Warn("the admin listener is reachable beyond this host without admin_token; its /debug endpoints reveal routing and cache state",
+				"admin_listen", adminLn.Addr().String())
+		}
+	}
 
 	probeCtx, stopProbes := context.WithCancel(ctx)
 	defer stopProbes()
 	reg.ProbeAll(probeCtx) // know the fleet before the first request
 	go reg.Run(probeCtx)
 
+	keys, _ := cfg.ClientAPIKeys() // validated; server.New read them too
 	log.Info("kvgate listening", "addr", ln.Addr().String(), "model", cfg.Model,
-		"policy", rt.policy.Name(), "workers", len(cfg.Workers), "routable", reg.RoutableCount())
-	return srv.Serve(ctx, ln)
+		"policy", rt.policy.Name(), "workers", len(cfg.Workers), "routable", reg.RoutableCount(),
+		"client_keys", len(keys), "routing_headers", cfg.Proxy.ExposeRoutingHeaders)
+	if adminLn == nil {
+		return srv.Serve(ctx, ln)
+	}
+	log.Info("kvgate admin listening", "addr", adminLn.Addr().String(), "token", cfg.AdminToken != "")
+	// Either listener failing stops both.
+	sctx, stop := context.WithCancel(ctx)
+	defer stop()
+	adminErr := make(chan error, 1)
+	go func() {
+		err := srv.ServeAdmin(sctx, adminLn)
+		stop()
+		adminErr <- err
+	}()
+	err = srv.Serve(sctx, ln)
+	stop()
+	if aerr := <-adminErr; aerr != nil && err == nil {
+		err = fmt.Errorf("admin listener: %w", aerr)
+	}
+	return err
+}
+
+// isLoopback reports whether addr is a loopback IP address.
+func isLoopback(addr net.Addr) bool {
+	ta, ok := addr.(*net.TCPAddr)
+	return ok && ta.IP.IsLoopback()
 }
 
 func newLogger(level string, w io.Writer) *slog.Logger {

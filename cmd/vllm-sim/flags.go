@@ -37,7 +37,8 @@ func newServeFlags(fs *flag.FlagSet, o *sim.Options, c *serveConfig) func() erro
 	fs.StringVar(&o.Model, "model", "", "model folder holding tokenizer.json (also the first positional argument)")
 	fs.StringVar(&o.Tokenizer, "tokenizer", "", "tokenizer folder (default: --model)")
 	fs.StringVar(&o.ServedModelName, "served-model-name", "", "model name clients use (default: --model, else sim-model)")
-	var loras stringList
+	var loras, apiKeys stringList
+	fs.Var(&apiKeys, "api-key", "require Authorization: Bearer KEY on /v1/* (repeatable; default: env VLLM_API_KEY), as vllm serve --api-key")
 	fs.Var(&loras, "lora-modules", "LoRA adapters name=path (repeatable); clients select one by model name")
 	fs.IntVar(&o.MaxNumSeqs, "max-num-seqs", 256, "maximum sequences per step (running batch)")
 	fs.IntVar(&o.MaxNumBatchedTokens, "max-num-batched-tokens", 8192, "token budget per step (chunked prefill)")
@@ -86,6 +87,12 @@ func newServeFlags(fs *flag.FlagSet, o *sim.Options, c *serveConfig) func() erro
 	fs.Int64Var(&o.Faults.Seed, "fault-seed", 1, "seed of the fault dice")
 
 	return func() error {
+		o.APIKeys = apiKeys
+		if len(o.APIKeys) == 0 {
+			if k := os.Getenv("VLLM_API_KEY"); k != "" {
+				o.APIKeys = []string{k}
+			}
+		}
 		o.LoRAModules = nil
 		for _, l := range loras {
 			name, _, _ := strings.Cut(l, "=")

@@ -29,7 +29,11 @@ func main() {
 }
 
 func run(base, model string, n int) error {
-	cfg := openai.DefaultConfig("unused")
+	key := os.Getenv("OPENAI_API_KEY") // kvgate's auth.api_keys, when it has any
+	if key == "" {
+		key = "unused"
+	}
+	cfg := openai.DefaultConfig(key)
 	cfg.BaseURL = base
 	cl := openai.NewClientWithConfig(cfg)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
