@@ -154,3 +154,48 @@ func (b *ReplayBuffer) Since(start uint64, fn func(seq uint64, payload []byte)) 
 
 // Len returns the number of buffered batches.
 func (b *ReplayBuffer) Len() int { return b.n }
+
+// BatchDPRank reads only the data_parallel_rank of an encoded EventBatch (array or map form),
+// skipping the events: the collector uses it to attribute a batch to a rank before the
+// target's sequencer sees it. A 2-element (v0.9.0) batch has no rank (unset).
+func BatchDPRank(payload []byte) (Opt[int64], error) {
+	r := &reader{b: payload}
+	switch r.kind() {
+	case kArray:
+		n, err := r.arrayLen()
+		if err != nil {
+			return Opt[int64]{}, err
+		}
+		if n < 2 {
+			return Opt[int64]{}, fmt.Errorf("%w: %d elements", ErrNotBatch, n)
+		}
+		for range 2 {
+			if err := r.skip(1); err != nil {
+				return Opt[int64]{}, err
+			}
+		}
+		if n < 3 {
+			return Opt[int64]{}, nil
+		}
+		return r.optInt()
+	case kMap:
+		n, err := r.mapLen()
+		if err != nil {
+			return Opt[int64]{}, err
+		}
+		for range n {
+			k, err := r.key()
+			if err != nil {
+				return Opt[int64]{}, err
+			}
+			if k == "data_parallel_rank" {
+				return r.optInt()
+			}
+			if err := r.skip(1); err != nil {
+				return Opt[int64]{}, err
+			}
+		}
+		return Opt[int64]{}, nil
+	}
+	return Opt[int64]{}, ErrNotBatch
+}
