@@ -85,7 +85,7 @@ func (s *Subscriber) pollWait(now time.Time) time.Duration {
 // openMonitor watches a SUB's connections (before it connects or binds, so that no event is
 // missed). It returns nil when monitoring is unavailable: the targets then join at once.
 func openMonitor(zctx *zmq.Context, sub *zmq.Socket, addr string, log *slog.Logger) *zmq.Socket {
-	if err := sub.Monitor(addr, zmq.EVENT_HANDSHAKE_SUCCEEDED|zmq.EVENT_DISCONNECTED); err != nil {
+	if err := sub.Monitor(addr, zmq.EVENT_HANDSHAKE_SUCCEEDED|zmq.EVENT_DISCONNECTED|zmq.EVENT_CONNECT_RETRIED); err != nil {
 		log.Warn("kv-events: socket monitor unavailable; joining without waiting for the connection", "err", err)
 		return nil
 	}
@@ -115,6 +115,11 @@ type feed struct {
 	// shared is set for the collector: a disconnect of one publisher says nothing about the
 	// others, so only handshakes are acted on.
 	shared bool
+	// lostWait, when > 0 (a SUB that connects), is how long after a disconnect libzmq may take
+	// to retry before the socket is given up and recreated: libzmq does not reconnect after a
+	// protocol error, such as a message above ZMQ_MAXMSGSIZE.
+	lostWait time.Duration
+	lostAt   time.Time
 }
 
 func (f *feed) closeMonitor() {
@@ -135,6 +140,9 @@ func (f *feed) run(ctx context.Context) error {
 	}
 	for ctx.Err() == nil {
 		now := time.Now()
+		if !f.lostAt.IsZero() && now.Sub(f.lostAt) > f.lostWait {
+			return fmt.Errorf("connection dropped and not retried (a message above max_msg_size?)")
+		}
 		wait := pollInterval
 		poller := zmq.NewPoller()
 		poller.Add(f.sub, zmq.POLLIN)
@@ -209,6 +217,15 @@ func (f *feed) onMonitor() {
 		ev, _, _, err := f.mon.RecvEvent(zmq.DONTWAIT)
 		if err != nil {
 			return
+		}
+		switch {
+		case ev == zmq.EVENT_DISCONNECTED && f.lostWait > 0:
+			f.lostAt = time.Now()
+		case ev == zmq.EVENT_CONNECT_RETRIED || ev == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+			f.lostAt = time.Time{}
+		}
+		if ev == zmq.EVENT_CONNECT_RETRIED {
+			continue
 		}
 		for _, s := range f.streams {
 			switch {

@@ -441,8 +441,9 @@ func (q *Sequencer) ReplayBatch(seq uint64, payload []byte, now time.Time) []Act
 		// Rebuild or first join: whatever the ring has is the start.
 		if !startOK(seq) {
 			q.setMode(ModeApproximate, "ring_does_not_reach_back", now)
-		} else if q.mode == ModeApproximate && x.purpose == xRebuild {
-			q.setMode(ModeExact, "engine_start", now)
+		} else if x.purpose == xRebuild && q.mode == ModeApproximate {
+			// Rebuilt from the engine's first batch: nothing is missing.
+			q.setMode(ModeExact, "rebuilt_from_engine_start", now)
 		}
 		q.span(seq)
 		q.apply(seq, payload, now)
@@ -451,9 +452,9 @@ func (q *Sequencer) ReplayBatch(seq uint64, payload []byte, now time.Time) []Act
 		q.apply(seq, payload, now)
 	case !after(seq, q.last):
 		q.span(seq)
-	case firstOfRequest:
+	case firstOfRequest && x.attempts == 1:
 		// The ring no longer reaches back to last+1: those batches are lost for good. What it
-		// has is the new start.
+		// has is the new start. (On a later attempt it is more likely a lost reply: a hole.)
 		q.reset(ResetGap)
 		q.setMode(ModeApproximate, "batches_lost", now)
 		q.span(seq)
@@ -517,6 +518,19 @@ func (q *Sequencer) ReplayEnd(now time.Time) []Action {
 		// a trigger the ring does not hold): ask again for the rest.
 		if x.attempts < q.cfg.MaxReplayAttempts {
 			q.again(q.last + 1)
+			return q.flush()
+		}
+		if x.hole && x.purpose != xRebuild {
+			// The ring holds batches we cannot get in order: reset and rebuild from all it
+			// holds (from 0). Lost batches make the index approximate.
+			pending := q.pending
+			q.pending = nil
+			q.emit(Action{Kind: ActReplayDone, OK: false})
+			q.x = exchange{}
+			q.reset(ResetGap)
+			q.setMode(ModeApproximate, "batches_lost", now)
+			q.begin(xRebuild, 0, nil)
+			q.pending = pending
 			return q.flush()
 		}
 	}

@@ -261,6 +261,9 @@ func (s *Subscriber) session(ctx context.Context) error {
 		return fmt.Errorf("subscribe: %w", err)
 	}
 	f := &feed{sub: sub, streams: []*Subscriber{s}, route: func(LiveMessage) *Subscriber { return s }}
+	if !s.cfg.Bind {
+		f.lostWait = s.cfg.ReconnectMax + time.Second
+	}
 	s.monitors++
 	f.mon = openMonitor(s.zctx, sub, fmt.Sprintf("inproc://kvgate-kv-monitor-%p-%d", s, s.monitors), s.log)
 	defer f.closeMonitor() // after the SUB: deferred calls run in reverse
