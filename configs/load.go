@@ -81,6 +81,9 @@ func Fields() []Field {
 		field("sessions.group_targets", "worker+ranks a sibling group keeps preferring once it spilled over", func(c *Config) flag.Value { return intValue{&c.Sessions.GroupTargets} }),
 		field("sessions.sibling_prefix", "credit blocks the parent's or a sibling's in-flight request is computing, before KV events announce them", func(c *Config) flag.Value { return boolValue{&c.Sessions.SiblingPrefix} }),
 		field("sessions.pending_ttl", "how long such in-flight blocks are credited", func(c *Config) flag.Value { return &c.Sessions.PendingTTL }),
+		field("kv_events.listen", "collector address kvgate binds for workers that publish KV events by connecting out (e.g. tcp://*:5557); workers with a topic and no kv_events are fed through it, attributed by topic", func(c *Config) flag.Value { return stringValue{&c.KVEvents.Listen} }),
+		field("kv_events.max_msg_size", "largest message accepted on a KV-event socket (ZMQ_MAXMSGSIZE); suffixes KiB, MiB, GiB", func(c *Config) flag.Value { return &c.KVEvents.MaxMsgSize }),
+		field("kv_events.settle", "how long a worker+rank whose event index lost batches stays approximate (unless the engine restarts or clears its cache first)", func(c *Config) flag.Value { return &c.KVEvents.Settle }),
 		field("shutdown_timeout", "on SIGTERM, how long running streams may finish before they are cut", func(c *Config) flag.Value { return &c.ShutdownTimeout }),
 		field("log_level", "debug, info, warn or error", func(c *Config) flag.Value { return stringValue{&c.LogLevel} }),
 	}

@@ -102,6 +102,25 @@ func TargetConfigs(worker string, dpSize int, endpoint, replayEndpoint, topic st
 	return out, nil
 }
 
+// CollectorTargets expands one worker fed through the collector into per-rank targets: all
+// ranks share the worker's topic (the collector tells them apart by data_parallel_rank) and
+// rank r replays on replayEndpoint's port+r, as in TargetConfigs.
+func CollectorTargets(worker string, dpSize int, replayEndpoint, topic string) ([]SubscriberConfig, error) {
+	if ephemeralPort(replayEndpoint) {
+		return nil, fmt.Errorf("%w: the gateway cannot connect to %q; give the port the worker bound", ErrEphemeralPort, replayEndpoint)
+	}
+	dpSize = max(dpSize, 1)
+	out := make([]SubscriberConfig, 0, dpSize)
+	for r := range dpSize {
+		rep, err := OffsetEndpoint(replayEndpoint, r)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, SubscriberConfig{Target: workers.Target{Worker: worker, DPRank: r}, ReplayEndpoint: rep, Topic: topic})
+	}
+	return out, nil
+}
+
 // Start begins following one target's stream until ctx ends, Stop or Close. Starting an
 // already running target replaces its subscription.
 func (m *Manager) Start(ctx context.Context, cfg SubscriberConfig) error {
