@@ -34,6 +34,8 @@ import (
 //     decisions) until there is evidence the index is trustworthy again: an engine restart
 //     followed from its first batch (its cache starts empty), an AllBlocksCleared applied, or
 //     the settle window (SeqConfig.SettleTime, and SettleBatches when set) passing since.
+//   - Sequence numbers compare modulo 2^64 (after). A batch numbered 2^64-1 cannot come back
+//     in a replay: that number is the replay end marker (EndSeq).
 
 // SeqConfig tunes a Sequencer.
 type SeqConfig struct {

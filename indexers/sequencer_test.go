@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kvgate/kvgate/workers"
 )
 
 // in is one input of a sequencer table: op live|rb (replay batch)|end|fail|hint|join|clear|tick.
@@ -219,6 +221,12 @@ func TestSequencer(t *testing.T) {
 		{name: "mid-stream join with a ring that reaches back: exact",
 			cfg: withReplay, ins: cat([]in{L(5)}, replayRun(0, 5, "a"), liveRun(6, 6)),
 			applied: names("a", 0, 6), replays: []uint64{0}, drops: map[string]int{DropLateDuplicate: 1}},
+		{name: "probe timeout: the step back waits for a second witness",
+			cfg: withReplay, ins: cat(liveRun(0, 5), []in{LB(0), op("fail"), LB(1), LB(2)}),
+			applied: append(names("a", 0, 5), names("b", 0, 2)...), replays: []uint64{5}, resets: []string{ResetRestart}},
+		{name: "gap across the 2^64 wrap filled by replay",
+			cfg: withReplay, ins: cat([]in{op("join")}, replayRun(near-2, near-1, "a"), []in{L(near + 4), R(near), R(near + 1), R(near + 2), R(near + 3), R(near + 4), op("end")}),
+			applied: names("a", near-2, near+4), replays: []uint64{0, near}, drops: map[string]int{DropLateDuplicate: 1}, mode: ModeApproximate},
 		{name: "live batch older than the join replay is stale, not a restart",
 			cfg: withReplay, ins: cat([]in{op("join"), L(3)}, replayRun(5, 8, "a"), liveRun(9, 9)),
 			applied: names("a", 5, 9), replays: []uint64{0}, drops: map[string]int{DropStale: 1}, mode: ModeApproximate},
@@ -242,5 +250,54 @@ func TestSequencer(t *testing.T) {
 					strings.Join(want.applied, " "), want.replays, want.resets, want.drops, want.mode)
 			}
 		})
+	}
+}
+
+func TestBatchDPRank(t *testing.T) {
+	enc := func(layout Layout, rank Opt[int64]) []byte {
+		p, err := EncodeBatch(&EventBatch{TS: 1, DPRank: rank, Events: []Event{&AllBlocksCleared{}}}, EncodeOptions{Layout: layout})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	tests := []struct {
+		name    string
+		payload []byte
+		want    Opt[int64]
+		wantErr bool
+	}{
+		{"map events, rank 3", enc(LayoutMap, Some[int64](3)), Some[int64](3), false},
+		{"array events, rank 1", enc(LayoutArray, Some[int64](1)), Some[int64](1), false},
+		{"rank nil", enc(LayoutMap, Opt[int64]{}), Opt[int64]{}, false},
+		{"map-shaped batch", mp(t, mapv("ts", 1.0, "events", arr(), "data_parallel_rank", 2)), Some[int64](2), false},
+		{"2-element batch", mp(t, arr(1.0, arr())), Opt[int64]{}, false},
+		{"not a batch", []byte{0xc1}, Opt[int64]{}, true},
+		{"truncated", []byte{0x93, 0xcb, 0x41}, Opt[int64]{}, true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := BatchDPRank(tc.payload)
+			if (err != nil) != tc.wantErr || got != tc.want {
+				t.Fatalf("got %+v, %v; want %+v (error %v)", got, err, tc.want, tc.wantErr)
+			}
+		})
+	}
+}
+
+func TestCollectorTargets(t *testing.T) {
+	got, err := CollectorTargets("http://w:8000", 2, "tcp://w:5558", "kv@w:8000@m")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []SubscriberConfig{
+		{Target: workers.Target{Worker: "http://w:8000", DPRank: 0}, ReplayEndpoint: "tcp://w:5558", Topic: "kv@w:8000@m"},
+		{Target: workers.Target{Worker: "http://w:8000", DPRank: 1}, ReplayEndpoint: "tcp://w:5559", Topic: "kv@w:8000@m"},
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("got %+v", got)
+	}
+	if _, err := CollectorTargets("http://w:8000", 1, "tcp://w:*", "t"); err == nil {
+		t.Fatal("ephemeral replay port accepted")
 	}
 }
