@@ -25,7 +25,8 @@ type LiveMessage struct {
 	Payload []byte
 }
 
-// LiveFrames builds the 3 frames a vLLM PUB socket sends for one batch (spec §4.3); the topic
+// LiveFrames builds the 3 frames a vLLM PUB socket sends for one batch (vllm/distributed/kv_events.py
+// ZmqEventPublisher); the topic
 // frame is present even when empty.
 func LiveFrames(topic string, seq uint64, payload []byte) [][]byte {
 	return [][]byte{[]byte(topic), SeqFrame(seq), payload}
@@ -42,7 +43,7 @@ func ParseLive(frames [][]byte) (LiveMessage, error) {
 	return LiveMessage{Topic: string(frames[0]), Seq: be64(frames[1]), Payload: frames[2]}, nil
 }
 
-// ReplayFormat selects the replay reply shape (spec §4.4).
+// ReplayFormat selects the replay reply shape (vLLM ≥ 0.26 added the topic frame, vllm-project/vllm#45177).
 type ReplayFormat int
 
 const (

@@ -282,7 +282,7 @@ func freePort(t *testing.T) int {
 	return l.Addr().(*net.TCPAddr).Port
 }
 
-// Workers configured with a non-wildcard endpoint connect out (spec §4.2): the gateway binds.
+// Workers configured with a non-wildcard endpoint connect out (vLLM binds only endpoints with "*"): the gateway binds.
 func TestLiveBindModeAndBackoff(t *testing.T) {
 	rig := newLiveRig(t)
 	tg := workers.Target{Worker: "http://out", DPRank: 0}
@@ -335,7 +335,7 @@ func TestLiveBindModeAndBackoff(t *testing.T) {
 
 // TestLiveJoinReplaysEarlierBatches: batches a worker published before the gateway subscribed
 // are only in its replay ring (a PUB sends to no one); the subscriber asks for them as soon as
-// its SUB is connected, without waiting for another live batch (spec §8.5). A batch published
+// its SUB is connected, without waiting for another live batch. A batch published
 // right after the join replay but dropped by the PUB (slow joiner) is found by the second look
 // after JoinSettle, again without a further live batch.
 func TestLiveJoinReplaysEarlierBatches(t *testing.T) {

@@ -76,7 +76,7 @@ func NewManager(ix *Index, log *slog.Logger) (*Manager, error) {
 func (m *Manager) Index() *Index { return m.ix }
 
 // TargetConfigs expands one worker's vLLM kv-events settings into per-rank subscriptions with
-// vLLM's port offsets (rank r uses port+r for both the PUB and the replay endpoint, §4.5). The
+// vLLM's port offsets (rank r uses port+r for both the PUB and the replay endpoint, vLLM's offset_endpoint_port). The
 // endpoints are the ones the gateway connects to, so a port the worker picks at bind time ("*"
 // or 0) is an error (ErrEphemeralPort): configure the port the worker bound instead.
 func TargetConfigs(worker string, dpSize int, endpoint, replayEndpoint, topic string) ([]SubscriberConfig, error) {

@@ -7,7 +7,7 @@ import (
 	zmq "github.com/pebbe/zmq4"
 )
 
-// testPub is a minimal vLLM-style publisher (spec §4.2–4.4, §9) for live tests: a PUB socket
+// testPub is a minimal vLLM-style publisher (vllm/distributed/kv_events.py ZmqEventPublisher) for live tests: a PUB socket
 // and a replay ROUTER on loopback ports chosen by the kernel, served by one goroutine that
 // owns both sockets. Test code drives it through closures run on that goroutine.
 type testPub struct {
