@@ -25,9 +25,8 @@ type LiveMessage struct {
 	Payload []byte
 }
 
-// LiveFrames builds the 3 frames a vLLM PUB socket sends for one batch (vllm/distributed/kv_events.py
-// ZmqEventPublisher); the topic
-// frame is present even when empty.
+// LiveFrames builds the 3 frames a vLLM PUB socket sends for one batch
+// (vllm/distributed/kv_events.py ZmqEventPublisher); the topic frame is present even when empty.
 func LiveFrames(topic string, seq uint64, payload []byte) [][]byte {
 	return [][]byte{[]byte(topic), SeqFrame(seq), payload}
 }
