@@ -26,6 +26,7 @@ type Config struct {
 	Health                    Health   `yaml:"health"`
 	Sessions                  Sessions `yaml:"sessions"`
 	Auth                      Auth     `yaml:"auth"`
+	KVEvents                  KVEvents `yaml:"kv_events"`
 	ShutdownTimeout           Duration `yaml:"shutdown_timeout"`
 	LogLevel                  string   `yaml:"log_level"`
 
@@ -58,6 +59,25 @@ type Auth struct {
 	APIKeysFile string `yaml:"api_keys_file"`
 	// WorkerAPIKey is the fleet-wide default of workers[].api_key.
 	WorkerAPIKey string `yaml:"worker_api_key"`
+}
+
+// KVEvents configures how kvgate follows the workers' KV events (per-worker endpoints are in
+// Worker).
+type KVEvents struct {
+	// Listen, when set, is the address of the collector: kvgate binds one SUB there for workers
+	// that publish by connecting out (vLLM connects when its endpoint has no "*"). Every worker
+	// with a topic and no kv_events is fed through it, attributed by its exact topic.
+	Listen string `yaml:"listen"`
+	// MaxMsgSize is ZMQ_MAXMSGSIZE on every KV-event socket: a larger message drops the
+	// connection (which is then re-established).
+	MaxMsgSize ByteSize `yaml:"max_msg_size"`
+	// Settle is how long a worker+rank whose event index lost batches stays approximate.
+	Settle Duration `yaml:"settle"`
+}
+
+// CollectorWorker reports whether w is fed through the collector (kv_events.listen).
+func (c *Config) CollectorWorker(w Worker) bool {
+	return c.KVEvents.Listen != "" && w.KVEvents == "" && w.Topic != ""
 }
 
 // PolicyAuto is the router.policy value (also the default, and what an empty value means) that
@@ -195,6 +215,7 @@ func Default() Config {
 			FailureThreshold: 3,
 			SuccessThreshold: 1,
 		},
+		KVEvents: KVEvents{MaxMsgSize: 64 << 20, Settle: Duration(2 * time.Minute)},
 		Sessions: Sessions{
 			Headers: []string{
 				"X-Session-ID", "X-Dynamo-Session-ID", "X-Correlation-ID",

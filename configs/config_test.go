@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -173,6 +174,11 @@ func TestValidationMessages(t *testing.T) {
 		{"duplicate", []string{"--model", "m", "--worker", "http://x:1", "--worker", "http://x:1/"}, nil, "workers[1].url: \"http://x:1\" is the same worker as workers[0]"},
 		{"bad kv endpoint", []string{"--model", "m", "--worker", "http://x:1,kv_events=tcp://*:5557"}, nil, "workers[0].kv_events"},
 		{"replay without events", []string{"--model", "m", "--worker", "http://x:1,replay=tcp://x:5558"}, nil, "workers[0].replay: is set but kv_events is not"},
+		{"collector without workers", append(base, "--kv-events-listen", "tcp://*:5557"), nil, "kv_events.listen: is set but no worker is fed through it"},
+		{"collector ephemeral port", []string{"--model", "m", "--worker", "http://x:1,topic=kv@x", "--kv-events-listen", "tcp://*:0"}, nil, `kv_events.listen: "tcp://*:0" must be tcp://host:port with a fixed port`},
+		{"collector duplicate topic", []string{"--model", "m", "--worker", "http://x:1,topic=kv@x", "--worker", "http://y:1,topic=kv@x", "--kv-events-listen", "tcp://*:5557"}, nil, `workers[1].topic: "kv@x" is also workers[0]'s`},
+		{"max msg size", append(base, "--kv-events-max-msg-size", "10"), nil, "kv_events.max_msg_size: must be at least 1KiB, got 10"},
+		{"settle", append(base, "--kv-events-settle", "0s"), nil, "kv_events.settle: must be a positive duration"},
 		{"negative dp", []string{"--model", "m", "--worker", "http://x:1,dp_size=-1"}, nil, "workers[0].dp_size: must be at least 1"},
 		{"unknown attr", []string{"--model", "m", "--worker", "http://x:1,foo=1"}, nil, `unknown attribute "foo"`},
 		{"block size", append(base, "--block-size", "0"), nil, "block_size: must be a positive"},
@@ -352,5 +358,32 @@ sessions:
 	w.DPSize = max(w.DPSize, 1) // Spec omits dp_size 1; normalize fills it in
 	if err != nil || w != c.Workers[0] {
 		t.Errorf("spec round trip: %+v, %v; want %+v", w, err, c.Workers[0])
+	}
+}
+
+// Collector mode: workers with a topic and no kv_events are fed through kv_events.listen, may
+// name their replay socket, and make router.policy auto pick kv.
+func TestCollectorWorkers(t *testing.T) {
+	args := []string{"--model", "m", "--tokenizer", tokenizerDir(t), "--kv-events-listen", "tcp://*:5557",
+		"--worker", "http://10.0.0.1:8000,topic=kv@10.0.0.1:8000@m,replay=tcp://10.0.0.1:5558,dp_size=2",
+		"--worker", "http://10.0.0.2:8000"}
+	c, err := Load(args, envOf(nil), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name      string
+		got, want any
+	}{
+		{"listen", c.KVEvents.Listen, "tcp://*:5557"},
+		{"first is a collector worker", c.CollectorWorker(c.Workers[0]), true},
+		{"second is not", c.CollectorWorker(c.Workers[1]), false},
+		{"auto policy", c.Router.Policy, "kv"},
+		{"max msg size default", int64(c.KVEvents.MaxMsgSize), int64(64 << 20)},
+		{"settle default", c.KVEvents.Settle.D(), 2 * time.Minute},
+	} {
+		if !reflect.DeepEqual(tc.got, tc.want) {
+			t.Errorf("%s: got %v, want %v", tc.name, tc.got, tc.want)
+		}
 	}
 }

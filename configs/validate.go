@@ -35,10 +35,11 @@ func (c *Config) normalize() {
 	}
 }
 
-// EventsWorker returns the index of the first worker with kv_events, or -1.
+// EventsWorker returns the index of the first worker with kv_events (or fed through the
+// collector), or -1.
 func (c *Config) EventsWorker() int {
 	for i, w := range c.Workers {
-		if w.KVEvents != "" {
+		if w.KVEvents != "" || c.CollectorWorker(w) {
 			return i
 		}
 	}
@@ -105,7 +106,7 @@ func (c *Config) Validate() error {
 		if w.Replay != "" {
 			if msg := checkZMQEndpoint(w.Replay); msg != "" {
 				bad(key+".replay", "%q %s", w.Replay, msg)
-			} else if w.KVEvents == "" {
+			} else if w.KVEvents == "" && !c.CollectorWorker(w) {
 				bad(key+".replay", "is set but kv_events is not (replay only fills gaps of a subscribed stream)")
 			}
 		}
@@ -114,6 +115,7 @@ func (c *Config) Validate() error {
 		}
 	}
 
+	c.validateKVEvents(bad)
 	c.validateRouter(bad)
 	if c.Proxy.MaxRetries < 0 || c.Proxy.MaxRetries > 16 {
 		bad("proxy.max_retries", "must be between 0 and 16, got %d", c.Proxy.MaxRetries)
@@ -229,4 +231,58 @@ func validHeaderName(h string) bool {
 		}
 	}
 	return http.CanonicalHeaderKey(h) != ""
+}
+
+// validateKVEvents checks the kv_events section and the collector's topics.
+func (c *Config) validateKVEvents(bad func(key, format string, args ...any)) {
+	k := c.KVEvents
+	if k.MaxMsgSize < 1024 {
+		bad("kv_events.max_msg_size", "must be at least 1KiB, got %d", k.MaxMsgSize)
+	}
+	if k.Settle <= 0 {
+		bad("kv_events.settle", "must be a positive duration, got %s", k.Settle)
+	}
+	if k.Listen == "" {
+		return
+	}
+	if msg := checkBindEndpoint(k.Listen); msg != "" {
+		bad("kv_events.listen", "%q %s", k.Listen, msg)
+	}
+	topics := map[string]int{}
+	for i, w := range c.Workers {
+		if !c.CollectorWorker(w) {
+			continue
+		}
+		if j, dup := topics[w.Topic]; dup {
+			bad(fmt.Sprintf("workers[%d].topic", i), "%q is also workers[%d]'s: the collector attributes messages by topic", w.Topic, j)
+		} else {
+			topics[w.Topic] = i
+		}
+	}
+	if len(topics) == 0 {
+		bad("kv_events.listen", "is set but no worker is fed through it (give a worker a topic and no kv_events)")
+	}
+}
+
+// checkBindEndpoint checks an address kvgate binds: tcp://host:port (host may be *) or
+// ipc://path.
+func checkBindEndpoint(ep string) string {
+	scheme, rest, ok := strings.Cut(ep, "://")
+	if !ok {
+		return "is not a ZMQ endpoint (tcp://host:port or ipc://path)"
+	}
+	switch scheme {
+	case "tcp":
+		host, port, err := net.SplitHostPort(rest)
+		if err != nil || host == "" || port == "" || port == "*" || port == "0" {
+			return "must be tcp://host:port with a fixed port (workers connect to it)"
+		}
+	case "ipc":
+		if rest == "" {
+			return "has an empty path"
+		}
+	default:
+		return "must use tcp:// or ipc://"
+	}
+	return ""
 }

@@ -25,8 +25,8 @@ type LiveMessage struct {
 	Payload []byte
 }
 
-// LiveFrames builds the 3 frames a vLLM PUB socket sends for one batch (spec §4.3); the topic
-// frame is present even when empty.
+// LiveFrames builds the 3 frames a vLLM PUB socket sends for one batch
+// (vllm/distributed/kv_events.py ZmqEventPublisher); the topic frame is present even when empty.
 func LiveFrames(topic string, seq uint64, payload []byte) [][]byte {
 	return [][]byte{[]byte(topic), SeqFrame(seq), payload}
 }
@@ -42,7 +42,7 @@ func ParseLive(frames [][]byte) (LiveMessage, error) {
 	return LiveMessage{Topic: string(frames[0]), Seq: be64(frames[1]), Payload: frames[2]}, nil
 }
 
-// ReplayFormat selects the replay reply shape (spec §4.4).
+// ReplayFormat selects the replay reply shape (vLLM ≥ 0.26 added the topic frame, vllm-project/vllm#45177).
 type ReplayFormat int
 
 const (
@@ -154,3 +154,48 @@ func (b *ReplayBuffer) Since(start uint64, fn func(seq uint64, payload []byte)) 
 
 // Len returns the number of buffered batches.
 func (b *ReplayBuffer) Len() int { return b.n }
+
+// BatchDPRank reads only the data_parallel_rank of an encoded EventBatch (array or map form),
+// skipping the events: the collector uses it to attribute a batch to a rank before the
+// target's sequencer sees it. A 2-element (v0.9.0) batch has no rank (unset).
+func BatchDPRank(payload []byte) (Opt[int64], error) {
+	r := &reader{b: payload}
+	switch r.kind() {
+	case kArray:
+		n, err := r.arrayLen()
+		if err != nil {
+			return Opt[int64]{}, err
+		}
+		if n < 2 {
+			return Opt[int64]{}, fmt.Errorf("%w: %d elements", ErrNotBatch, n)
+		}
+		for range 2 {
+			if err := r.skip(1); err != nil {
+				return Opt[int64]{}, err
+			}
+		}
+		if n < 3 {
+			return Opt[int64]{}, nil
+		}
+		return r.optInt()
+	case kMap:
+		n, err := r.mapLen()
+		if err != nil {
+			return Opt[int64]{}, err
+		}
+		for range n {
+			k, err := r.key()
+			if err != nil {
+				return Opt[int64]{}, err
+			}
+			if k == "data_parallel_rank" {
+				return r.optInt()
+			}
+			if err := r.skip(1); err != nil {
+				return Opt[int64]{}, err
+			}
+		}
+		return Opt[int64]{}, nil
+	}
+	return Opt[int64]{}, ErrNotBatch
+}

@@ -3,12 +3,14 @@ package indexers
 import (
 	"context"
 	"fmt"
+	"log/slog"
+	"syscall"
 	"time"
 
 	zmq "github.com/pebbe/zmq4"
 )
 
-// joinState is the socket goroutine's view of the SUB's connection and of the join replay.
+// joinState is one target's view of its SUB's connection and of the join replay.
 //
 // A worker publishes whether or not anyone listens, so batches published before the SUB
 // connected (or while it was away) are only in the worker's replay ring. Rather than wait for a
@@ -19,152 +21,223 @@ import (
 // replay can reach nobody; unless a live batch arrives within JoinSettle (after which any loss
 // shows up as a gap), the subscriber asks once more.
 type joinState struct {
-	mon       *zmq.Socket // PAIR reading the SUB's monitor events; nil if monitoring failed
-	connected bool        // the SUB has a peer (handshake done, or a batch arrived)
-	due       bool        // a join replay runs as soon as connected
-	confirmAt time.Time   // when to ask the replay socket once more; zero = not planned
+	connected bool      // the SUB has a peer (handshake done, or a batch arrived)
+	due       bool      // a join replay runs as soon as connected
+	watching  bool      // a join replay is under way: plan the second look when it ends
+	sawLive   bool      // a live batch arrived since the join replay started
+	confirmAt time.Time // when to ask the replay socket once more; zero = not planned
+	settle    time.Duration
 }
 
-// openMonitor watches the SUB's connections. Without it the subscriber joins at once.
-func (s *Subscriber) openMonitor() {
-	s.monitors++
-	addr := fmt.Sprintf("inproc://kvgate-kv-monitor-%p-%d", s, s.monitors)
-	if err := s.sub.Monitor(addr, zmq.EVENT_HANDSHAKE_SUCCEEDED|zmq.EVENT_DISCONNECTED); err != nil {
-		s.log.Warn("kv-events: socket monitor unavailable; joining without waiting for the connection", "err", err)
-		return
-	}
-	mon, err := s.zctx.NewSocket(zmq.PAIR)
-	if err != nil {
-		s.log.Warn("kv-events: socket monitor unavailable", "err", err)
-		return
-	}
-	_ = mon.SetLinger(0)
-	if err := mon.Connect(addr); err != nil {
-		mon.Close()
-		s.log.Warn("kv-events: socket monitor unavailable", "err", err)
-		return
-	}
-	s.join.mon = mon
-}
-
-func (s *Subscriber) closeMonitor() {
-	if s.join.mon != nil {
-		s.join.mon.Close()
-		s.join.mon = nil
+// replayDone is called when an exchange ends: after a join replay with no live batch seen,
+// the second look is planned.
+func (j *joinState) replayDone() {
+	if j.watching {
+		j.watching = false
+		if !j.sawLive {
+			j.confirmAt = time.Now().Add(j.settle)
+		}
 	}
 }
 
 // connState is the subscription state outside a replay.
 func (s *Subscriber) connState() string {
-	if s.join.connected {
+	switch {
+	case s.seq.Replaying():
+		return StateReplaying
+	case s.join.connected:
 		return StateLive
 	}
 	return StateConnecting
 }
 
-// onMonitor drains the SUB's connection events.
-func (s *Subscriber) onMonitor() {
-	for {
-		ev, _, _, err := s.join.mon.RecvEvent(zmq.DONTWAIT)
-		if err != nil {
-			return
-		}
-		switch ev {
-		case zmq.EVENT_HANDSHAKE_SUCCEEDED:
-			// A new connection: whatever was published while we had none is only in the ring.
-			s.join.connected, s.join.due = true, true
-			s.setState(StateLive)
-		case zmq.EVENT_DISCONNECTED:
-			// libzmq reconnects by itself; until then the stream is not trustworthy.
-			s.join.connected = false
-			s.join.confirmAt = time.Time{}
-			s.setState(StateConnecting)
-		}
-	}
-}
-
-// pollWait is how long the socket goroutine may block before the next join step is due.
-func (j *joinState) pollWait() time.Duration {
-	if j.confirmAt.IsZero() {
-		return pollInterval
-	}
-	return max(0, min(time.Until(j.confirmAt), pollInterval))
-}
-
 // joinIfDue runs the join replay once connected, and its second look when JoinSettle passed
 // without a live batch.
-func (s *Subscriber) joinIfDue(ctx context.Context) error {
+func (s *Subscriber) joinIfDue(now time.Time) {
 	if s.cfg.ReplayEndpoint == "" {
 		s.join.due = false
-		return nil
+		return
 	}
 	switch {
-	case s.join.due && s.join.connected:
+	case s.join.due && s.join.connected && !s.seq.Replaying():
 		s.join.due = false
+		s.join.watching, s.join.sawLive = true, false
+		s.join.settle = s.cfg.JoinSettle
 		s.stats.joinReplays.Add(1)
-		sawLive, err := s.catchUp(ctx)
-		if err != nil {
-			return err
-		}
-		if !sawLive {
-			s.join.confirmAt = time.Now().Add(s.cfg.JoinSettle)
-		}
-	case !s.join.confirmAt.IsZero() && !time.Now().Before(s.join.confirmAt):
+		s.exec(s.seq.Join())
+	case !s.join.confirmAt.IsZero() && !now.Before(s.join.confirmAt) && !s.seq.Replaying():
 		s.join.confirmAt = time.Time{}
-		_, err := s.catchUp(ctx)
-		return err
+		s.exec(s.seq.Join())
+	}
+}
+
+// pollWait is how long the loop may block before a target's next timed step is due.
+func (s *Subscriber) pollWait(now time.Time) time.Duration {
+	w := pollInterval
+	for _, t := range []time.Time{s.join.confirmAt, s.replayDeadline} {
+		if !t.IsZero() {
+			w = min(w, max(0, t.Sub(now)))
+		}
+	}
+	return w
+}
+
+// openMonitor watches a SUB's connections (before it connects or binds, so that no event is
+// missed). It returns nil when monitoring is unavailable: the targets then join at once.
+func openMonitor(zctx *zmq.Context, sub *zmq.Socket, addr string, log *slog.Logger) *zmq.Socket {
+	if err := sub.Monitor(addr, zmq.EVENT_HANDSHAKE_SUCCEEDED|zmq.EVENT_DISCONNECTED|zmq.EVENT_CONNECT_RETRIED); err != nil {
+		log.Warn("kv-events: socket monitor unavailable; joining without waiting for the connection", "err", err)
+		return nil
+	}
+	mon, err := zctx.NewSocket(zmq.PAIR)
+	if err != nil {
+		log.Warn("kv-events: socket monitor unavailable", "err", err)
+		return nil
+	}
+	_ = mon.SetLinger(0)
+	if err := mon.Connect(addr); err != nil {
+		mon.Close()
+		log.Warn("kv-events: socket monitor unavailable", "err", err)
+		return nil
+	}
+	return mon
+}
+
+// feed is one SUB socket and the targets whose batches arrive on it: one target for a
+// subscription to a worker's PUB, every collector target for the collector's bound SUB. It owns
+// the sockets' goroutine: the SUB, its monitor and each target's replay DEALER are polled
+// together.
+type feed struct {
+	sub, mon *zmq.Socket
+	streams  []*Subscriber
+	// route attributes a live batch to its target (nil: dropped, counted by route).
+	route func(LiveMessage) *Subscriber
+	// shared is set for the collector: a disconnect of one publisher says nothing about the
+	// others, so only handshakes are acted on.
+	shared bool
+	// lostWait, when > 0 (a SUB that connects), is how long after a disconnect libzmq may take
+	// to retry before the socket is given up and recreated: libzmq does not reconnect after a
+	// protocol error, such as a message above ZMQ_MAXMSGSIZE.
+	lostWait time.Duration
+	lostAt   time.Time
+}
+
+func (f *feed) closeMonitor() {
+	if f.mon != nil {
+		f.mon.Close()
+		f.mon = nil
+	}
+}
+
+// run follows the SUB until ctx ends or a socket fails.
+func (f *feed) run(ctx context.Context) error {
+	for _, s := range f.streams {
+		s.join = joinState{}
+		if f.mon == nil {
+			s.join.connected, s.join.due = true, true // no monitor: trust the connection
+		}
+		s.setState(s.connState())
+	}
+	for ctx.Err() == nil {
+		now := time.Now()
+		if !f.lostAt.IsZero() && now.Sub(f.lostAt) > f.lostWait {
+			return fmt.Errorf("connection dropped and not retried (a message above max_msg_size?)")
+		}
+		wait := pollInterval
+		poller := zmq.NewPoller()
+		poller.Add(f.sub, zmq.POLLIN)
+		if f.mon != nil {
+			poller.Add(f.mon, zmq.POLLIN)
+		}
+		dealers := map[*zmq.Socket]*Subscriber{}
+		for _, s := range f.streams {
+			s.step(now)
+			wait = min(wait, s.pollWait(now))
+			if s.dealer != nil {
+				poller.Add(s.dealer, zmq.POLLIN)
+				dealers[s.dealer] = s
+			}
+		}
+		polled, err := poller.Poll(wait)
+		if err != nil {
+			if zmq.AsErrno(err) == zmq.Errno(syscall.EINTR) {
+				continue
+			}
+			return fmt.Errorf("poll: %w", err)
+		}
+		for _, p := range polled {
+			switch {
+			case p.Socket == f.sub:
+				f.onSub()
+			case p.Socket == f.mon:
+				f.onMonitor()
+			default:
+				if s := dealers[p.Socket]; s != nil {
+					s.onDealer()
+				}
+			}
+		}
 	}
 	return nil
 }
 
-// catchUp asks the replay socket for every batch after the last applied one (from seq 0 when
-// none is) instead of waiting for a live batch to reveal what was missed. Live batches arriving
-// meanwhile are buffered: those the replay delivered too are dropped, the rest take the live
-// path, where a hole is recovered like any gap. It reports whether live batches arrived.
-func (s *Subscriber) catchUp(ctx context.Context) (bool, error) {
-	from := uint64(0)
-	if s.haveSeq {
-		from = s.last + 1
-	}
-	s.setState(StateReplaying)
-	replayed, pending, err := s.replay(ctx, from, nil)
-	s.setState(s.connState())
-	switch {
-	case err != nil && ctx.Err() != nil:
-		return false, nil // shutting down
-	case err != nil:
-		s.stats.replaysFailed.Add(1)
-		s.log.Warn("kv-events: join replay failed; relying on the live stream", "from", from, "err", err)
-		replayed = nil
-	case len(replayed) > 0 && replayed[0].Seq != from && s.haveSeq:
-		// The ring no longer reaches back to what the index holds: batches are lost for good.
-		s.stats.gaps.Add(1)
-		s.stats.replaysFailed.Add(1)
-		s.log.Warn("kv-events: replay does not reach back far enough", "from", from, "first", replayed[0].Seq)
-		s.resetTarget(ResetGap)
-		s.haveSeq = false
-	case len(replayed) > 0 && replayed[0].Seq != from:
-		// First join after the ring wrapped: partial knowledge is accepted (spec §8.7).
-		s.stats.midStream.Add(1)
-		s.stats.replaysOK.Add(1)
-	default:
-		s.stats.replaysOK.Add(1)
-	}
-	if len(replayed) > 0 {
-		s.log.Info("kv-events: caught up through replay", "from", from, "batches", len(replayed), "buffered_live", len(pending))
-	}
-	for _, r := range replayed {
-		s.stats.replayedBatches.Add(1)
-		s.apply(r.Seq, r.Payload)
-	}
-	for _, m := range pending {
-		if len(replayed) > 0 && m.Seq >= replayed[0].Seq && m.Seq <= replayed[len(replayed)-1].Seq {
-			s.sawLive(m.Seq)
-			continue // delivered by the replay as well
+// onSub drains the SUB socket.
+func (f *feed) onSub() {
+	for range 1000 { // bounded, so that replies and timers are not starved
+		frames, err := f.sub.RecvMessageBytes(zmq.DONTWAIT)
+		if err != nil {
+			return
 		}
-		if err := s.onMessage(ctx, m); err != nil {
-			return true, err
+		m, err := ParseLive(frames)
+		if err != nil {
+			if s := f.frameErrTarget(); s != nil {
+				s.stats.parseFrames.Add(1)
+				s.limiter.log(s.log, "frames", err)
+			}
+			continue
+		}
+		if s := f.route(m); s != nil {
+			s.onLive(m)
 		}
 	}
-	return len(pending) > 0, nil
+}
+
+// frameErrTarget is the target a malformed message is counted on: the only one of a
+// per-worker SUB; none for the collector (it cannot be attributed).
+func (f *feed) frameErrTarget() *Subscriber {
+	if f.shared || len(f.streams) != 1 {
+		return nil
+	}
+	return f.streams[0]
+}
+
+// onMonitor drains the SUB's connection events.
+func (f *feed) onMonitor() {
+	for {
+		ev, _, _, err := f.mon.RecvEvent(zmq.DONTWAIT)
+		if err != nil {
+			return
+		}
+		switch {
+		case ev == zmq.EVENT_DISCONNECTED && f.lostWait > 0:
+			f.lostAt = time.Now()
+		case ev == zmq.EVENT_CONNECT_RETRIED || ev == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+			f.lostAt = time.Time{}
+		}
+		if ev == zmq.EVENT_CONNECT_RETRIED {
+			continue
+		}
+		for _, s := range f.streams {
+			switch {
+			case ev == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+				// A new connection: whatever was published while we had none is only in the ring.
+				s.join.connected, s.join.due = true, true
+			case ev == zmq.EVENT_DISCONNECTED && !f.shared:
+				// libzmq reconnects by itself; until then the stream is not trustworthy.
+				s.join.connected = false
+				s.join.confirmAt = time.Time{}
+			}
+			s.setState(s.connState())
+		}
+	}
 }

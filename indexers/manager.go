@@ -22,9 +22,10 @@ type Manager struct {
 	zctx *zmq.Context
 	log  *slog.Logger
 
-	mu   sync.Mutex
-	subs map[workers.Target]*running
-	wg   sync.WaitGroup
+	mu         sync.Mutex
+	subs       map[workers.Target]*running
+	collectors []*collectorFeed
+	wg         sync.WaitGroup
 	// bySub is a copy of subs' subscribers, replaced under mu on every change, so that
 	// EventsHealthy (called per routing decision) takes no lock.
 	bySub atomic.Pointer[map[workers.Target]*Subscriber]
@@ -39,22 +40,24 @@ func (m *Manager) publishLocked() {
 	m.bySub.Store(&cp)
 }
 
-// EventsHealthy reports whether t's KV event stream can be trusted right now: its subscription
-// is live or replaying. Targets without a subscription, or one that is connecting or backing
-// off, are not. It is two atomic loads and a map lookup, cheap enough for every request.
+// EventsHealthy reports whether t's KV event index can be trusted right now: its subscription
+// is live or replaying and its index is exact (not approximate after lost batches, see
+// Sequencer). Targets without a subscription, or one that is connecting or backing off, are
+// not. It is three atomic loads and a map lookup, cheap enough for every request.
 func (m *Manager) EventsHealthy(t workers.Target) bool {
 	p := m.bySub.Load()
 	if p == nil {
 		return false
 	}
 	s := (*p)[t]
-	return s != nil && s.stats.healthy.Load()
+	return s != nil && s.stats.healthy.Load() && !s.stats.approximate.Load()
 }
 
 type running struct {
 	sub    *Subscriber
 	cancel context.CancelFunc
-	done   chan struct{}
+	done   chan struct{} // nil for a collector's target (the collector runs on)
+	shared bool          // fed by a collector
 }
 
 // NewManager returns a manager feeding ix. Close releases its ZMQ context.
@@ -73,7 +76,7 @@ func NewManager(ix *Index, log *slog.Logger) (*Manager, error) {
 func (m *Manager) Index() *Index { return m.ix }
 
 // TargetConfigs expands one worker's vLLM kv-events settings into per-rank subscriptions with
-// vLLM's port offsets (rank r uses port+r for both the PUB and the replay endpoint, §4.5). The
+// vLLM's port offsets (rank r uses port+r for both the PUB and the replay endpoint, vLLM's offset_endpoint_port). The
 // endpoints are the ones the gateway connects to, so a port the worker picks at bind time ("*"
 // or 0) is an error (ErrEphemeralPort): configure the port the worker bound instead.
 func TargetConfigs(worker string, dpSize int, endpoint, replayEndpoint, topic string) ([]SubscriberConfig, error) {
@@ -95,6 +98,25 @@ func TargetConfigs(worker string, dpSize int, endpoint, replayEndpoint, topic st
 		}
 		out = append(out, SubscriberConfig{Target: workers.Target{Worker: worker, DPRank: r},
 			Endpoint: ep, ReplayEndpoint: rep, Topic: topic})
+	}
+	return out, nil
+}
+
+// CollectorTargets expands one worker fed through the collector into per-rank targets: all
+// ranks share the worker's topic (the collector tells them apart by data_parallel_rank) and
+// rank r replays on replayEndpoint's port+r, as in TargetConfigs.
+func CollectorTargets(worker string, dpSize int, replayEndpoint, topic string) ([]SubscriberConfig, error) {
+	if ephemeralPort(replayEndpoint) {
+		return nil, fmt.Errorf("%w: the gateway cannot connect to %q; give the port the worker bound", ErrEphemeralPort, replayEndpoint)
+	}
+	dpSize = max(dpSize, 1)
+	out := make([]SubscriberConfig, 0, dpSize)
+	for r := range dpSize {
+		rep, err := OffsetEndpoint(replayEndpoint, r)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, SubscriberConfig{Target: workers.Target{Worker: worker, DPRank: r}, ReplayEndpoint: rep, Topic: topic})
 	}
 	return out, nil
 }
@@ -130,7 +152,9 @@ func (m *Manager) Stop(t workers.Target, forget bool) {
 	delete(m.subs, t)
 	m.publishLocked()
 	m.mu.Unlock()
-	if r != nil {
+	if r != nil && r.shared {
+		r.sub.forgotten.Store(true) // the collector drops its batches from now on
+	} else if r != nil {
 		r.cancel()
 		<-r.done
 	}
@@ -139,8 +163,9 @@ func (m *Manager) Stop(t workers.Target, forget bool) {
 	}
 }
 
-// WorkerRestarted resets every rank of a worker whose health flapped: their index state is
-// dropped and each stream restarts clean (spec §8.6).
+// WorkerRestarted reports that a worker's health flapped (ejected, then readmitted). Each of
+// its ranks treats it as a hint and checks it against the worker's replay ring: the index
+// state is reset only if the engine did restart (see Sequencer).
 func (m *Manager) WorkerRestarted(worker string) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -157,6 +182,9 @@ func (m *Manager) Close() error {
 	for _, r := range m.subs {
 		r.cancel()
 	}
+	for _, c := range m.collectors {
+		c.cancel()
+	}
 	m.subs = map[workers.Target]*running{}
 	m.publishLocked()
 	m.mu.Unlock()
@@ -171,7 +199,10 @@ type TargetDebug struct {
 	Endpoint         string           `json:"endpoint,omitempty"`
 	ReplayEndpoint   string           `json:"replay_endpoint,omitempty"`
 	State            string           `json:"state"`
-	LastSeq          int64            `json:"last_seq"`
+	LastSeq          uint64           `json:"last_seq"`
+	HaveSeq          bool             `json:"have_seq"`
+	IndexMode        string           `json:"index_mode"`
+	IndexModeReason  string           `json:"index_mode_reason,omitempty"`
 	LastBatchAgeSec  float64          `json:"last_batch_age_seconds,omitempty"`
 	Batches          int64            `json:"batches"`
 	Gaps             int64            `json:"gaps"`
@@ -182,12 +213,16 @@ type TargetDebug struct {
 	Reconnects       int64            `json:"reconnects"`
 	JoinReplays      int64            `json:"join_replays"`
 	LateDuplicates   int64            `json:"late_duplicates"`
+	Dropped          map[string]int64 `json:"dropped_batches"`
 	ResidentBlocks   map[string]int64 `json:"resident_blocks"`
 	Orphans          int64            `json:"orphans_g1"`
 	IndexBlocks      int              `json:"index_blocks"`
 	IndexBytesApprox int64            `json:"index_bytes_approx"`
 	ResidencyVersion uint64           `json:"residency_version"`
 	DroppedBlocks    map[string]int64 `json:"dropped_blocks,omitempty"`
+	// ChainRecoveries counts stores with an unknown parent that were placed under a recently
+	// routed prompt ("recovered") or dropped ("failed").
+	ChainRecoveries map[string]int64 `json:"chain_recoveries"`
 }
 
 // BytesPerBlock is the approximate index memory per distinct block per target (global entry,
@@ -205,7 +240,7 @@ func (m *Manager) Snapshot() []TargetDebug {
 	reg := m.ix.reg.Load()
 	out := make([]TargetDebug, 0, len(reg.byTarget))
 	for t, ts := range reg.byTarget {
-		d := TargetDebug{Worker: t.Worker, DPRank: t.DPRank, State: "unsubscribed", LastSeq: -1,
+		d := TargetDebug{Worker: t.Worker, DPRank: t.DPRank, State: "unsubscribed", IndexMode: ModeApproximate,
 			ResidentBlocks: map[string]int64{}, Orphans: ts.orphans[0].Load(),
 			ResidencyVersion: ts.version.Load(), DroppedBlocks: map[string]int64{}}
 		for k := range Tier(numTiers) {
@@ -221,11 +256,19 @@ func (m *Manager) Snapshot() []TargetDebug {
 		ts.mu.Unlock()
 		d.IndexBytesApprox = int64(d.IndexBlocks) * BytesPerBlock
 		d.Resets = map[string]int64{"total": ts.stats.resets.Load()}
+		d.ChainRecoveries = map[string]int64{"recovered": ts.stats.recovered.Load(), "failed": ts.stats.unrecovered.Load()}
 		if s := subs[t]; s != nil {
 			st := &s.stats
 			d.Endpoint, d.ReplayEndpoint = s.cfg.Endpoint, s.cfg.ReplayEndpoint
 			d.State, _ = st.state.Load().(string)
-			d.LastSeq = st.lastSeq.Load()
+			d.LastSeq, d.HaveSeq = st.lastSeq.Load(), st.haveSeq.Load()
+			d.IndexMode = ModeExact
+			if st.approximate.Load() {
+				d.IndexMode = ModeApproximate
+			}
+			d.IndexModeReason, _ = st.modeReason.Load().(string)
+			d.Dropped = map[string]int64{DropLateDuplicate: st.lateDuplicates.Load(), DropStale: st.stale.Load(),
+				DropImplausible: st.implausible.Load(), DropUnconfirmed: st.unconfirmed.Load()}
 			if ns := st.lastEvent.Load(); ns > 0 {
 				d.LastBatchAgeSec = time.Since(time.Unix(0, ns)).Seconds()
 			}

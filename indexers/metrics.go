@@ -15,6 +15,7 @@ type collector struct {
 	batches, gaps, replays, resets, parseErrors *prometheus.Desc
 	reconnects, lastSeq, state, version         *prometheus.Desc
 	joins, duplicates, recoveries               *prometheus.Desc
+	droppedBatches, mode, unknownTopic          *prometheus.Desc
 }
 
 // Register registers the manager's metrics (prefix kvgate_kv_) with reg.
@@ -40,13 +41,19 @@ func (m *Manager) Collector() prometheus.Collector {
 		resets:      d("resets_total", "Resets of the target's index state, by reason.", "reason"),
 		parseErrors: d("parse_errors_total", "Malformed or unknown input skipped, by kind.", "kind"),
 		reconnects:  d("reconnects_total", "Subscription restarts after socket errors."),
-		lastSeq:     d("last_seq", "Last applied event batch sequence number (-1 before the first)."),
+		lastSeq:     d("last_seq", "Last applied event batch sequence number (absent before the first)."),
 		state:       d("subscription_state", "1 for the subscription's current state.", "state"),
 		version:     d("residency_version", "Residency version (increases on every removal, clear and reset)."),
 		joins:       d("join_replays_total", "Replays requested on (re)connecting, before any live batch revealed a gap."),
 		duplicates:  d("late_duplicates_total", "Live batches skipped because a replay had already delivered them."),
 		recoveries: d("parent_recoveries_total",
 			"Stores with an unknown parent, placed under a recently routed prompt (recovered) or dropped (failed).", "result"),
+		droppedBatches: d("batches_dropped_total", "Event batches not applied, by reason: late_duplicate, stale (older than the applied "+
+			"batches of the same engine), implausible_seq (a jump the replay ring does not confirm), unconfirmed (a step back "+
+			"no later batch confirmed).", "reason"),
+		mode: d("index_approximate", "1 while the target's index lost batches and the router scores it approximately."),
+		unknownTopic: prometheus.NewDesc("kvgate_kv_collector_unknown_messages_total",
+			"Messages the collector could not attribute to a configured worker+rank, by cause.", []string{"listen", "cause"}, nil),
 	}
 }
 
@@ -54,7 +61,7 @@ func (m *Manager) Collector() prometheus.Collector {
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.events, c.blocks, c.dropped, c.resident, c.orphans, c.batches,
 		c.gaps, c.replays, c.resets, c.parseErrors, c.reconnects, c.lastSeq, c.state, c.version, c.joins, c.duplicates,
-		c.recoveries} {
+		c.recoveries, c.droppedBatches, c.mode, c.unknownTopic} {
 		ch <- d
 	}
 }
@@ -67,7 +74,12 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	for t, r := range c.m.subs {
 		subs[t.String()] = r.sub
 	}
+	collectors := append([]*collectorFeed(nil), c.m.collectors...)
 	c.m.mu.Unlock()
+	for _, cf := range collectors {
+		ch <- prometheus.MustNewConstMetric(c.unknownTopic, prometheus.CounterValue, float64(cf.unknownTopic.Load()), cf.cfg.Listen, "topic")
+		ch <- prometheus.MustNewConstMetric(c.unknownTopic, prometheus.CounterValue, float64(cf.unknownRank.Load()), cf.cfg.Listen, "dp_rank")
+	}
 	counter := func(d *prometheus.Desc, v int64, lv ...string) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), lv...)
 	}
@@ -113,7 +125,18 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		counter(c.reconnects, st.reconnects.Load(), w, r)
 		counter(c.joins, st.joinReplays.Load(), w, r)
 		counter(c.duplicates, st.lateDuplicates.Load(), w, r)
-		gauge(c.lastSeq, float64(st.lastSeq.Load()), w, r)
+		if st.haveSeq.Load() {
+			gauge(c.lastSeq, float64(st.lastSeq.Load()), w, r)
+		}
+		counter(c.droppedBatches, st.lateDuplicates.Load(), w, r, DropLateDuplicate)
+		counter(c.droppedBatches, st.stale.Load(), w, r, DropStale)
+		counter(c.droppedBatches, st.implausible.Load(), w, r, DropImplausible)
+		counter(c.droppedBatches, st.unconfirmed.Load(), w, r, DropUnconfirmed)
+		approx := 0.0
+		if st.approximate.Load() {
+			approx = 1
+		}
+		gauge(c.mode, approx, w, r)
 		cur, _ := st.state.Load().(string)
 		for _, name := range []string{StateConnecting, StateLive, StateReplaying, StateBackoff, StateStopped} {
 			v := 0.0

@@ -7,7 +7,7 @@ import (
 	zmq "github.com/pebbe/zmq4"
 )
 
-// testPub is a minimal vLLM-style publisher (spec §4.2–4.4, §9) for live tests: a PUB socket
+// testPub is a minimal vLLM-style publisher (vllm/distributed/kv_events.py ZmqEventPublisher) for live tests: a PUB socket
 // and a replay ROUTER on loopback ports chosen by the kernel, served by one goroutine that
 // owns both sockets. Test code drives it through closures run on that goroutine.
 type testPub struct {
@@ -18,13 +18,24 @@ type testPub struct {
 	format ReplayFormat
 	ring   *ReplayBuffer
 	seq    uint64
-	cmds   chan func(pub, router *zmq.Socket)
-	done   chan struct{}
+	// connect, when set, makes the PUB connect there (a worker publishing to a collector)
+	// instead of binding a loopback port.
+	connect string
+	// dropReplies[seq] > 0 makes the ROUTER skip that batch's reply that many times (as
+	// when it drops at its HWM). Only touched on the publisher goroutine (use do).
+	dropReplies map[uint64]int
+	cmds        chan func(pub, router *zmq.Socket)
+	done        chan struct{}
 }
 
 func newTestPub(t testing.TB, zctx *zmq.Context, topic string, ringCap int, format ReplayFormat) *testPub {
-	p := &testPub{t: t, topic: topic, format: format, ring: NewReplayBuffer(ringCap),
-		cmds: make(chan func(pub, router *zmq.Socket)), done: make(chan struct{})}
+	return newTestPubTo(t, zctx, topic, ringCap, format, "")
+}
+
+// newTestPubTo is newTestPub whose PUB connects to connect ("" = bind a loopback port).
+func newTestPubTo(t testing.TB, zctx *zmq.Context, topic string, ringCap int, format ReplayFormat, connect string) *testPub {
+	p := &testPub{t: t, topic: topic, format: format, ring: NewReplayBuffer(ringCap), connect: connect,
+		dropReplies: map[uint64]int{}, cmds: make(chan func(pub, router *zmq.Socket)), done: make(chan struct{})}
 	ready := make(chan error, 1)
 	go p.loop(zctx, ready)
 	if err := <-ready; err != nil {
@@ -50,7 +61,12 @@ func (p *testPub) loop(zctx *zmq.Context, ready chan<- error) {
 	defer router.Close()
 	_ = pub.SetLinger(0)
 	_ = router.SetLinger(0)
-	if err := pub.Bind("tcp://127.0.0.1:0"); err != nil {
+	if p.connect != "" {
+		err = pub.Connect(p.connect)
+	} else {
+		err = pub.Bind("tcp://127.0.0.1:0")
+	}
+	if err != nil {
 		ready <- err
 		return
 	}
@@ -86,6 +102,10 @@ func (p *testPub) loop(zctx *zmq.Context, ready chan<- error) {
 			continue // vLLM logs "Invalid replay request" and sends nothing
 		}
 		p.ring.Since(start, func(seq uint64, payload []byte) {
+			if p.dropReplies[seq] > 0 {
+				p.dropReplies[seq]--
+				return
+			}
 			_, _ = router.SendMessage(ReplayReplyFrames(id, p.format, p.topic, seq, payload))
 		})
 		_, _ = router.SendMessage(ReplayEndFrames(id, p.format))

@@ -6,7 +6,6 @@ import (
 	"log/slog"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	zmq "github.com/pebbe/zmq4"
@@ -40,7 +39,23 @@ type SubscriberConfig struct {
 	// after the join replay can reach nobody; a later live batch reveals it as a gap, but if the
 	// worker then goes quiet only this second look finds it.
 	JoinSettle time.Duration
+	// MaxMsgSize is ZMQ_MAXMSGSIZE on the SUB and replay sockets, in bytes (default
+	// DefaultMaxMsgSize; -1 = no limit): a peer sending a larger message is disconnected.
+	MaxMsgSize int64
+	// RingSize is the worker's replay ring in batches (vLLM's buffer_steps, default 10,000);
+	// without a replay socket, a forward jump of more than RingSize+1000 is only followed once
+	// the next batch confirms it.
+	RingSize int
+	// MaxReplayAttempts bounds the replay requests spent on one gap (default 3).
+	MaxReplayAttempts int
+	// SettleTime is how long a target whose index lost batches stays approximate (default 2 min).
+	SettleTime time.Duration
+	// SettleBatches, when > 0, also leaves approximate mode after that many applied batches.
+	SettleBatches uint64
 }
+
+// DefaultMaxMsgSize is the default ZMQ_MAXMSGSIZE of the KV-event sockets (64 MiB).
+const DefaultMaxMsgSize = 64 << 20
 
 func (c *SubscriberConfig) defaults() {
 	if c.ReplayTimeout <= 0 {
@@ -61,6 +76,15 @@ func (c *SubscriberConfig) defaults() {
 	if c.JoinSettle <= 0 {
 		c.JoinSettle = 250 * time.Millisecond
 	}
+	if c.MaxMsgSize == 0 {
+		c.MaxMsgSize = DefaultMaxMsgSize
+	}
+}
+
+func (c *SubscriberConfig) seqConfig() SeqConfig {
+	return SeqConfig{Replay: c.ReplayEndpoint != "", RingSize: uint64(max(c.RingSize, 0)),
+		MaxPending: c.MaxPending, MaxReplayAttempts: c.MaxReplayAttempts,
+		SettleTime: c.SettleTime, SettleBatches: c.SettleBatches}
 }
 
 // Subscription states reported by Snapshot.
@@ -84,16 +108,21 @@ type subStats struct {
 	batches, gaps, replaysOK, replaysFailed, replayedBatches atomic.Int64
 	resetsGap, resetsRestart, resetsHealth                   atomic.Int64
 	parseFrames, parsePayload, unknownEvents, malformed      atomic.Int64
-	reconnects, pendingOverflow, rankMismatch, midStream     atomic.Int64
-	joinReplays, lateDuplicates                              atomic.Int64
-	lastSeq                                                  atomic.Int64 // -1: none yet
+	reconnects, pendingOverflow, rankMismatch                atomic.Int64
+	joinReplays, lateDuplicates, stale                       atomic.Int64
+	implausible, unconfirmed                                 atomic.Int64
+	lastSeq                                                  atomic.Uint64
+	haveSeq                                                  atomic.Bool  // lastSeq is set
 	state                                                    atomic.Value // string
 	healthy                                                  atomic.Bool  // state is live or replaying
+	approximate                                              atomic.Bool  // the index lost batches
+	modeReason                                               atomic.Value // string
 	lastEvent                                                atomic.Int64 // unix nanos
 }
 
 // Subscriber follows one worker+rank's KV events into an Index. Its ZMQ sockets live on the
 // goroutine that runs Run (sockets are not goroutine-safe); other methods are safe anywhere.
+// The sequencing decisions are its Sequencer's; the Subscriber executes them.
 type Subscriber struct {
 	cfg   SubscriberConfig
 	ix    *Index
@@ -101,18 +130,16 @@ type Subscriber struct {
 	log   *slog.Logger
 	stats subStats
 
-	restart atomic.Bool // set by MarkRestarted, consumed by the socket goroutine
-	limiter logLimiter
+	restart   atomic.Bool // set by MarkRestarted, consumed by the socket goroutine
+	forgotten atomic.Bool // a collector's target that was stopped
+	limiter   logLimiter
 
 	// socket-goroutine state
-	haveSeq  bool
-	last     uint64
-	haveLive bool   // liveLast is set: a batch came over the live socket since the last reset
-	liveLast uint64 // seq of the last live batch (see sawLive)
-	sub      *zmq.Socket
-	dealer   *zmq.Socket
-	join     joinState
-	monitors int // monitor sockets opened, for unique inproc addresses
+	seq            *Sequencer
+	dealer         *zmq.Socket
+	replayDeadline time.Time // of the replay request in flight; zero = none
+	join           joinState
+	monitors       int // monitor sockets opened, for unique inproc addresses
 }
 
 // NewSubscriber prepares a subscriber; zctx may be shared by many subscribers.
@@ -121,18 +148,28 @@ func NewSubscriber(zctx *zmq.Context, ix *Index, cfg SubscriberConfig, log *slog
 	if log == nil {
 		log = slog.Default()
 	}
-	s := &Subscriber{cfg: cfg, ix: ix, zctx: zctx,
+	s := &Subscriber{cfg: cfg, ix: ix, zctx: zctx, seq: NewSequencer(cfg.seqConfig()),
 		log: log.With("component", "kv-events", "target", cfg.Target.String(), "endpoint", cfg.Endpoint)}
-	s.stats.lastSeq.Store(-1)
+	s.stats.modeReason.Store("")
 	s.setState(StateConnecting)
+	return s
+}
+
+// live returns s unless it is nil or was stopped (collector targets).
+func (s *Subscriber) live() *Subscriber {
+	if s == nil || s.forgotten.Load() {
+		return nil
+	}
 	return s
 }
 
 // Target returns the worker+rank this subscriber follows.
 func (s *Subscriber) Target() workers.Target { return s.cfg.Target }
 
-// MarkRestarted tells the subscriber that its worker restarted (e.g. the gateway's health
-// prober saw /health flap): the target's index state is reset and the stream restarts clean.
+// MarkRestarted tells the subscriber that its worker may have restarted (the gateway's health
+// prober saw /health flap). It is a hint: the subscriber asks the worker's replay ring whether
+// the engine that published the last applied batch is still there and resets the target's
+// index state only if it is not (see Sequencer).
 func (s *Subscriber) MarkRestarted() { s.restart.Store(true) }
 
 func (s *Subscriber) setState(st string) {
@@ -156,7 +193,7 @@ func (s *Subscriber) Run(ctx context.Context) error {
 	for ctx.Err() == nil {
 		s.setState(StateConnecting)
 		err := s.session(ctx)
-		s.closeSockets()
+		s.closeDealer()
 		if ctx.Err() != nil {
 			return nil
 		}
@@ -173,29 +210,13 @@ func (s *Subscriber) Run(ctx context.Context) error {
 	return nil
 }
 
-func (s *Subscriber) openSockets() error {
-	sub, err := s.zctx.NewSocket(zmq.SUB)
-	if err != nil {
-		return fmt.Errorf("sub socket: %w", err)
-	}
-	s.sub = sub
+// subOptions are the SUB socket's options, shared by per-worker and collector sockets.
+func subOptions(sub *zmq.Socket, hwm int, rmin, rmax time.Duration, maxMsg int64) {
 	_ = sub.SetLinger(0)
-	_ = sub.SetRcvhwm(s.cfg.RcvHWM)
-	_ = sub.SetReconnectIvl(s.cfg.ReconnectMin)
-	_ = sub.SetReconnectIvlMax(s.cfg.ReconnectMax)
-	if err := sub.SetSubscribe(s.cfg.Topic); err != nil {
-		return fmt.Errorf("subscribe: %w", err)
-	}
-	s.openMonitor() // before connecting, so that no connection event is missed
-	if s.cfg.Bind {
-		err = sub.Bind(s.cfg.Endpoint)
-	} else {
-		err = sub.Connect(s.cfg.Endpoint)
-	}
-	if err != nil {
-		return fmt.Errorf("sub %s: %w", s.cfg.Endpoint, err)
-	}
-	return nil
+	_ = sub.SetRcvhwm(hwm)
+	_ = sub.SetReconnectIvl(rmin)
+	_ = sub.SetReconnectIvlMax(rmax)
+	_ = sub.SetMaxmsgsize(maxMsg)
 }
 
 func (s *Subscriber) openDealer() error {
@@ -207,6 +228,7 @@ func (s *Subscriber) openDealer() error {
 		return fmt.Errorf("dealer socket: %w", err)
 	}
 	_ = d.SetLinger(0)
+	_ = d.SetMaxmsgsize(s.cfg.MaxMsgSize)
 	if err := d.Connect(s.cfg.ReplayEndpoint); err != nil {
 		d.Close()
 		return fmt.Errorf("dealer %s: %w", s.cfg.ReplayEndpoint, err)
@@ -221,87 +243,163 @@ func (s *Subscriber) closeDealer() {
 		s.dealer.Close()
 		s.dealer = nil
 	}
-}
-
-func (s *Subscriber) closeSockets() {
-	s.closeDealer()
-	if s.sub != nil {
-		s.sub.Close()
-		s.sub = nil
-	}
-	s.closeMonitor() // after the SUB: its monitor stops with it
+	s.replayDeadline = time.Time{}
 }
 
 // pollInterval bounds how long the socket goroutine waits before noticing ctx or a restart mark.
 const pollInterval = 50 * time.Millisecond
 
+// session opens this target's own SUB (and monitor) and runs the event loop on it.
 func (s *Subscriber) session(ctx context.Context) error {
-	// haveSeq/last survive a reconnect: the join replay asks for last+1 onwards (replaying
-	// from 0 would apply batches twice).
-	s.join = joinState{}
-	if err := s.openSockets(); err != nil {
-		return err
+	sub, err := s.zctx.NewSocket(zmq.SUB)
+	if err != nil {
+		return fmt.Errorf("sub socket: %w", err)
 	}
-	if s.join.mon == nil {
-		s.join.connected = true // no monitor: trust the connection and join at once
-		s.join.due = true
+	defer sub.Close()
+	subOptions(sub, s.cfg.RcvHWM, s.cfg.ReconnectMin, s.cfg.ReconnectMax, s.cfg.MaxMsgSize)
+	if err := sub.SetSubscribe(s.cfg.Topic); err != nil {
+		return fmt.Errorf("subscribe: %w", err)
 	}
-	s.setState(s.connState())
-	poller := zmq.NewPoller()
-	poller.Add(s.sub, zmq.POLLIN)
-	if s.join.mon != nil {
-		poller.Add(s.join.mon, zmq.POLLIN)
+	f := &feed{sub: sub, streams: []*Subscriber{s}, route: func(LiveMessage) *Subscriber { return s }}
+	if !s.cfg.Bind {
+		f.lostWait = s.cfg.ReconnectMax + time.Second
 	}
-	for ctx.Err() == nil {
-		s.checkRestart()
-		if err := s.joinIfDue(ctx); err != nil {
-			return err
-		}
-		polled, err := poller.Poll(s.join.pollWait())
-		if err != nil {
-			if zmq.AsErrno(err) == zmq.Errno(syscall.EINTR) {
-				continue
-			}
-			return fmt.Errorf("poll: %w", err)
-		}
-		for _, p := range polled {
-			if p.Socket != s.sub {
-				s.onMonitor()
-				continue
-			}
-			frames, err := s.sub.RecvMessageBytes(zmq.DONTWAIT)
-			if err != nil {
-				continue
-			}
-			if err := s.onLive(ctx, frames); err != nil {
-				return err
-			}
-		}
+	s.monitors++
+	f.mon = openMonitor(s.zctx, sub, fmt.Sprintf("inproc://kvgate-kv-monitor-%p-%d", s, s.monitors), s.log)
+	defer f.closeMonitor() // after the SUB: deferred calls run in reverse
+	if s.cfg.Bind {
+		err = sub.Bind(s.cfg.Endpoint)
+	} else {
+		err = sub.Connect(s.cfg.Endpoint)
 	}
-	return nil
+	if err != nil {
+		return fmt.Errorf("sub %s: %w", s.cfg.Endpoint, err)
+	}
+	return f.run(ctx)
 }
 
-// checkRestart applies a MarkRestarted: reset, then rebuild from whatever the worker's replay
-// ring holds (a restarted engine's ring starts at seq 0), without waiting for its next batch.
-func (s *Subscriber) checkRestart() {
-	if !s.restart.Swap(false) {
+// step runs the time- and flag-driven work of one loop turn: a restart hint, a replay
+// timeout, the join replay and its second look, the settle window.
+func (s *Subscriber) step(now time.Time) {
+	if s.restart.Swap(false) {
+		s.exec(s.seq.RestartHint(now))
+	}
+	if !s.replayDeadline.IsZero() && !now.Before(s.replayDeadline) {
+		s.log.Warn("kv-events: replay timed out", "timeout", s.cfg.ReplayTimeout)
+		s.closeDealer() // late replies must not leak into the next exchange
+		s.exec(s.seq.ReplayFailed(now))
+	}
+	s.joinIfDue(now)
+	s.exec(s.seq.Tick(now))
+	s.setState(s.connState())
+}
+
+// onLive handles one live batch routed to this target.
+func (s *Subscriber) onLive(m LiveMessage) {
+	// A batch arrived, so the PUB has our subscription: from here on anything missed shows up
+	// as a gap, and the join's second look is not needed.
+	s.join.sawLive = true
+	s.join.confirmAt = time.Time{}
+	if !s.join.connected {
+		s.join.connected = true
+	}
+	s.exec(s.seq.Live(m, time.Now()))
+	s.setState(s.connState())
+}
+
+// onDealer drains the replay socket.
+func (s *Subscriber) onDealer() {
+	for s.dealer != nil {
+		frames, err := s.dealer.RecvMessageBytes(zmq.DONTWAIT)
+		if err != nil {
+			return
+		}
+		rep, err := ParseReplayReply(frames)
+		if err != nil {
+			s.stats.parseFrames.Add(1)
+			s.limiter.log(s.log, "replay", err)
+			continue
+		}
+		now := time.Now()
+		if rep.End {
+			s.replayDeadline = time.Time{}
+			s.exec(s.seq.ReplayEnd(now))
+			continue
+		}
+		s.stats.replayedBatches.Add(1)
+		s.exec(s.seq.ReplayBatch(rep.Seq, rep.Payload, now))
+	}
+}
+
+// exec carries out the sequencer's actions in order.
+func (s *Subscriber) exec(acts []Action) {
+	for _, a := range acts {
+		switch a.Kind {
+		case ActApply:
+			if s.apply(a.Seq, a.Payload) {
+				s.exec(s.seq.Cleared(time.Now()))
+			}
+		case ActReplay:
+			s.sendReplay(a.Seq)
+		case ActReset:
+			s.resetTarget(a.Reason)
+		case ActDrop:
+			switch a.Reason {
+			case DropLateDuplicate:
+				s.stats.lateDuplicates.Add(1)
+			case DropStale:
+				s.stats.stale.Add(1)
+			case DropImplausible:
+				s.stats.implausible.Add(1)
+				s.log.Warn("kv-events: implausible sequence number dropped", "seq", a.Seq)
+			case DropUnconfirmed:
+				s.stats.unconfirmed.Add(1)
+			}
+		case ActMode:
+			s.stats.modeReason.Store(a.Reason)
+			s.stats.approximate.Store(a.Mode == ModeApproximate)
+			s.log.Warn("kv-events: index mode", "mode", a.Mode, "reason", a.Reason)
+		case ActGap:
+			s.stats.gaps.Add(1)
+			if last, ok := s.seq.Last(); ok {
+				s.log.Warn("kv-events: sequence gap", "expected", last+1)
+			}
+		case ActReplayDone:
+			if a.OK {
+				s.stats.replaysOK.Add(1)
+			} else {
+				s.stats.replaysFailed.Add(1)
+				s.closeDealer()
+			}
+			s.join.replayDone()
+		case ActOverflow:
+			s.stats.pendingOverflow.Add(1)
+			s.closeDealer()
+		}
+	}
+}
+
+// sendReplay asks the replay ROUTER for every batch from `from`; a failure to send is reported
+// to the sequencer at once.
+func (s *Subscriber) sendReplay(from uint64) {
+	err := s.openDealer()
+	if err == nil && s.dealer != nil {
+		_, err = s.dealer.SendMessage(ReplayRequestFrames(from))
+	} else if err == nil {
+		err = fmt.Errorf("no replay endpoint")
+	}
+	if err != nil {
+		s.log.Warn("kv-events: replay request failed", "from", from, "err", err)
+		s.closeDealer()
+		s.exec(s.seq.ReplayFailed(time.Now()))
 		return
 	}
-	s.resetTarget(ResetHealth)
-	s.haveSeq = false
-	s.join.due = true // joinIfDue replays from 0 once the SUB is connected
-	s.join.confirmAt = time.Time{}
+	s.replayDeadline = time.Now().Add(s.cfg.ReplayTimeout)
+	s.setState(StateReplaying)
 }
-
-// sawLive records the sequence number of a batch that came over the live socket. A live
-// stream only moves forward (one TCP connection, in order), so a later live batch at or below it
-// means the publisher's counter restarted, while one above it but at or below the last applied
-// seq is a late duplicate of a replayed batch.
-func (s *Subscriber) sawLive(seq uint64) { s.liveLast, s.haveLive = seq, true }
 
 func (s *Subscriber) resetTarget(reason string) {
 	s.ix.Reset(s.cfg.Target)
-	s.haveLive = false // the next stream is judged on its own
 	switch reason {
 	case ResetGap:
 		s.stats.resetsGap.Add(1)
@@ -313,73 +411,21 @@ func (s *Subscriber) resetTarget(reason string) {
 	s.log.Warn("kv-events: index state of target reset", "reason", reason)
 }
 
-// onLive handles one live message: sequence tracking, gap recovery, application.
-func (s *Subscriber) onLive(ctx context.Context, frames [][]byte) error {
-	msg, err := ParseLive(frames)
-	if err != nil {
-		s.stats.parseFrames.Add(1)
-		s.limiter.log(s.log, "frames", err)
-		return nil
-	}
-	// A batch arrived, so the PUB has our subscription: from here on anything missed shows up
-	// as a gap, and the join's second look is not needed.
-	s.join.confirmAt = time.Time{}
-	if !s.join.connected {
-		s.join.connected = true
-		s.setState(StateLive)
-	}
-	return s.onMessage(ctx, msg)
-}
-
-// onMessage tracks the sequence of one live batch, recovers gaps and applies it.
-func (s *Subscriber) onMessage(ctx context.Context, msg LiveMessage) error {
-	prevLive, hadLive := s.liveLast, s.haveLive
-	s.sawLive(msg.Seq)
-	switch {
-	case !s.haveSeq && msg.Seq == 0:
-	case !s.haveSeq:
-		// Joined mid-stream (or reconnected): earlier batches may still be in the replay ring
-		// (spec §8.5: replay from 0). What the ring no longer has is accepted as unknown.
-		s.stats.midStream.Add(1)
-		return s.recover(ctx, 0, msg, false)
-	case msg.Seq == s.last+1:
-	case msg.Seq <= s.last && (!hadLive || msg.Seq > prevLive):
-		// Not a step back of the live stream: the live copy of a batch a replay already
-		// delivered (replies and live batches travel on different connections, so it can
-		// arrive after the replay ended).
-		s.stats.lateDuplicates.Add(1)
-		return nil
-	case msg.Seq <= s.last:
-		// The publisher's counter went back: the engine restarted (spec §8.6).
-		s.resetTarget(ResetRestart)
-		s.haveSeq = false
-		if msg.Seq > 0 {
-			return s.recover(ctx, 0, msg, false)
-		}
-	default:
-		s.stats.gaps.Add(1)
-		s.log.Warn("kv-events: sequence gap", "expected", s.last+1, "got", msg.Seq)
-		return s.recover(ctx, s.last+1, msg, true)
-	}
-	s.apply(msg.Seq, msg.Payload)
-	return nil
-}
-
-// apply decodes and applies one batch and advances the sequence.
-func (s *Subscriber) apply(seq uint64, payload []byte) {
-	s.haveSeq, s.last = true, seq
+// apply decodes and applies one batch; it reports whether the batch held AllBlocksCleared.
+func (s *Subscriber) apply(seq uint64, payload []byte) (cleared bool) {
 	// Published once the batch is in the index, so that an observer of last_seq (the debug
 	// endpoint, tests) finds the index at least that far.
 	defer func() {
 		s.stats.batches.Add(1)
 		s.stats.lastEvent.Store(time.Now().UnixNano())
-		s.stats.lastSeq.Store(int64(seq))
+		s.stats.lastSeq.Store(seq)
+		s.stats.haveSeq.Store(true)
 	}()
 	b, st, err := DecodeBatchStats(payload)
 	if err != nil {
 		s.stats.parsePayload.Add(1)
 		s.limiter.log(s.log, "payload", err)
-		return
+		return false
 	}
 	if st.Unknown > 0 {
 		s.stats.unknownEvents.Add(int64(st.Unknown))
@@ -394,145 +440,12 @@ func (s *Subscriber) apply(seq uint64, payload []byte) {
 	if err := s.ix.Apply(s.cfg.Target, b); err != nil {
 		s.limiter.log(s.log, "apply", err)
 	}
-}
-
-// recover asks the replay ROUTER for batches from `from` while buffering live messages, then
-// applies them in order. If the replay cannot cover the range and mustCover is set (a gap in a
-// stream we were following), the target is reset and continues from what is available.
-func (s *Subscriber) recover(ctx context.Context, from uint64, trigger LiveMessage, mustCover bool) error {
-	pending := []LiveMessage{trigger}
-	covered := false
-	var replayed []ReplayReply
-	if s.cfg.ReplayEndpoint != "" {
-		s.setState(StateReplaying)
-		var err error
-		replayed, pending, err = s.replay(ctx, from, pending)
-		s.setState(s.connState())
-		switch {
-		case err != nil:
-			s.stats.replaysFailed.Add(1)
-			s.log.Warn("kv-events: replay failed", "from", from, "err", err)
-			replayed = nil
-		case len(replayed) > 0 && replayed[0].Seq == from:
-			covered = true
-			s.stats.replaysOK.Add(1)
-			s.log.Info("kv-events: replay recovered", "from", from, "batches", len(replayed), "buffered_live", len(pending))
-		case len(replayed) == 0 && from == trigger.Seq:
-			covered = true
-			s.stats.replaysOK.Add(1)
-		default:
-			s.stats.replaysFailed.Add(1)
-			s.log.Warn("kv-events: replay does not reach back far enough", "from", from, "replayed", len(replayed))
+	for _, ev := range b.Events {
+		if _, ok := ev.(*AllBlocksCleared); ok {
+			cleared = true
 		}
 	}
-	if !covered {
-		if mustCover {
-			s.resetTarget(ResetGap)
-		}
-		s.haveSeq = false
-	}
-	// Apply the replayed batches, then the buffered live ones, each at most once and in order.
-	next := from
-	if !covered && len(replayed) > 0 {
-		next = replayed[0].Seq
-	}
-	apply := func(seq uint64, payload []byte) {
-		if s.haveSeq && seq < next {
-			return
-		}
-		s.apply(seq, payload)
-		next = seq + 1
-	}
-	for _, r := range replayed {
-		s.stats.replayedBatches.Add(1)
-		apply(r.Seq, r.Payload)
-	}
-	for i, m := range pending {
-		if i > 0 { // pending[0] is the trigger, seen by onMessage
-			s.sawLive(m.Seq)
-		}
-		if s.haveSeq && m.Seq > next {
-			// A new hole after the replay: recover again from the remaining messages.
-			return s.recoverRest(ctx, pending[i:])
-		}
-		if !s.haveSeq {
-			next = m.Seq
-		}
-		apply(m.Seq, m.Payload)
-	}
-	return nil
-}
-
-// recoverRest re-enters the live path for buffered messages after a further gap.
-func (s *Subscriber) recoverRest(ctx context.Context, rest []LiveMessage) error {
-	for _, m := range rest {
-		if err := s.onMessage(ctx, m); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// replay performs one replay exchange on the DEALER, buffering live messages meanwhile.
-func (s *Subscriber) replay(ctx context.Context, from uint64, pending []LiveMessage) ([]ReplayReply, []LiveMessage, error) {
-	if err := s.openDealer(); err != nil {
-		return nil, pending, err
-	}
-	if _, err := s.dealer.SendMessage(ReplayRequestFrames(from)); err != nil {
-		s.closeDealer()
-		return nil, pending, fmt.Errorf("replay request: %w", err)
-	}
-	poller := zmq.NewPoller()
-	poller.Add(s.dealer, zmq.POLLIN)
-	poller.Add(s.sub, zmq.POLLIN)
-	deadline := time.Now().Add(s.cfg.ReplayTimeout)
-	var out []ReplayReply
-	for {
-		wait := time.Until(deadline)
-		if wait <= 0 || ctx.Err() != nil {
-			s.closeDealer() // late replies must not leak into the next exchange
-			return nil, pending, fmt.Errorf("replay from %d: timeout after %d batches", from, len(out))
-		}
-		polled, err := poller.Poll(min(wait, pollInterval))
-		if err != nil {
-			continue
-		}
-		for _, p := range polled {
-			frames, err := p.Socket.RecvMessageBytes(zmq.DONTWAIT)
-			if err != nil {
-				continue
-			}
-			if p.Socket == s.sub {
-				m, err := ParseLive(frames)
-				if err != nil {
-					s.stats.parseFrames.Add(1)
-					continue
-				}
-				if len(pending) >= s.cfg.MaxPending {
-					s.stats.pendingOverflow.Add(1)
-					s.closeDealer()
-					return nil, pending, fmt.Errorf("replay from %d: more than %d live batches buffered", from, s.cfg.MaxPending)
-				}
-				pending = append(pending, m)
-				continue
-			}
-			rep, err := ParseReplayReply(frames)
-			if err != nil {
-				s.stats.parseFrames.Add(1)
-				s.limiter.log(s.log, "replay", err)
-				continue
-			}
-			if rep.End {
-				return out, pending, nil
-			}
-			if len(out) > 0 && rep.Seq != out[len(out)-1].Seq+1 {
-				// ROUTER dropped replies at its HWM: the range is not contiguous.
-				s.closeDealer()
-				return nil, pending, fmt.Errorf("replay from %d: non-contiguous (%d after %d)", from, rep.Seq, out[len(out)-1].Seq)
-			}
-			out = append(out, rep)
-		}
-	}
+	return cleared
 }
 
 // logLimiter logs a kind of problem at most once per interval, with the suppressed count.

@@ -63,8 +63,9 @@ func (m *indexMatcher) NoteRouted(t workers.Target, local, seq []uint64) {
 }
 
 // ManagerHealth reports a target's KV event stream healthy while its subscription is live or
-// replaying (indexers.Manager.EventsHealthy: atomic state per target, no lock, no polling). A
-// target with no subscription is not healthy (scored in approximate mode).
+// replaying and its index is exact, not approximate after lost batches
+// (indexers.Manager.EventsHealthy: atomic state per target, no lock, no polling). A target with
+// no subscription is not healthy (scored in approximate mode).
 func ManagerHealth(m *indexers.Manager) EventHealth {
 	return EventHealthFunc(m.EventsHealthy)
 }

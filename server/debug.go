@@ -115,6 +115,9 @@ type workersDebug struct {
 	BlockSize int             `json:"block_size"`
 	Targets   []targetView    `json:"targets"`
 	Sessions  *sessions.Stats `json:"sessions,omitempty"`
+	// Collectors are the KV-event collectors (kv_events.listen), with the messages they could
+	// not attribute to a configured worker+rank.
+	Collectors []indexers.CollectorDebug `json:"kv_collectors,omitempty"`
 }
 
 // kvParts returns the engine and KV policy behind the server's policy, when there are any.
@@ -143,6 +146,9 @@ func (s *Server) handleDebugWorkers(c *gin.Context) {
 	if s.sessions != nil {
 		st := s.sessions.Stats()
 		out.Sessions = &st
+	}
+	if s.events != nil {
+		out.Collectors = s.events.Collectors()
 	}
 	now := time.Now()
 	for _, w := range s.reg.Workers() {

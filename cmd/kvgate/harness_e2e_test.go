@@ -189,6 +189,7 @@ type targetJSON struct {
 		State            string           `json:"state"`
 		Resets           map[string]int64 `json:"resets"`
 		ResidencyVersion uint64           `json:"residency_version"`
+		ReplaysOK        int64            `json:"replays_ok"`
 	} `json:"subscription"`
 	ApproximateBlocks *int `json:"approximate_blocks"`
 	Load              *struct {

@@ -79,7 +79,8 @@ func buildRouting(ctx context.Context, cfg configs.Config, reg *workers.Registry
 	rt.policy = eng
 	if kv, ok := policy.(*router.KVPolicy); ok {
 		// A worker whose /health flapped may have restarted with an empty cache: what approximate
-		// mode assumed about it is void (the event subscriptions reset themselves, see buildKV).
+		// mode assumed about it is void (the event streams check the
+		// worker's replay ring and reset only if the engine restarted, see buildKV).
 		reg.OnChange(func(w *workers.Worker, change string) {
 			if change == workers.ChangeReadmitted && kv.Approx() != nil {
 				for rank := range w.DPSize() {
@@ -208,6 +209,7 @@ func buildKV(ctx context.Context, cfg configs.Config, kvcfg router.KVConfig, reg
 			return nil, fmt.Errorf("workers[%d].kv_events: %w", i, err)
 		}
 		for _, sc := range subs {
+			sc.MaxMsgSize, sc.SettleTime = int64(cfg.KVEvents.MaxMsgSize), cfg.KVEvents.Settle.D()
 			if err := mgr.Start(ctx, sc); err != nil {
 				parts.close()
 				return nil, fmt.Errorf("workers[%d]: subscribe %s: %w", i, sc.Endpoint, err)
@@ -215,11 +217,34 @@ func buildKV(ctx context.Context, cfg configs.Config, kvcfg router.KVConfig, reg
 			subscribed++
 		}
 	}
+	if cfg.KVEvents.Listen != "" {
+		cc := indexers.CollectorConfig{Listen: cfg.KVEvents.Listen, MaxMsgSize: int64(cfg.KVEvents.MaxMsgSize)}
+		for i, w := range cfg.Workers {
+			if !cfg.CollectorWorker(w) {
+				continue
+			}
+			subs, err := indexers.CollectorTargets(w.URL, w.DPSize, w.Replay, w.Topic)
+			if err != nil {
+				parts.close()
+				return nil, fmt.Errorf("workers[%d].replay: %w", i, err)
+			}
+			for _, sc := range subs {
+				sc.SettleTime = cfg.KVEvents.Settle.D()
+				cc.Targets = append(cc.Targets, sc)
+			}
+		}
+		if err := mgr.StartCollector(ctx, cc); err != nil {
+			parts.close()
+			return nil, fmt.Errorf("kv_events.listen: %w", err)
+		}
+		subscribed += len(cc.Targets)
+	}
 	// A readmitted worker's /health flapped: it may have restarted with an empty cache and a
-	// new event sequence, so its index state is dropped and its streams restart clean.
+	// new event sequence. Its event streams check that against the worker's replay ring and
+	// reset their index state only if the engine did restart (indexers.Sequencer).
 	reg.OnChange(func(w *workers.Worker, change string) {
 		if change == workers.ChangeReadmitted {
-			log.Info("worker health flapped; resetting its KV-event state", "worker", w.URL())
+			log.Info("worker health flapped; checking its KV-event state", "worker", w.URL())
 			mgr.WorkerRestarted(w.URL())
 			for rank := range w.DPSize() {
 				sm.ApplyCleared(workers.Target{Worker: w.URL(), DPRank: rank})
@@ -244,7 +269,7 @@ func buildKV(ctx context.Context, cfg configs.Config, kvcfg router.KVConfig, reg
 func eventWorkers(cfg configs.Config) int {
 	n := 0
 	for _, w := range cfg.Workers {
-		if w.KVEvents != "" {
+		if w.KVEvents != "" || cfg.CollectorWorker(w) {
 			n++
 		}
 	}
