@@ -268,7 +268,8 @@ func (m *Manager) Snapshot() []TargetDebug {
 			}
 			d.IndexModeReason, _ = st.modeReason.Load().(string)
 			d.Dropped = map[string]int64{DropLateDuplicate: st.lateDuplicates.Load(), DropStale: st.stale.Load(),
-				DropImplausible: st.implausible.Load(), DropUnconfirmed: st.unconfirmed.Load()}
+				DropImplausible: st.implausible.Load(), DropUnconfirmed: st.unconfirmed.Load(),
+				DropSkipped: st.skippedSeq.Load()}
 			if ns := st.lastEvent.Load(); ns > 0 {
 				d.LastBatchAgeSec = time.Since(time.Unix(0, ns)).Seconds()
 			}

@@ -50,7 +50,7 @@ func (m *Manager) Collector() prometheus.Collector {
 			"Stores with an unknown parent, placed under a recently routed prompt (recovered) or dropped (failed).", "result"),
 		droppedBatches: d("batches_dropped_total", "Event batches not applied, by reason: late_duplicate, stale (older than the applied "+
 			"batches of the same engine), implausible_seq (a jump the replay ring does not confirm), unconfirmed (a step back "+
-			"no later batch confirmed).", "reason"),
+			"no later batch confirmed), skipped_seq (a sequence number the replay ring shows no batch ever had).", "reason"),
 		mode: d("index_approximate", "1 while the target's index lost batches and the router scores it approximately."),
 		unknownTopic: prometheus.NewDesc("kvgate_kv_collector_unknown_messages_total",
 			"Messages the collector could not attribute to a configured worker+rank, by cause.", []string{"listen", "cause"}, nil),
@@ -132,6 +132,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		counter(c.droppedBatches, st.stale.Load(), w, r, DropStale)
 		counter(c.droppedBatches, st.implausible.Load(), w, r, DropImplausible)
 		counter(c.droppedBatches, st.unconfirmed.Load(), w, r, DropUnconfirmed)
+		counter(c.droppedBatches, st.skippedSeq.Load(), w, r, DropSkipped)
 		approx := 0.0
 		if st.approximate.Load() {
 			approx = 1

@@ -106,6 +106,9 @@ const (
 	DropStale         = "stale"           // older than the last applied batch of the same engine
 	DropImplausible   = "implausible_seq" // a jump the ring does not confirm
 	DropUnconfirmed   = "unconfirmed"     // a step back no later batch confirmed
+	// DropSkipped is not a batch but a sequence number no batch ever had: the ring, which
+	// holds the batch before it, twice jumped over it (Seq is the number after the skip).
+	DropSkipped = "skipped_seq"
 )
 
 // Index modes (ActMode, TargetDebug.IndexMode).
@@ -126,7 +129,7 @@ type Action struct {
 
 // exchange purposes.
 const (
-	xFill    = iota // fill from last+1 (gap or join)
+	xFill    = iota // fill after last (gap or join), asked from last
 	xProbe          // is it still the same engine? asked from last
 	xRebuild        // after a reset: everything from 0
 )
@@ -144,6 +147,9 @@ type exchange struct {
 	newest   uint64 // newest reply seq over all attempts (valid when seen)
 	seen     bool
 	hole     bool // a reply was not contiguous: ask again
+	verified bool // this request's first reply was batch `last` itself, with the same bytes
+	skipAt   uint64
+	skipSeen bool // a verified request jumped from last to skipAt (kept across attempts)
 	decided  bool // probe: first reply judged
 	same     bool // probe: same engine
 	restart  bool // probe: restarted engine
@@ -262,7 +268,7 @@ func (q *Sequencer) begin(purpose int, from uint64, trigger *LiveMessage) {
 // again re-asks the ring within the same exchange.
 func (q *Sequencer) again(from uint64) {
 	q.x.attempts++
-	q.x.from, q.x.got, q.x.hole = from, false, false
+	q.x.from, q.x.got, q.x.hole, q.x.verified = from, false, false, false
 	q.emit(Action{Kind: ActReplay, Seq: from})
 }
 
@@ -287,7 +293,7 @@ func (q *Sequencer) Cleared(now time.Time) []Action {
 func (q *Sequencer) Join() []Action {
 	if q.cfg.Replay && !q.x.active {
 		if q.haveSeq {
-			q.begin(xFill, q.last+1, nil)
+			q.begin(xFill, q.last, nil)
 		} else {
 			q.begin(xFill, 0, nil)
 		}
@@ -389,7 +395,7 @@ func (q *Sequencer) live(m LiveMessage, now time.Time, replay bool) {
 		q.emit(Action{Kind: ActGap, Seq: q.last + 1})
 		switch {
 		case replay:
-			q.begin(xFill, q.last+1, &m)
+			q.begin(xFill, q.last, &m)
 		case m.Seq-q.last > q.cfg.RingSize+q.cfg.JumpMargin:
 			q.cand, q.candBack = &m, false
 		default:
@@ -438,6 +444,18 @@ func (q *Sequencer) ReplayBatch(seq uint64, payload []byte, now time.Time) []Act
 	if x.restart {
 		return q.flush() // the rebuild asks from 0
 	}
+	if firstOfRequest && q.haveSeq && seq == q.last {
+		// Fills ask from the last applied batch rather than the one after it: the ring
+		// holding it proves that nothing between it and the next reply was lost.
+		if digest(payload) != q.lastDigest {
+			// A different batch under the same number: the engine restarted.
+			x.purpose, x.decided, x.restart = xProbe, true, true
+			return q.flush()
+		}
+		x.verified = true
+		q.span(seq)
+		return q.flush()
+	}
 	switch {
 	case !q.haveSeq:
 		// Rebuild or first join: whatever the ring has is the start.
@@ -454,6 +472,16 @@ func (q *Sequencer) ReplayBatch(seq uint64, payload []byte, now time.Time) []Act
 		q.apply(seq, payload, now)
 	case !after(seq, q.last):
 		q.span(seq)
+	case x.verified && x.skipSeen && seq == x.skipAt:
+		// Asked twice from a batch the ring holds, it jumped to the same number twice: the
+		// numbers in between never had a batch (vLLM's ring keeps every batch it published,
+		// and a reply lost at the ROUTER's HWM would not be lost at the same place twice).
+		q.emit(Action{Kind: ActDrop, Seq: seq, Reason: DropSkipped})
+		x.skipSeen = false
+		q.span(seq)
+		q.apply(seq, payload, now)
+	case x.verified && !x.hole:
+		x.hole, x.skipAt, x.skipSeen = true, seq, true
 	case firstOfRequest && x.attempts == 1:
 		// The ring no longer reaches back to last+1: those batches are lost for good. What it
 		// has is the new start. (On a later attempt it is more likely a lost reply: a hole.)
@@ -519,7 +547,7 @@ func (q *Sequencer) ReplayEnd(now time.Time) []Action {
 		// Batches before the trigger did not all arrive (a reply lost at the ROUTER's HWM, or
 		// a trigger the ring does not hold): ask again for the rest.
 		if x.attempts < q.cfg.MaxReplayAttempts {
-			q.again(q.last + 1)
+			q.again(q.last)
 			return q.flush()
 		}
 		if x.hole && x.purpose != xRebuild {
@@ -546,7 +574,7 @@ func (q *Sequencer) ReplayFailed(now time.Time) []Action {
 		if q.x.attempts < q.cfg.MaxReplayAttempts && q.x.purpose != xProbe {
 			from := uint64(0)
 			if q.haveSeq {
-				from = q.last + 1
+				from = q.last
 			}
 			q.again(from)
 			return q.flush()

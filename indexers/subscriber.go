@@ -110,7 +110,7 @@ type subStats struct {
 	parseFrames, parsePayload, unknownEvents, malformed      atomic.Int64
 	reconnects, pendingOverflow, rankMismatch                atomic.Int64
 	joinReplays, lateDuplicates, stale                       atomic.Int64
-	implausible, unconfirmed                                 atomic.Int64
+	implausible, unconfirmed, skippedSeq                     atomic.Int64
 	lastSeq                                                  atomic.Uint64
 	haveSeq                                                  atomic.Bool  // lastSeq is set
 	state                                                    atomic.Value // string
@@ -354,6 +354,8 @@ func (s *Subscriber) exec(acts []Action) {
 				s.log.Warn("kv-events: implausible sequence number dropped", "seq", a.Seq)
 			case DropUnconfirmed:
 				s.stats.unconfirmed.Add(1)
+			case DropSkipped:
+				s.stats.skippedSeq.Add(1)
 			}
 		case ActMode:
 			s.stats.modeReason.Store(a.Reason)
