@@ -77,9 +77,12 @@ func runFleet(ctx context.Context, args []string) error {
 		}
 		pub := *eventsBase + 10*i
 		if !*noEvents {
-			wo.KVEvents = sim.KVEventsConfig{EnableKVCacheEvents: true, Publisher: "zmq", Topic: o.KVEvents.Topic,
-				Endpoint:       fmt.Sprintf("tcp://*:%d", pub),
-				ReplayEndpoint: fmt.Sprintf("tcp://*:%d", pub+5)}
+			// --kv-events-config's other keys (topic, buffer_steps, hwm, ...) apply to every
+			// worker; the fleet numbers the endpoints.
+			wo.KVEvents = o.KVEvents
+			wo.KVEvents.EnableKVCacheEvents, wo.KVEvents.Publisher = true, "zmq"
+			wo.KVEvents.Endpoint = fmt.Sprintf("tcp://*:%d", pub)
+			wo.KVEvents.ReplayEndpoint = fmt.Sprintf("tcp://*:%d", pub+5)
 		}
 		w, err := sim.New(wo)
 		if err != nil {
