@@ -85,7 +85,16 @@ func (s *Server) prepare(ctx context.Context, endpoint string, body []byte, h ht
 		Header:          h,
 	}
 	if s.enricher != nil {
-		if err := s.enricher.Enrich(ctx, in, rreq); err != nil {
+		in.MaxModelLen = s.maxModelLen(model)
+		release, e := s.tokenize.acquire(ctx)
+		if e != nil {
+			return nil, nil, e
+		}
+		err := func() error {
+			defer release()
+			return s.enricher.Enrich(ctx, in, rreq)
+		}()
+		if err != nil {
 			var ae *apiError
 			if errors.As(err, &ae) {
 				// The request itself is wrong (e.g. the chat template rejects it): the worker

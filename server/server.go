@@ -66,6 +66,7 @@ type Server struct {
 	log      *slog.Logger
 	m        *metrics
 	engine   *gin.Engine
+	tokenize *tokenizeSlots // caps concurrent enrichments (tokenizations)
 }
 
 // New builds a server; it does not start probing or listening (see Serve).
@@ -86,6 +87,7 @@ func New(opts Options) (*Server, error) {
 		events:   opts.Events,
 		log:      opts.Logger,
 		m:        newMetrics(opts.Registry, opts.Metrics),
+		tokenize: newTokenizeSlots(opts.Config.Limits),
 	}
 	s.observer, _ = opts.Policy.(UsageObserver)
 	gin.SetMode(gin.ReleaseMode) // no route dump on stdout; gin keeps its mode globally
