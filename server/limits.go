@@ -1,45 +1,78 @@
 package server
 
 import (
+	"container/list"
 	"context"
 	"fmt"
 	"net/http"
 	"runtime"
-	"sync/atomic"
+	"runtime/debug"
+	"sync"
 	"time"
 
 	"github.com/kvgate/kvgate/configs"
 )
 
-// tokenizeSlots caps concurrent tokenizations (limits.max_concurrent_tokenizations): a request
-// waits for a slot in a bounded queue (limits.tokenize_queue) for at most
-// limits.tokenize_queue_timeout, else it gets 503 with Retry-After.
+// tokenizeSlots caps the requests parsed and tokenized at once
+// (limits.max_concurrent_tokenizations). A request takes one slot per started bodyUnit of its
+// body (at most all of them), so memory in use stays proportional to the slots: a body of
+// tens of MiB runs alone. Requests wait in FIFO order in a bounded queue
+// (limits.tokenize_queue) for at most limits.tokenize_queue_timeout, else get 503 with
+// Retry-After.
 type tokenizeSlots struct {
-	sem      chan struct{}
-	waiting  atomic.Int64
-	maxQueue int64
+	mu       sync.Mutex
+	size     int
+	used     int
+	queue    list.List // of *slotWaiter, oldest first
+	maxQueue int
 	timeout  time.Duration
 }
+
+type slotWaiter struct {
+	n     int
+	ready chan struct{} // closed once the slots are granted
+}
+
+// bodyUnit is how many body bytes one slot stands for: parsing and tokenizing a request holds
+// a few times its body in memory.
+const bodyUnit = 4 << 20
 
 func newTokenizeSlots(l configs.Limits) *tokenizeSlots {
 	n := l.MaxConcurrentTokenizations
 	if n <= 0 {
 		n = runtime.GOMAXPROCS(0)
 	}
-	return &tokenizeSlots{sem: make(chan struct{}, n), maxQueue: int64(l.TokenizeQueue), timeout: l.TokenizeQueueTimeout.D()}
+	return &tokenizeSlots{size: n, maxQueue: l.TokenizeQueue, timeout: l.TokenizeQueueTimeout.D()}
 }
 
 // retryAfterBusy is the Retry-After, in seconds, of a 503 for a busy tokenizer.
 const retryAfterBusy = 1
 
-// acquire takes a slot, waiting while ctx lasts, the queue has room and the timeout has not
-// passed. The error is the response to send (a 499 when the client left).
-func (t *tokenizeSlots) acquire(ctx context.Context) (release func(), e *apiError) {
-	release = func() { <-t.sem }
-	select {
-	case t.sem <- struct{}{}:
+// weight is the number of slots a body of n bytes takes.
+func (t *tokenizeSlots) weight(n int) int {
+	return min(1+n/bodyUnit, t.size)
+}
+
+// acquire takes the slots of a body of bodyLen bytes, waiting while ctx lasts, the queue has
+// room and the timeout has not passed. The error is the response to send (499 when the client
+// left).
+func (t *tokenizeSlots) acquire(ctx context.Context, bodyLen int) (release func(), e *apiError) {
+	n := t.weight(bodyLen)
+	release = func() {
+		t.release(n)
+		if bodyLen >= bodyUnit {
+			// A large body leaves garbage of a few times its size: collect it and hand the
+			// pages back now, or the next large request stacks on top of it and RSS stays
+			// high for minutes (the scavenger is slow). This costs one GC cycle per such
+			// request, small next to parsing and tokenizing megabytes.
+			debug.FreeOSMemory()
+		}
+	}
+	t.mu.Lock()
+	if t.queue.Len() == 0 && t.used+n <= t.size {
+		t.used += n
+		t.mu.Unlock()
 		return release, nil
-	default:
 	}
 	busy := func(why string) *apiError {
 		return &apiError{
@@ -48,24 +81,65 @@ func (t *tokenizeSlots) acquire(ctx context.Context) (release func(), e *apiErro
 			RetryAfter: retryAfterBusy,
 		}
 	}
-	if t.waiting.Add(1) > t.maxQueue {
-		t.waiting.Add(-1)
+	if t.queue.Len() >= t.maxQueue {
+		t.mu.Unlock()
 		return nil, busy(fmt.Sprintf("%d requests already waiting, limits.tokenize_queue", t.maxQueue))
 	}
-	defer t.waiting.Add(-1)
+	w := &slotWaiter{n: n, ready: make(chan struct{})}
+	elem := t.queue.PushBack(w)
+	t.mu.Unlock()
+
 	var timeout <-chan time.Time
 	if t.timeout > 0 {
 		timer := time.NewTimer(t.timeout)
 		defer timer.Stop()
 		timeout = timer.C
 	}
+	var fail *apiError
 	select {
-	case t.sem <- struct{}{}:
+	case <-w.ready:
 		return release, nil
 	case <-timeout:
-		return nil, busy(fmt.Sprintf("no slot within limits.tokenize_queue_timeout %s", t.timeout))
+		fail = busy(fmt.Sprintf("no slot within limits.tokenize_queue_timeout %s", t.timeout))
 	case <-ctx.Done():
-		return nil, &apiError{Status: codeClientGone, Message: "client went away while waiting to be tokenized"}
+		fail = &apiError{Status: codeClientGone, Message: "client went away while waiting to be tokenized"}
+	}
+	t.mu.Lock()
+	select {
+	case <-w.ready: // granted just now: give the slots back
+		t.used -= n
+	default:
+		t.queue.Remove(elem)
+	}
+	t.grant()
+	t.mu.Unlock()
+	return nil, fail
+}
+
+// queued is the number of waiting requests.
+func (t *tokenizeSlots) queued() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.queue.Len()
+}
+
+func (t *tokenizeSlots) release(n int) {
+	t.mu.Lock()
+	t.used -= n
+	t.grant()
+	t.mu.Unlock()
+}
+
+// grant must be called with mu held: it hands free slots to the waiters in FIFO order.
+func (t *tokenizeSlots) grant() {
+	for e := t.queue.Front(); e != nil; e = t.queue.Front() {
+		w := e.Value.(*slotWaiter)
+		if t.used+w.n > t.size {
+			return
+		}
+		t.used += w.n
+		t.queue.Remove(e)
+		close(w.ready)
 	}
 }
 

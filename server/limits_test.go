@@ -137,3 +137,44 @@ func TestMaxModelLenReachesEnricher(t *testing.T) {
 		})
 	}
 }
+
+// A body takes one slot per started 4 MiB, at most all of them, and waiters are served in
+// order: a small request does not overtake a large one waiting for the whole pool.
+func TestTokenizeSlotsWeightsAndOrder(t *testing.T) {
+	ts := newTokenizeSlots(configs.Limits{MaxConcurrentTokenizations: 2, TokenizeQueue: 8, TokenizeQueueTimeout: configs.Duration(time.Minute)})
+	for _, c := range []struct{ body, want int }{{0, 1}, {bodyUnit - 1, 1}, {bodyUnit, 2}, {30 << 20, 2}} {
+		if got := ts.weight(c.body); got != c.want {
+			t.Errorf("weight(%d) = %d, want %d", c.body, got, c.want)
+		}
+	}
+	ctx := context.Background()
+	relSmall, e := ts.acquire(ctx, 10)
+	if e != nil {
+		t.Fatal(e)
+	}
+	order := make(chan string, 2)
+	go func() {
+		rel, e := ts.acquire(ctx, 30<<20)
+		if e == nil {
+			order <- "large"
+			rel()
+		}
+	}()
+	for ts.queued() == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	go func() {
+		rel, e := ts.acquire(ctx, 10)
+		if e == nil {
+			order <- "small"
+			rel()
+		}
+	}()
+	for ts.queued() < 2 {
+		time.Sleep(time.Millisecond)
+	}
+	relSmall()
+	if a, b := <-order, <-order; a != "large" || b != "small" {
+		t.Fatalf("granted %s then %s, want large then small", a, b)
+	}
+}
