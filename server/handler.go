@@ -133,7 +133,8 @@ func (s *Server) decide(ctx context.Context, endpoint string, body []byte, h htt
 	return d, rreq, nil
 }
 
-// readBody reads the whole body, bounded by proxy.max_body_bytes (413 beyond).
+// readBody reads the whole body, bounded by proxy.max_body_bytes (413 beyond) and by
+// limits.body_read_timeout (408 beyond).
 func (s *Server) readBody(c *gin.Context) ([]byte, *apiError) {
 	limit := int64(s.cfg.Proxy.MaxBodyBytes)
 	tooLarge := &apiError{
@@ -143,6 +144,7 @@ func (s *Server) readBody(c *gin.Context) ([]byte, *apiError) {
 	if c.Request.ContentLength > limit {
 		return nil, tooLarge
 	}
+	lift := s.bodyDeadline(c)
 	r := http.MaxBytesReader(c.Writer, c.Request.Body, limit)
 	var (
 		body []byte
@@ -164,8 +166,13 @@ func (s *Server) readBody(c *gin.Context) ([]byte, *apiError) {
 		if errors.As(err, &mbe) {
 			return nil, tooLarge
 		}
+		if e := s.bodyTimeoutError(err); e != nil {
+			c.Header("Connection", "close") // the rest of the body is still on its way
+			return nil, e
+		}
 		return nil, badRequest("", "reading request body: "+err.Error())
 	}
+	lift()
 	return body, nil
 }
 
