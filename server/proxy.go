@@ -393,4 +393,3 @@ func (ir *idleReader) Read(p []byte) (int, error) {
 	}
 	return n, err
 }
-
