@@ -126,7 +126,7 @@ type Limits struct {
 	TokenizeQueue int `yaml:"tokenize_queue"`
 	// TokenizeQueueTimeout is the longest wait for a tokenization slot (then 503).
 	TokenizeQueueTimeout Duration `yaml:"tokenize_queue_timeout"`
-	// BodyReadTimeout bounds reading one request's headers and body; 0 = none. Responses
+	// BodyReadTimeout bounds reading one request's body after its headers; 0 = none. Responses
 	// (streams) are never timed out by it.
 	BodyReadTimeout Duration `yaml:"body_read_timeout"`
 	// MaxConnsPerIP caps concurrent client connections from one IP address; 0 = no cap.
@@ -203,7 +203,7 @@ func Default() Config {
 		Limits: Limits{
 			TokenizeQueue:        64,
 			TokenizeQueueTimeout: Duration(10 * time.Second),
-			BodyReadTimeout:      Duration(60 * time.Second),
+			BodyReadTimeout:      Duration(30 * time.Second),
 		},
 		Sessions: Sessions{
 			Headers: []string{

@@ -76,7 +76,7 @@ func Fields() []Field {
 		field("limits.max_concurrent_tokenizations", "requests tokenized at once at most; 0 = GOMAXPROCS", func(c *Config) flag.Value { return intValue{&c.Limits.MaxConcurrentTokenizations} }),
 		field("limits.tokenize_queue", "requests waiting for a tokenization slot at most (503 beyond)", func(c *Config) flag.Value { return intValue{&c.Limits.TokenizeQueue} }),
 		field("limits.tokenize_queue_timeout", "longest wait for a tokenization slot (503 after)", func(c *Config) flag.Value { return &c.Limits.TokenizeQueueTimeout }),
-		field("limits.body_read_timeout", "longest time to read one request's headers and body (slow uploads are cut); 0 = none; responses are not limited", func(c *Config) flag.Value { return &c.Limits.BodyReadTimeout }),
+		field("limits.body_read_timeout", "longest time to read one request's body after its headers (slow uploads get 408); 0 = none; responses are not limited", func(c *Config) flag.Value { return &c.Limits.BodyReadTimeout }),
 		field("limits.max_conns_per_ip", "concurrent client connections per IP address at most; 0 = no cap", func(c *Config) flag.Value { return intValue{&c.Limits.MaxConnsPerIP} }),
 		field("sessions.headers", "session id headers, first match wins (comma-separated)", func(c *Config) flag.Value { return listValue{&c.Sessions.Headers} }),
 		field("sessions.parent_headers", "parent session id headers, first match wins (comma-separated)", func(c *Config) flag.Value { return listValue{&c.Sessions.ParentHeaders} }),
