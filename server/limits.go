@@ -37,6 +37,10 @@ type slotWaiter struct {
 // a few times its body in memory.
 const bodyUnit = 4 << 20
 
+// freeOSMemoryBody is the body size from which the memory a request used is returned to the
+// OS as soon as it is done.
+const freeOSMemoryBody = 16 << 20
+
 func newTokenizeSlots(l configs.Limits) *tokenizeSlots {
 	n := l.MaxConcurrentTokenizations
 	if n <= 0 {
@@ -60,11 +64,11 @@ func (t *tokenizeSlots) acquire(ctx context.Context, bodyLen int) (release func(
 	n := t.weight(bodyLen)
 	release = func() {
 		t.release(n)
-		if bodyLen >= bodyUnit {
-			// A large body leaves garbage of a few times its size: collect it and hand the
-			// pages back now, or the next large request stacks on top of it and RSS stays
-			// high for minutes (the scavenger is slow). This costs one GC cycle per such
-			// request, small next to parsing and tokenizing megabytes.
+		if bodyLen >= freeOSMemoryBody {
+			// A huge body leaves garbage of a few times its size: collect it and hand the
+			// pages back now, or the next one stacks on top of it and RSS stays high for
+			// minutes (the scavenger is slow). This costs one GC cycle per such request,
+			// small next to parsing and tokenizing tens of megabytes.
 			debug.FreeOSMemory()
 		}
 	}
