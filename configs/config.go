@@ -24,6 +24,7 @@ type Config struct {
 	Router                    Router   `yaml:"router"`
 	Proxy                     Proxy    `yaml:"proxy"`
 	Health                    Health   `yaml:"health"`
+	Limits                    Limits   `yaml:"limits"`
 	Sessions                  Sessions `yaml:"sessions"`
 	Auth                      Auth     `yaml:"auth"`
 	KVEvents                  KVEvents `yaml:"kv_events"`
@@ -149,6 +150,32 @@ type Health struct {
 	Timeout          Duration `yaml:"timeout"`
 	FailureThreshold int      `yaml:"failure_threshold"`
 	SuccessThreshold int      `yaml:"success_threshold"`
+	// HoldDown is how long a worker ejected soon after its readmission waits before it may be
+	// readmitted again; each further flap doubles it up to HoldDownMax. 0 disables hold-down.
+	HoldDown    Duration `yaml:"hold_down"`
+	HoldDownMax Duration `yaml:"hold_down_max"`
+	// HoldDownReset is how long a readmitted worker must stay healthy for its hold-down to be
+	// forgotten (one halving per such period).
+	HoldDownReset Duration `yaml:"hold_down_reset"`
+}
+
+// Limits bound what one client can make the gateway spend.
+type Limits struct {
+	// MaxModelLen is the longest prompt+output in tokens (vllm serve --max-model-len); prompts
+	// of at least this many tokens get vLLM's 400 before anything is sent. 0 learns it from the
+	// workers' /v1/models max_model_len.
+	MaxModelLen int `yaml:"max_model_len"`
+	// MaxConcurrentTokenizations caps requests being tokenized at once; 0 = GOMAXPROCS.
+	MaxConcurrentTokenizations int `yaml:"max_concurrent_tokenizations"`
+	// TokenizeQueue caps requests waiting for a tokenization slot; beyond it they get 503.
+	TokenizeQueue int `yaml:"tokenize_queue"`
+	// TokenizeQueueTimeout is the longest wait for a tokenization slot (then 503).
+	TokenizeQueueTimeout Duration `yaml:"tokenize_queue_timeout"`
+	// BodyReadTimeout bounds reading one request's body after its headers; 0 = none. Responses
+	// (streams) are never timed out by it.
+	BodyReadTimeout Duration `yaml:"body_read_timeout"`
+	// MaxConnsPerIP caps concurrent client connections from one IP address; 0 = no cap.
+	MaxConnsPerIP int `yaml:"max_conns_per_ip"`
 }
 
 // Sessions names the request headers that carry session identity (DESIGN §3; first match
@@ -214,6 +241,14 @@ func Default() Config {
 			Timeout:          Duration(2 * time.Second),
 			FailureThreshold: 3,
 			SuccessThreshold: 1,
+			HoldDown:         Duration(10 * time.Second),
+			HoldDownMax:      Duration(5 * time.Minute),
+			HoldDownReset:    Duration(2 * time.Minute),
+		},
+		Limits: Limits{
+			TokenizeQueue:        64,
+			TokenizeQueueTimeout: Duration(10 * time.Second),
+			BodyReadTimeout:      Duration(30 * time.Second),
 		},
 		KVEvents: KVEvents{MaxMsgSize: 64 << 20, Settle: Duration(2 * time.Minute)},
 		Sessions: Sessions{

@@ -150,6 +150,33 @@ func (c *Config) Validate() error {
 	if c.Health.SuccessThreshold < 1 {
 		bad("health.success_threshold", "must be at least 1, got %d", c.Health.SuccessThreshold)
 	}
+	if c.Health.HoldDown < 0 {
+		bad("health.hold_down", "must not be negative, got %s", c.Health.HoldDown)
+	}
+	if c.Health.HoldDown > 0 && c.Health.HoldDownMax < c.Health.HoldDown {
+		bad("health.hold_down_max", "must be at least health.hold_down (%s), got %s", c.Health.HoldDown, c.Health.HoldDownMax)
+	}
+	if c.Health.HoldDown > 0 && c.Health.HoldDownReset <= 0 {
+		bad("health.hold_down_reset", "must be positive, got %s", c.Health.HoldDownReset)
+	}
+	if c.Limits.MaxModelLen < 0 {
+		bad("limits.max_model_len", "must not be negative, got %d", c.Limits.MaxModelLen)
+	}
+	if c.Limits.MaxConcurrentTokenizations < 0 {
+		bad("limits.max_concurrent_tokenizations", "must not be negative, got %d", c.Limits.MaxConcurrentTokenizations)
+	}
+	if c.Limits.TokenizeQueue < 0 {
+		bad("limits.tokenize_queue", "must not be negative, got %d", c.Limits.TokenizeQueue)
+	}
+	if c.Limits.TokenizeQueueTimeout < 0 {
+		bad("limits.tokenize_queue_timeout", "must not be negative, got %s", c.Limits.TokenizeQueueTimeout)
+	}
+	if c.Limits.BodyReadTimeout < 0 {
+		bad("limits.body_read_timeout", "must not be negative, got %s", c.Limits.BodyReadTimeout)
+	}
+	if c.Limits.MaxConnsPerIP < 0 {
+		bad("limits.max_conns_per_ip", "must not be negative, got %d", c.Limits.MaxConnsPerIP)
+	}
 	for i, h := range c.Sessions.Headers {
 		if !validHeaderName(h) {
 			bad(fmt.Sprintf("sessions.headers[%d]", i), "%q is not a valid HTTP header name", h)

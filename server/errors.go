@@ -4,17 +4,21 @@ import (
 	"encoding/json"
 	"errors"
 	"net/http"
+	"strconv"
 	"strings"
 
 	"github.com/gin-gonic/gin"
 )
 
 // apiError is an OpenAI/vLLM error response: HTTP status plus
-// {"error": {"message", "type", "param", "code"}} (vllm-kv-events.md §7.2).
+// {"error": {"message", "type", "param", "code"}} (vLLM's ErrorResponse,
+// vllm/entrypoints/openai/protocol.py).
 type apiError struct {
 	Status  int
 	Message string
 	Param   string // empty → null
+	// RetryAfter, when > 0, is sent as the Retry-After header (seconds).
+	RetryAfter int
 }
 
 func (e *apiError) Error() string { return e.Message }
@@ -59,6 +63,9 @@ func (e *apiError) body() errorBody {
 // writeError sends e as a JSON error response and stops the gin chain.
 func writeError(c *gin.Context, e *apiError) {
 	c.Header("Content-Type", "application/json")
+	if e.RetryAfter > 0 {
+		c.Header("Retry-After", strconv.Itoa(e.RetryAfter))
+	}
 	c.AbortWithStatus(e.Status)
 	data, _ := json.Marshal(e.body())
 	_, _ = c.Writer.Write(data)

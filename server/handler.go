@@ -59,8 +59,15 @@ func (s *Server) handleCompletion(endpoint string) gin.HandlerFunc {
 }
 
 // prepare parses and validates a body and builds the routing request (session ids, and the
-// enricher's prompt tokens and block hashes when one is configured).
+// enricher's prompt tokens and block hashes when one is configured), holding tokenization
+// slots (limits.max_concurrent_tokenizations) while it does.
 func (s *Server) prepare(ctx context.Context, endpoint string, body []byte, h http.Header) (*Inbound, *router.Request, *apiError) {
+	// Parsing and tokenizing cost CPU and a few times the body in memory: bounded together.
+	release, e := s.tokenize.acquire(ctx, len(body))
+	if e != nil {
+		return nil, nil, e
+	}
+	defer release()
 	in, e := parseRequest(endpoint, body)
 	if e != nil {
 		return nil, nil, e
@@ -85,6 +92,7 @@ func (s *Server) prepare(ctx context.Context, endpoint string, body []byte, h ht
 		Header:          h,
 	}
 	if s.enricher != nil {
+		in.MaxModelLen = s.maxModelLen(model)
 		if err := s.enricher.Enrich(ctx, in, rreq); err != nil {
 			var ae *apiError
 			if errors.As(err, &ae) {
@@ -125,7 +133,8 @@ func (s *Server) decide(ctx context.Context, endpoint string, body []byte, h htt
 	return d, rreq, nil
 }
 
-// readBody reads the whole body, bounded by proxy.max_body_bytes (413 beyond).
+// readBody reads the whole body, bounded by proxy.max_body_bytes (413 beyond) and by
+// limits.body_read_timeout (408 beyond).
 func (s *Server) readBody(c *gin.Context) ([]byte, *apiError) {
 	limit := int64(s.cfg.Proxy.MaxBodyBytes)
 	tooLarge := &apiError{
@@ -135,14 +144,35 @@ func (s *Server) readBody(c *gin.Context) ([]byte, *apiError) {
 	if c.Request.ContentLength > limit {
 		return nil, tooLarge
 	}
-	body, err := io.ReadAll(http.MaxBytesReader(c.Writer, c.Request.Body, limit))
+	lift := s.bodyDeadline(c)
+	r := http.MaxBytesReader(c.Writer, c.Request.Body, limit)
+	var (
+		body []byte
+		err  error
+	)
+	if n := c.Request.ContentLength; n > 0 {
+		// net/http holds the body to its Content-Length: read it into one exact buffer rather
+		// than growing one by doubling (io.ReadAll would allocate about twice the body).
+		body = make([]byte, n)
+		_, err = io.ReadFull(r, body)
+		if errors.Is(err, io.ErrUnexpectedEOF) {
+			err = fmt.Errorf("body shorter than its Content-Length %d: %w", n, err)
+		}
+	} else {
+		body, err = io.ReadAll(r)
+	}
 	if err != nil {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
 			return nil, tooLarge
 		}
+		if e := s.bodyTimeoutError(err); e != nil {
+			c.Header("Connection", "close") // the rest of the body is still on its way
+			return nil, e
+		}
 		return nil, badRequest("", "reading request body: "+err.Error())
 	}
+	lift()
 	return body, nil
 }
 

@@ -11,7 +11,6 @@ import (
 	"net"
 	"net/http"
 	"strconv"
-	"sync"
 	"time"
 
 	"github.com/gin-gonic/gin"
@@ -154,10 +153,23 @@ func (s *Server) send(ctx context.Context, cancel context.CancelCauseFunc, c *gi
 	}
 	up.ContentLength = int64(len(in.Body))
 
+	// A stream's idle timer starts when the request is sent: a worker that stalls before its
+	// headers is as silent as one that stalls mid-stream, and nothing reached the client yet,
+	// so another worker can be tried. A non-stream reply comes only when generation ends, so
+	// its wait for headers is bounded by proxy.response_header_timeout instead.
+	idle := s.cfg.Proxy.StreamIdleTimeout.D()
+	var idleTimer *time.Timer
+	if idle > 0 && in.Stream() {
+		idleTimer = time.AfterFunc(idle, func() { cancel(errIdleTimeout) })
+		defer idleTimer.Stop()
+	}
 	resp, err := w.Client().Do(up)
 	if err != nil {
 		if clientCtx.Err() != nil {
 			return clientGone, 0, nil
+		}
+		if context.Cause(ctx) == errIdleTimeout {
+			err = fmt.Errorf("no response headers within proxy.stream_idle_timeout %s: %w", idle, errIdleTimeout)
 		}
 		w.ReportFailure(err)
 		s.m.upstreamErrors.WithLabelValues(w.URL(), errConnect).Inc()
@@ -173,10 +185,14 @@ func (s *Server) send(ctx context.Context, cancel context.CancelCauseFunc, c *gi
 	}
 
 	body := io.Reader(resp.Body)
-	if idle := s.cfg.Proxy.StreamIdleTimeout.D(); idle > 0 {
-		ir := newIdleReader(resp.Body, idle, func() { cancel(errIdleTimeout) })
-		defer ir.stop()
-		body = ir
+	if idle > 0 {
+		if idleTimer == nil {
+			idleTimer = time.AfterFunc(idle, func() { cancel(errIdleTimeout) })
+			defer idleTimer.Stop()
+		} else {
+			idleTimer.Reset(idle)
+		}
+		body = &idleReader{r: resp.Body, d: idle, timer: idleTimer}
 	}
 	buf := make([]byte, 32<<10)
 	n, rerr := readSome(body, buf)
@@ -184,6 +200,14 @@ func (s *Server) send(ctx context.Context, cancel context.CancelCauseFunc, c *gi
 		switch {
 		case clientCtx.Err() != nil:
 			return clientGone, 0, nil
+		case errors.Is(rerr, io.EOF) && resp.StatusCode == http.StatusInternalServerError && canRetry:
+			// vLLM answers the requests in flight when its engine dies with a bare 500 and no
+			// body (the EngineDeadError and EngineGenerateError handlers of
+			// vllm/entrypoints/launcher.py); the simulator does the same on its restart fault.
+			// The request never ran to completion and nothing reached the client: retry it.
+			// A 500 with an error body is the worker's own answer and is passed through.
+			s.m.upstreamErrors.WithLabelValues(w.URL(), errStatus).Inc()
+			return failed, 0, &apiError{Status: http.StatusBadGateway, Message: fmt.Sprintf("worker %s failed the request before its first byte (500 without a body: engine died or restarted)", w.URL())}
 		case errors.Is(rerr, io.EOF) && resp.StatusCode != http.StatusOK:
 			// An empty error body is still the worker's answer: pass the status through.
 		default:
@@ -357,16 +381,12 @@ type errReader struct{ err error }
 
 func (e errReader) Read([]byte) (int, error) { return 0, e.err }
 
-// idleReader calls onIdle when no Read has returned data for d.
+// idleReader pushes back its timer (whose function fails the request) each time a Read
+// returns data, so the timer fires only after d without any.
 type idleReader struct {
 	r     io.Reader
 	d     time.Duration
 	timer *time.Timer
-	once  sync.Once
-}
-
-func newIdleReader(r io.Reader, d time.Duration, onIdle func()) *idleReader {
-	return &idleReader{r: r, d: d, timer: time.AfterFunc(d, onIdle)}
 }
 
 func (ir *idleReader) Read(p []byte) (int, error) {
@@ -376,5 +396,3 @@ func (ir *idleReader) Read(p []byte) (int, error) {
 	}
 	return n, err
 }
-
-func (ir *idleReader) stop() { ir.once.Do(func() { ir.timer.Stop() }) }

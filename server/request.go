@@ -98,8 +98,12 @@ type Inbound struct {
 	Body       []byte // exactly as the client sent it; forwarded as is
 	Chat       *ChatRequest
 	Completion *CompletionRequest
-	// Session is who the request says it is (session, parent, end of session; DESIGN §3).
+	// Session is who the request says it is (session, parent, end of session).
 	Session sessions.Identity
+	// MaxModelLen is the model's context length (0: unknown). An enricher that tokenizes
+	// refuses a prompt of MaxModelLen or more tokens with ContextLengthError, and stops
+	// tokenizing as soon as that is certain (vLLM requires room for one output token).
+	MaxModelLen int
 }
 
 // Model is the requested model name ("" when the client sent none).

@@ -70,8 +70,9 @@ type Server struct {
 	engine   *gin.Engine // the client listener: OpenAI API, /health, /metrics
 	admin    *gin.Engine // the admin listener: /debug/*
 
-	clientKeys keySet // empty: the client listener is open
-	adminToken keySet // empty: the admin listener is open
+	clientKeys keySet         // empty: the client listener is open
+	adminToken keySet         // empty: the admin listener is open
+	tokenize   *tokenizeSlots // caps concurrent enrichments (tokenizations)
 }
 
 // New builds a server; it does not start probing or listening (see Serve).
@@ -92,6 +93,7 @@ func New(opts Options) (*Server, error) {
 		events:   opts.Events,
 		log:      opts.Logger,
 		m:        newMetrics(opts.Registry, opts.Metrics),
+		tokenize: newTokenizeSlots(opts.Config.Limits),
 	}
 	s.observer, _ = opts.Policy.(UsageObserver)
 	keys, err := opts.Config.ClientAPIKeys()
@@ -186,6 +188,9 @@ func (s *Server) recovery(c *gin.Context) {
 // accepting, lets running requests finish for up to shutdown_timeout, then closes what remains
 // (which cancels their upstream requests). It returns nil after a clean shutdown.
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
+	if n := s.cfg.Limits.MaxConnsPerIP; n > 0 {
+		ln = newPerIPListener(ln, n, s.log)
+	}
 	return s.serve(ctx, ln, s.engine)
 }
 

@@ -198,7 +198,9 @@ func checkID(what, s string) error {
 		return fmt.Errorf("%s longer than %d bytes", what, MaxIDLength)
 	}
 	for _, r := range s {
-		if r < 0x20 || r == 0x7f {
+		// C0 (U+0000..U+001F), DEL and C1 (U+0080..U+009F, e.g. NEL U+0085): none belongs in
+		// an id that is logged, forwarded as a header and used as a map key.
+		if r < 0x20 || (r >= 0x7f && r <= 0x9f) {
 			return fmt.Errorf("%s contains a control character", what)
 		}
 	}

@@ -58,6 +58,11 @@ func TestIdentityParse(t *testing.T) {
 		{"wrong type in body", IdentityConfig{}, hdr(), `{"nvext":{"session_control":{"session_id":42}}}`, Identity{}, false},
 		{"id too long", IdentityConfig{}, hdr("X-Session-ID", strings.Repeat("x", MaxIDLength+1)), "", Identity{}, true},
 		{"control character", IdentityConfig{}, hdr(), `{"session_id":"a\u0001b"}`, Identity{}, true},
+		{"C1 control NEL in body", IdentityConfig{}, hdr(), `{"session_id":"a\u0085b"}`, Identity{}, true},
+		{"C1 control U+0080 in body", IdentityConfig{}, hdr(), `{"session_id":"a\u0080b"}`, Identity{}, true},
+		{"C1 control U+009F in header", IdentityConfig{}, hdr("X-Session-ID", "a\u009fb"), "", Identity{}, true},
+		{"U+00A0 is not a control", IdentityConfig{}, hdr(), `{"session_id":"a\u00a0b"}`,
+			Identity{SessionID: "a\u00a0b", Source: "body:session_id"}, false},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

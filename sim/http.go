@@ -248,6 +248,16 @@ func (w *Worker) naturalLength(tokens []uint32) int {
 }
 
 func (w *Worker) handleCompletion(rw http.ResponseWriter, r *http.Request, chat bool) {
+	if f := w.opts.Faults; f.StallHeadersFor > 0 && w.faultRand.hit(f.StallHeadersRate) {
+		w.injected.Add(1)
+		t := time.NewTimer(time.Duration(float64(f.StallHeadersFor) / w.opts.Speedup))
+		select {
+		case <-t.C:
+		case <-r.Context().Done():
+			t.Stop()
+			return
+		}
+	}
 	if w.opts.FailBeforeFirstByte || w.faultRand.hit(w.opts.Faults.FailRate) {
 		w.injected.Add(1)
 		if s := w.opts.Faults.FailStatus; s != 0 {
@@ -334,6 +344,11 @@ func (w *Worker) respond(rw http.ResponseWriter, r *http.Request, a *admission, 
 		if !finished {
 			continue
 		}
+		if errors.Is(err, errEngineRestarted) {
+			// vLLM's launcher answers EngineDeadError with a bare 500 (no body).
+			rw.WriteHeader(http.StatusInternalServerError)
+			return
+		}
 		if err != nil {
 			writeError(rw, http.StatusInternalServerError, err.Error())
 			return
@@ -397,6 +412,11 @@ func (w *Worker) stream(rw http.ResponseWriter, r *http.Request, a *admission, r
 		}
 		out, finished, finish, err := req.snapshot()
 		if !started {
+			if errors.Is(err, errEngineRestarted) {
+				// vLLM's launcher answers EngineDeadError with a bare 500 (no body).
+				rw.WriteHeader(http.StatusInternalServerError)
+				return
+			}
 			if err != nil {
 				writeError(rw, http.StatusInternalServerError, err.Error())
 				return

@@ -153,6 +153,11 @@ type Faults struct {
 	RestartPublisherEvery time.Duration
 	// StallEvery and StallFor pause the engine for StallFor every StallEvery (simulated time).
 	StallEvery, StallFor time.Duration
+	// StallHeadersRate is the fraction of completion requests that wait StallHeadersFor
+	// (simulated time) before anything happens, so no response header is sent meanwhile: a
+	// worker hung before answering. The request is then served normally.
+	StallHeadersRate float64
+	StallHeadersFor  time.Duration
 	// FailRate fails this fraction of completion requests before the first byte.
 	FailRate float64
 	// FailStatus is how such a failure looks: 0 closes the connection without a response (a
@@ -230,6 +235,8 @@ func (o Options) withDefaults() (Options, error) {
 	check(kv.BufferSteps > 0, "kv-events-config.buffer_steps must be > 0, got %d", kv.BufferSteps)
 	check(o.Faults.DropEventRate >= 0 && o.Faults.DropEventRate <= 1, "fault drop rate must be in [0,1], got %v", o.Faults.DropEventRate)
 	check(o.Faults.FailRate >= 0 && o.Faults.FailRate <= 1, "fault fail rate must be in [0,1], got %v", o.Faults.FailRate)
+	check(o.Faults.StallHeadersRate >= 0 && o.Faults.StallHeadersRate <= 1, "fault stall-headers rate must be in [0,1], got %v", o.Faults.StallHeadersRate)
+	check(o.Faults.StallHeadersFor >= 0, "fault stall-headers duration must not be negative, got %v", o.Faults.StallHeadersFor)
 	if err := errors.Join(errs...); err != nil {
 		return o, fmt.Errorf("sim options: %w", err)
 	}

@@ -9,3 +9,12 @@ type Encoder interface {
 	// Decode turns ids back into text; skipSpecialTokens drops special tokens as HF does.
 	Decode(ids []uint32, skipSpecialTokens bool) (string, error)
 }
+
+// LimitEncoder is an Encoder that can stop as soon as a text is known to have more than a
+// limit of tokens, doing work bounded by the limit rather than by the text. The default backend
+// implements it; others are limited after a full Encode.
+type LimitEncoder interface {
+	// EncodeLimit is Encode that fails with an *engine.LimitError once the result is known to
+	// have more than limit tokens (limit <= 0: no limit). Within the limit it equals Encode.
+	EncodeLimit(text string, addSpecialTokens bool, limit int) ([]uint32, error)
+}

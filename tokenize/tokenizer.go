@@ -3,10 +3,12 @@ package tokenize
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"time"
 
 	"github.com/kvgate/kvgate/tokenize/chat"
+	"github.com/kvgate/kvgate/tokenize/engine"
 )
 
 // ChatRequest is the input of a chat-template render (messages, tools, documents, flags).
@@ -18,6 +20,23 @@ type TemplateError = chat.TemplateError
 
 // RequestError is a malformed OpenAI body; servers answer it with HTTP 400 and its Message.
 type RequestError = chat.RequestError
+
+// TooLongError is a prompt with more tokens than the limit it was tokenized against (the
+// model's max_model_len). Tokenizing stopped as soon as that was certain: Tokens is the exact
+// count when Exact, else a lower bound. Servers answer it with HTTP 400, as vLLM does.
+type TooLongError struct {
+	Limit  int
+	Tokens int
+	Exact  bool
+}
+
+func (e *TooLongError) Error() string {
+	n := fmt.Sprint(e.Tokens)
+	if !e.Exact {
+		n = "at least " + n
+	}
+	return fmt.Sprintf("prompt has %s tokens; the limit is %d", n, e.Limit)
+}
 
 // Options tunes a loaded Tokenizer. The zero value is usable.
 type Options struct {
@@ -154,15 +173,21 @@ func (t *Tokenizer) TokenizeRequest(ctx context.Context, body []byte) (*Prompt, 
 		return nil, err
 	}
 	if b.Kind == chat.KindChat {
-		return t.tokenizeChat(ctx, b.Chat)
+		return t.tokenizeChat(ctx, b.Chat, 0)
 	}
-	return t.tokenizeCompletion(ctx, b.Completion)
+	return t.tokenizeCompletion(ctx, b.Completion, 0)
 }
 
 // TokenizeChat tokenizes an OpenAI /v1/chat/completions body the way vLLM does: preprocess the
 // messages, render the template (add_generation_prompt defaults to true), then encode the text
 // with add_special_tokens defaulting to false because the template already carries BOS.
 func (t *Tokenizer) TokenizeChat(ctx context.Context, body []byte) (*Prompt, error) {
+	return t.TokenizeChatLimit(ctx, body, 0)
+}
+
+// TokenizeChatLimit is TokenizeChat that fails with a *TooLongError when the prompt has more than
+// maxTokens tokens (0: no limit), stopping the encoder as soon as that is certain.
+func (t *Tokenizer) TokenizeChatLimit(ctx context.Context, body []byte, maxTokens int) (*Prompt, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -170,10 +195,10 @@ func (t *Tokenizer) TokenizeChat(ctx context.Context, body []byte) (*Prompt, err
 	if err != nil {
 		return nil, err
 	}
-	return t.tokenizeChat(ctx, cb)
+	return t.tokenizeChat(ctx, cb, maxTokens)
 }
 
-func (t *Tokenizer) tokenizeChat(ctx context.Context, cb *chat.ChatBody) (*Prompt, error) {
+func (t *Tokenizer) tokenizeChat(ctx context.Context, cb *chat.ChatBody, maxTokens int) (*Prompt, error) {
 	text, err := t.RenderChat(&cb.Request)
 	if err != nil {
 		return nil, err
@@ -181,7 +206,7 @@ func (t *Tokenizer) tokenizeChat(ctx context.Context, cb *chat.ChatBody) (*Promp
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	ids, err := t.enc.Encode(text, cb.AddSpecialTokens)
+	ids, err := t.encodeLimit(text, cb.AddSpecialTokens, maxTokens)
 	if err != nil {
 		return nil, fmt.Errorf("encode chat prompt: %w", err)
 	}
@@ -192,6 +217,12 @@ func (t *Tokenizer) tokenizeChat(ctx context.Context, cb *chat.ChatBody) (*Promp
 // a string, a list of token ids, or a list of strings / of id lists (a batch, see Prompt.Batch);
 // strings are encoded with add_special_tokens (default true), ids are taken as they are.
 func (t *Tokenizer) TokenizeCompletion(ctx context.Context, body []byte) (*Prompt, error) {
+	return t.TokenizeCompletionLimit(ctx, body, 0)
+}
+
+// TokenizeCompletionLimit is TokenizeCompletion that fails with a *TooLongError when any prompt
+// of the request has more than maxTokens tokens (0: no limit).
+func (t *Tokenizer) TokenizeCompletionLimit(ctx context.Context, body []byte, maxTokens int) (*Prompt, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -199,10 +230,10 @@ func (t *Tokenizer) TokenizeCompletion(ctx context.Context, body []byte) (*Promp
 	if err != nil {
 		return nil, err
 	}
-	return t.tokenizeCompletion(ctx, cb)
+	return t.tokenizeCompletion(ctx, cb, maxTokens)
 }
 
-func (t *Tokenizer) tokenizeCompletion(ctx context.Context, cb *chat.CompletionBody) (*Prompt, error) {
+func (t *Tokenizer) tokenizeCompletion(ctx context.Context, cb *chat.CompletionBody, maxTokens int) (*Prompt, error) {
 	out := make([]*Prompt, 0, len(cb.Prompts))
 	for _, in := range cb.Prompts {
 		if err := ctx.Err(); err != nil {
@@ -210,11 +241,13 @@ func (t *Tokenizer) tokenizeCompletion(ctx context.Context, cb *chat.CompletionB
 		}
 		p := &Prompt{Text: in.Text, TokenIDs: in.TokenIDs, CacheSalt: cb.CacheSalt}
 		if in.TokenIDs == nil {
-			ids, err := t.enc.Encode(in.Text, cb.AddSpecialTokens)
+			ids, err := t.encodeLimit(in.Text, cb.AddSpecialTokens, maxTokens)
 			if err != nil {
 				return nil, fmt.Errorf("encode completion prompt: %w", err)
 			}
 			p.TokenIDs = ids
+		} else if maxTokens > 0 && len(in.TokenIDs) > maxTokens {
+			return nil, &TooLongError{Limit: maxTokens, Tokens: len(in.TokenIDs), Exact: true}
 		}
 		out = append(out, p)
 	}
@@ -223,4 +256,25 @@ func (t *Tokenizer) tokenizeCompletion(ctx context.Context, cb *chat.CompletionB
 		first.Batch = out
 	}
 	return first, nil
+}
+
+// encodeLimit encodes text, failing with a *TooLongError beyond maxTokens (0: no limit).
+func (t *Tokenizer) encodeLimit(text string, addSpecialTokens bool, maxTokens int) ([]uint32, error) {
+	if maxTokens <= 0 {
+		return t.enc.Encode(text, addSpecialTokens)
+	}
+	le, ok := t.enc.(LimitEncoder)
+	if !ok {
+		ids, err := t.enc.Encode(text, addSpecialTokens)
+		if err == nil && len(ids) > maxTokens {
+			return nil, &TooLongError{Limit: maxTokens, Tokens: len(ids), Exact: true}
+		}
+		return ids, err
+	}
+	ids, err := le.EncodeLimit(text, addSpecialTokens, maxTokens)
+	var lim *engine.LimitError
+	if errors.As(err, &lim) {
+		return nil, &TooLongError{Limit: maxTokens, Tokens: lim.AtLeast}
+	}
+	return ids, err
 }

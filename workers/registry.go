@@ -104,6 +104,16 @@ func (r *Registry) Models() []string {
 	return out
 }
 
+// MaxModelLen returns the largest max_model_len any worker reported for model in its
+// /v1/models (a prompt that fits one worker is not refused), or 0 when none did.
+func (r *Registry) MaxModelLen(model string) int {
+	n := 0
+	for _, w := range r.workers {
+		n = max(n, w.MaxModelLen(model))
+	}
+	return n
+}
+
 // OnChange registers fn to hear every state change a probe causes (ChangeAdmitted,
 // ChangeReadmitted, ChangeEjected), synchronously on the probing goroutine; fn must be quick.
 // The gateway uses it to tell the KV-event subscriptions that a worker's health flapped.

@@ -30,7 +30,7 @@ func newFake(t *testing.T) *fakeWorker {
 			f.probes.Add(1)
 			w.WriteHeader(int(f.status.Load()))
 		case "/v1/models":
-			_, _ = w.Write([]byte(`{"object":"list","data":[{"id":"base","object":"model"},{"id":"lora-a","object":"model","parent":"base"}]}`))
+			_, _ = w.Write([]byte(`{"object":"list","data":[{"id":"base","object":"model","max_model_len":4096},{"id":"lora-a","object":"model","parent":"base"}]}`))
 		default:
 			http.NotFound(w, r)
 		}
@@ -100,6 +100,11 @@ func TestEjectionAndReadmission(t *testing.T) {
 	}
 	if got := reg.Models(); len(got) != 2 || got[1] != "lora-a" {
 		t.Errorf("models = %v, want base and lora-a from /v1/models", got)
+	}
+	for model, want := range map[string]int{"base": 4096, "": 4096, "lora-a": 0, "other": 0} {
+		if got := reg.MaxModelLen(model); got != want {
+			t.Errorf("MaxModelLen(%q) = %d, want %d", model, got, want)
+		}
 	}
 }
 

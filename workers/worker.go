@@ -31,8 +31,17 @@ type Worker struct {
 	oks      int // consecutive successful probes while ejected
 	lastErr  string
 	models   []string
-	ejected  int // times ejected, for metrics and debugging
+	maxLen   map[string]int // model id -> max_model_len its /v1/models reported
+	ejected  int            // times ejected, for metrics and debugging
 	lastSeen time.Time
+
+	// Flap damping (health.hold_down*): readmitted is when the worker was last readmitted,
+	// holdLevel how many recent flaps it has (hold-down = hold_down * 2^(level-1)), holdUntil
+	// the earliest time an ejected worker may be readmitted.
+	readmitted time.Time
+	holdLevel  int
+	holdUntil  time.Time
+	clock      func() time.Time // time.Now; tests inject a fake clock
 }
 
 type state int
@@ -54,6 +63,8 @@ type Status struct {
 	InFlight            []int     `json:"in_flight"`
 	Models              []string  `json:"models,omitempty"`
 	LastHealthy         time.Time `json:"last_healthy,omitzero"`
+	// HeldUntil is when an ejected, flapping worker may be readmitted (health.hold_down).
+	HeldUntil time.Time `json:"held_until,omitzero"`
 }
 
 func newWorker(cfg configs.Worker, proxy configs.Proxy, health configs.Health) (*Worker, error) {
@@ -84,6 +95,7 @@ func newWorker(cfg configs.Worker, proxy configs.Proxy, health configs.Health) (
 		},
 		health:   health,
 		inflight: make([]atomic.Int64, dp),
+		clock:    time.Now,
 	}, nil
 }
 
@@ -177,9 +189,38 @@ func (w *Worker) fail(reason string) bool {
 		w.state == stateHealthy && w.fails >= w.health.FailureThreshold:
 		w.state = stateEjected
 		w.ejected++
+		w.holdDown(w.clock())
 		return true
 	}
 	return false
+}
+
+// holdDown must be called with mu held, when the worker was just ejected at now. A worker
+// ejected within hold_down_reset of its readmission is flapping: it may not be readmitted for
+// hold_down, doubled per consecutive flap up to hold_down_max. Each full hold_down_reset it
+// stayed healthy since its readmission forgets one flap.
+func (w *Worker) holdDown(now time.Time) {
+	base, reset := w.health.HoldDown.D(), w.health.HoldDownReset.D()
+	if base <= 0 || reset <= 0 || w.readmitted.IsZero() {
+		return
+	}
+	stable := now.Sub(w.readmitted)
+	w.holdLevel = max(w.holdLevel-int(stable/reset), 0)
+	if stable >= reset {
+		return
+	}
+	w.holdLevel++
+	limit := max(w.health.HoldDownMax.D(), base)
+	d := base
+	for i := 1; i < w.holdLevel; i++ {
+		if d >= limit {
+			w.holdLevel = i // no point counting flaps past the cap: decay starts from it
+			break
+		}
+		d *= 2
+	}
+	d = min(d, limit)
+	w.holdUntil = now.Add(d)
 }
 
 // succeed must be called with mu held. It returns true when this success (re)admitted the worker.
@@ -191,9 +232,13 @@ func (w *Worker) succeed(now time.Time) bool {
 		w.state = stateHealthy
 		return true
 	case stateEjected:
+		if now.Before(w.holdUntil) {
+			return false // held down: successes during the hold-down do not count
+		}
 		w.oks++
 		if w.oks >= w.health.SuccessThreshold {
 			w.state, w.oks, w.lastErr = stateHealthy, 0, ""
+			w.readmitted = now
 			return true
 		}
 	}
@@ -218,6 +263,7 @@ func (w *Worker) Status() Status {
 		InFlight:            inflight,
 		Models:              append([]string(nil), w.models...),
 		LastHealthy:         w.lastSeen,
+		HeldUntil:           w.holdUntil,
 	}
 }
 
@@ -226,6 +272,17 @@ func (w *Worker) Models() []string {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return append([]string(nil), w.models...)
+}
+
+// MaxModelLen returns the max_model_len the worker reported for model at its last admission,
+// or 0 when it reported none. model "" is the worker's first listed model (vLLM's default).
+func (w *Worker) MaxModelLen(model string) int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if model == "" && len(w.models) > 0 {
+		model = w.models[0]
+	}
+	return w.maxLen[model]
 }
 
 // State changes a probe can cause, as passed to Registry.OnChange.
@@ -253,7 +310,7 @@ func (w *Worker) probe(parent context.Context) (change string, err error) {
 	if err != nil {
 		ejected = w.fail(err.Error())
 	} else {
-		admitted = w.succeed(time.Now())
+		admitted = w.succeed(w.clock())
 	}
 	w.mu.Unlock()
 	switch {
@@ -274,17 +331,23 @@ func (w *Worker) refreshModels(ctx context.Context) {
 	var list struct {
 		Data []struct {
 			ID string `json:"id"`
+			// MaxModelLen is vLLM's ModelCard.max_model_len (vllm/entrypoints/openai/protocol.py).
+			MaxModelLen int `json:"max_model_len"`
 		} `json:"data"`
 	}
 	if err := w.get(ctx, "/v1/models", &list); err != nil {
 		return // best effort: the configured model is always known
 	}
 	ids := make([]string, 0, len(list.Data))
+	lens := make(map[string]int, len(list.Data))
 	for _, m := range list.Data {
 		ids = append(ids, m.ID)
+		if m.MaxModelLen > 0 {
+			lens[m.ID] = m.MaxModelLen
+		}
 	}
 	w.mu.Lock()
-	w.models = ids
+	w.models, w.maxLen = ids, lens
 	w.mu.Unlock()
 }
 

@@ -28,15 +28,20 @@ func (e *enricher) Enrich(ctx context.Context, in *server.Inbound, req *router.R
 		p   *tokenize.Prompt
 		err error
 	)
+	// vLLM needs room for one output token: a prompt of MaxModelLen tokens is refused.
+	limit := max(in.MaxModelLen-1, 0)
 	if in.Chat != nil {
-		p, err = e.tok.TokenizeChat(ctx, in.Body)
+		p, err = e.tok.TokenizeChatLimit(ctx, in.Body, limit)
 	} else {
-		p, err = e.tok.TokenizeCompletion(ctx, in.Body)
+		p, err = e.tok.TokenizeCompletionLimit(ctx, in.Body, limit)
 	}
 	if err != nil {
 		var te *tokenize.TemplateError
 		var re *tokenize.RequestError
+		var tl *tokenize.TooLongError
 		switch {
+		case errors.As(err, &tl):
+			return server.ContextLengthError(in.MaxModelLen, tl.Tokens, tl.Exact)
 		case errors.As(err, &te):
 			return server.BadRequest("", te.Message)
 		case errors.As(err, &re):

@@ -78,6 +78,8 @@ func newServeFlags(fs *flag.FlagSet, o *sim.Options, c *serveConfig) func() erro
 	fs.BoolVar(&o.FailBeforeFirstByte, "fail-before-first-byte", false, "fault: fail every completion request before the first byte")
 	fs.IntVar(&o.DieMidStreamAfter, "die-mid-stream-after", 0, "fault: cut every stream after N tokens (0 = never)")
 	fs.Float64Var(&o.Faults.FailRate, "fault-fail-rate", 0, "fault: fraction of requests failed before the first byte")
+	fs.Float64Var(&o.Faults.StallHeadersRate, "fault-stall-headers-rate", 0, "fault: fraction of requests that wait --fault-stall-headers-for before any response header")
+	fs.DurationVar(&o.Faults.StallHeadersFor, "fault-stall-headers-for", 0, "fault: how long such a request stalls before its headers (simulated time)")
 	fs.IntVar(&o.Faults.FailStatus, "fault-fail-status", 0, "fault: HTTP status of injected failures (0 = close the connection)")
 	fs.Float64Var(&o.Faults.DropEventRate, "fault-drop-events", 0, "fault: fraction of event messages not sent (still replayable)")
 	fs.IntVar(&o.Faults.SkipSeqEvery, "fault-skip-seq-every", 0, "fault: skip a sequence number after every N messages")

@@ -13,6 +13,8 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"unicode/utf8"
+	"unsafe"
 )
 
 // Tokenizer is a loaded tokenizer.json. It is safe for concurrent use.
@@ -30,6 +32,10 @@ type Tokenizer struct {
 	startAware bool // the pipeline depends on a segment starting the input (Metaspace "first")
 	pool       sync.Pool
 	bl         *byteLevelTables
+	// boundOnce computes maxTokenBytes (see tokenBytesBound) on the first limited encode.
+	boundOnce     sync.Once
+	maxTokenBytes int
+	window        int // pre-tokenizer window; 0: windowBytes (tests set a small one)
 }
 
 // Option configures Load.
@@ -72,6 +78,9 @@ type workspace struct {
 	smallCand []uint64
 	splits    []addedSplit
 	splits2   []addedSplit
+	// limit and maxTokenBytes are the current EncodeLimit call's (0: no limit).
+	limit         int
+	maxTokenBytes int
 }
 
 // Load reads dir/tokenizer.json (a path to the file itself is accepted too) and, unless
@@ -206,11 +215,41 @@ func (t *Tokenizer) buildAdded(list []addedTokenJSON, vocab map[string]uint32) {
 // Encode tokenizes text. With addSpecialTokens the post-processor adds its special tokens (BOS
 // for Llama 3 and Gemma 3). Ill-formed UTF-8 is replaced with U+FFFD first.
 func (t *Tokenizer) Encode(text string, addSpecialTokens bool) (ids []uint32, err error) {
+	return t.encode(text, addSpecialTokens, 0)
+}
+
+// LimitError is returned by EncodeLimit when the text has more tokens than the limit. Encoding
+// stopped as soon as that was certain, so AtLeast is a lower bound of the true count (> Limit).
+type LimitError struct {
+	Limit   int
+	AtLeast int
+}
+
+func (e *LimitError) Error() string {
+	return fmt.Sprintf("engine: text has at least %d tokens, over the limit of %d", e.AtLeast, e.Limit)
+}
+
+// EncodeLimit is Encode that gives up with a *LimitError as soon as the result is known to
+// exceed limit tokens, so the work done is bounded by the limit rather than by len(text).
+// Within the limit its ids equal Encode's. limit <= 0 means no limit.
+func (t *Tokenizer) EncodeLimit(text string, addSpecialTokens bool, limit int) ([]uint32, error) {
+	return t.encode(text, addSpecialTokens, limit)
+}
+
+func (t *Tokenizer) encode(text string, addSpecialTokens bool, limit int) (ids []uint32, err error) {
 	defer recoverMatchError(&err)
 	text = validUTF8(text)
 	ws := t.pool.Get().(*workspace)
 	defer t.pool.Put(ws)
-	ids = make([]uint32, 0, len(text)/3+8)
+	ws.limit = max(limit, 0)
+	if ws.limit > 0 {
+		ws.maxTokenBytes = t.tokenBytesBound()
+	}
+	capacity := len(text)/3 + 8
+	if ws.limit > 0 {
+		capacity = min(capacity, ws.limit+8)
+	}
+	ids = make([]uint32, 0, capacity)
 	if t.rawTrie == nil {
 		ids, err = t.encodeSegment(ids, text, true, ws)
 	} else {
@@ -219,12 +258,22 @@ func (t *Tokenizer) Encode(text string, addSpecialTokens bool) (ids []uint32, er
 		for _, sp := range splits {
 			if sp.tok >= 0 {
 				ids = append(ids, t.added[sp.tok].id)
+				if err = ws.check(len(ids)); err != nil {
+					break
+				}
 				continue
 			}
 			if ids, err = t.encodeSegment(ids, text[sp.start:sp.end], sp.start == 0, ws); err != nil {
 				break
 			}
 		}
+		if len(ws.splits) > maxPooledSpans {
+			ws.splits = nil // do not keep a huge buffer alive in the pool
+		}
+	}
+	var le *LimitError
+	if errors.As(err, &le) {
+		return nil, le
 	}
 	if err != nil {
 		return nil, fmt.Errorf("engine: encode: %w", err)
@@ -232,7 +281,50 @@ func (t *Tokenizer) Encode(text string, addSpecialTokens bool) (ids []uint32, er
 	if addSpecialTokens && t.post != nil {
 		ids = t.post.process(make([]uint32, 0, len(ids)+4), ids)
 	}
+	if limit > 0 && len(ids) > limit {
+		return nil, &LimitError{Limit: limit, AtLeast: len(ids)}
+	}
 	return ids, nil
+}
+
+// check reports a *LimitError once n tokens exceed the workspace's limit.
+func (ws *workspace) check(n int) error {
+	if ws.limit > 0 && n > ws.limit {
+		return &LimitError{Limit: ws.limit, AtLeast: n}
+	}
+	return nil
+}
+
+// maxPooledSpans bounds the scratch slices a workspace keeps between calls.
+const maxPooledSpans = 1 << 16
+
+// windowBytes is how much of one segment is pre-tokenized at a time. Pre-tokenizing a long
+// segment whole costs tens of bytes of pieces and spans per input byte.
+const windowBytes = 64 << 10
+
+// windowSize is windowBytes, or the window a test set.
+func (t *Tokenizer) windowSize() int {
+	if t.window > 0 {
+		return t.window
+	}
+	return windowBytes
+}
+
+// tokenBytesBound returns an upper bound of the input bytes one token can cover (the longest
+// vocabulary entry, at least one UTF-8 character), or 0 when there is none: with fuse_unk a
+// single unknown token covers any run of unknown characters.
+func (t *Tokenizer) tokenBytesBound() int {
+	t.boundOnce.Do(func() {
+		if t.model.fuseUnk && t.model.unkID >= 0 {
+			return
+		}
+		n := utf8.UTFMax
+		for k := range t.model.vocab {
+			n = max(n, len(k))
+		}
+		t.maxTokenBytes = n
+	})
+	return t.maxTokenBytes
 }
 
 // encodeSegment encodes text that contains no raw-matched added token, through the segment cache.
@@ -240,7 +332,8 @@ func (t *Tokenizer) encodeSegment(dst []uint32, seg string, atStart bool, ws *wo
 	cacheable := t.segments != nil && !(atStart && t.startAware)
 	if cacheable {
 		if ids, ok := t.segments.get(seg); ok {
-			return append(dst, ids...), nil
+			dst = append(dst, ids...)
+			return dst, ws.check(len(dst))
 		}
 	}
 	start := len(dst)
@@ -269,30 +362,139 @@ func (t *Tokenizer) encodeUncached(dst []uint32, seg string, atStart bool, ws *w
 	for _, sp := range splits {
 		if sp.tok >= 0 {
 			dst = append(dst, t.added[sp.tok].id)
+			if err = ws.check(len(dst)); err != nil {
+				return dst, err
+			}
 			continue
 		}
 		if dst, err = t.encodeText(dst, s[sp.start:sp.end], atStart && sp.start == 0, ws); err != nil {
 			return dst, err
 		}
 	}
+	if len(ws.splits2) > maxPooledSpans {
+		ws.splits2 = nil
+	}
 	return dst, nil
 }
 
-// encodeText pre-tokenizes normalized text and runs the model on each piece.
+// encodeText pre-tokenizes normalized text and runs the model on each piece. A long text whose
+// pre-tokenizer starts with a regex split is pre-tokenized window by window (encodeWindowed).
 func (t *Tokenizer) encodeText(dst []uint32, s string, first bool, ws *workspace) ([]uint32, error) {
 	if s == "" {
 		return dst, nil
 	}
 	var err error
 	if t.pre == nil {
-		return t.model.encode(dst, s, ws)
+		return t.encodeWord(dst, s, ws)
+	}
+	if len(s) > t.windowSize() {
+		if head, rest, ok := splitHead(t.pre); ok {
+			return t.encodeWindowed(dst, s, first, head, rest, ws)
+		}
 	}
 	pieces := t.pre.split(ws.pieces[:0], piece{s, first}, ws)
 	ws.pieces = pieces
 	for _, p := range pieces {
-		if dst, err = t.model.encode(dst, p.s, ws); err != nil {
+		if dst, err = t.encodeWord(dst, p.s, ws); err != nil {
 			return dst, err
 		}
+	}
+	return dst, nil
+}
+
+// encodeWord runs the model on one pre-token, refusing first when even the longest tokens could
+// not cover it within the limit.
+func (t *Tokenizer) encodeWord(dst []uint32, w string, ws *workspace) ([]uint32, error) {
+	if ws.limit > 0 && ws.maxTokenBytes > 0 {
+		if least := len(dst) + (len(w)+ws.maxTokenBytes-1)/ws.maxTokenBytes; least > ws.limit {
+			return dst, &LimitError{Limit: ws.limit, AtLeast: least}
+		}
+	}
+	dst, err := t.model.encode(dst, w, ws)
+	if err != nil {
+		return dst, err
+	}
+	return dst, ws.check(len(dst))
+}
+
+// splitHead returns the leading regex split of a pre-tokenizer (itself, or the first stage of a
+// sequence) and the stages after it.
+func splitHead(pre preTokenizer) (splitPre, preTokenizer, bool) {
+	switch x := pre.(type) {
+	case splitPre:
+		return x, nil, true
+	case preSequence:
+		if len(x) > 0 {
+			if h, ok := x[0].(splitPre); ok {
+				if len(x) == 1 {
+					return h, nil, true
+				}
+				return h, x[1:], true
+			}
+		}
+	}
+	return splitPre{}, nil, false
+}
+
+// windowGuard is how close to a window's end a split piece may end and still be kept: the split
+// patterns look at most one character past a match (e.g. `\s+(?!\S)`).
+const windowGuard = 2 * utf8.UTFMax
+
+// encodeWindowed pre-tokenizes s window by window: the leading split runs on windowBytes of
+// text, the pieces that end well before the window's end are kept (their matches cannot depend
+// on what follows), and the next window starts where the first dropped piece started. A regex
+// split scans left to right from the end of the previous match, so restarting at a piece
+// boundary finds the same pieces as one pass over the whole text; the window grows when one
+// piece is longer than it. Scratch memory stays bounded by the window.
+func (t *Tokenizer) encodeWindowed(dst []uint32, s string, first bool, head splitPre, rest preTokenizer, ws *workspace) ([]uint32, error) {
+	var (
+		heads []piece
+		err   error
+	)
+	base := unsafe.StringData(s)
+	offset := func(p string) int {
+		return int(uintptr(unsafe.Pointer(unsafe.StringData(p))) - uintptr(unsafe.Pointer(base)))
+	}
+	w := t.windowSize()
+	for a := 0; a < len(s); {
+		b := min(a+w, len(s))
+		for b < len(s) && !utf8.RuneStart(s[b]) {
+			b--
+		}
+		heads = head.split(heads[:0], piece{s[a:b], first && a == 0}, ws)
+		next := b
+		keep := len(heads)
+		if b < len(s) {
+			keep = 0
+			for k, p := range heads {
+				if k == len(heads)-1 || offset(p.s)+len(p.s) > b-windowGuard {
+					break
+				}
+				keep = k + 1
+			}
+			if keep == 0 {
+				w *= 2 // one piece longer than the window: look further
+				continue
+			}
+			next = offset(heads[keep].s)
+		}
+		for _, hp := range heads[:keep] {
+			if rest == nil {
+				dst, err = t.encodeWord(dst, hp.s, ws)
+			} else {
+				pieces := rest.split(ws.pieces[:0], hp, ws)
+				ws.pieces = pieces
+				for _, p := range pieces {
+					if dst, err = t.encodeWord(dst, p.s, ws); err != nil {
+						break
+					}
+				}
+			}
+			if err != nil {
+				return dst, err
+			}
+		}
+		a, w = next, t.windowSize()
 	}
 	return dst, nil
 }

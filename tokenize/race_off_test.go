@@ -1,0 +1,5 @@
+//go:build !race
+
+package tokenize
+
+const raceEnabled = false
