@@ -33,8 +33,9 @@ BIN="${BIN:-$OUT/bin}"
 MODEL_DIR=models/qwen3
 MODEL_NAME=qwen3
 
-die() { echo "restart-recovery: $*" >&2; exit 1; }
-log() { echo "restart-recovery: $*" >&2; }
+NAME=restart-recovery
+# shellcheck source=scripts/lib.sh
+. scripts/lib.sh
 
 [ -f "$MODEL_DIR/tokenizer.json" ] || scripts/fetch-tokenizers.sh qwen3
 mkdir -p "$OUT" "$BIN"
@@ -42,24 +43,6 @@ if [ "${SKIP_BUILD:-0}" != 1 ]; then
   go build -o "$BIN/" ./cmd/kvgate ./cmd/vllm-sim ./cmd/kvbench
 fi
 
-PIDS=()
-cleanup() {
-  local pid
-  for pid in "${PIDS[@]:-}"; do [ -n "$pid" ] && kill "$pid" 2>/dev/null || true; done
-  for pid in "${PIDS[@]:-}"; do [ -n "$pid" ] && wait "$pid" 2>/dev/null || true; done
-}
-trap cleanup EXIT
-trap 'cleanup; exit 130' INT TERM
-
-wait_http() {
-  local url="$1" pid="$2" n=$(( $3 * 10 ))
-  while [ "$n" -gt 0 ]; do
-    curl -sf -o /dev/null "$url" && return 0
-    kill -0 "$pid" 2>/dev/null || return 1
-    sleep 0.1; n=$((n - 1))
-  done
-  return 1
-}
 
 GW_A="127.0.0.1:$BASE_PORT"
 GW_B="127.0.0.1:$((BASE_PORT + 3))"
@@ -74,8 +57,7 @@ PIDS+=("$fleet")
 for i in 1 2; do
   wait_http "http://127.0.0.1:$((BASE_PORT + i))/health" "$fleet" 60 || die "worker $i did not start; see $OUT/fleet.log"
 done
-n=0
-while [ ! -s "$OUT/fleet.yaml" ] && [ $n -lt 100 ]; do sleep 0.1; n=$((n + 1)); done
+wait_file "$OUT/fleet.yaml"
 
 "$BIN/kvgate" serve --config "$OUT/fleet.yaml" --router-policy kv --log-level warn >"$OUT/kvgate-a.log" 2>&1 &
 gwa=$!
