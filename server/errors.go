@@ -19,6 +19,9 @@ type apiError struct {
 	Param   string // empty → null
 	// RetryAfter, when > 0, is sent as the Retry-After header (seconds).
 	RetryAfter int
+	// engineRestart marks a worker's bare 500 (its engine died or restarted): the same worker
+	// may be tried again after a pause when no other one is left.
+	engineRestart bool
 }
 
 func (e *apiError) Error() string { return e.Message }

@@ -40,6 +40,16 @@ func (s *Server) proxy(c *gin.Context, in *Inbound, rreq *router.Request, start 
 	var last *apiError
 	for attempt := 0; attempt < maxAttempts; attempt++ {
 		cands := s.candidates(tried)
+		if len(cands) == 0 && last != nil && last.engineRestart {
+			// Every worker was tried and the last one's engine was restarting (as all of a
+			// fleet's may at once after a deploy): an engine that restarts in place is back
+			// within moments, so try them again after a pause.
+			if !sleepCtx(ctx, time.Duration(attempt)*restartRetryPause) {
+				break
+			}
+			clear(tried)
+			cands = s.candidates(tried)
+		}
 		if len(cands) == 0 {
 			break
 		}
@@ -57,8 +67,9 @@ func (s *Server) proxy(c *gin.Context, in *Inbound, rreq *router.Request, start 
 			break
 		}
 		tried[w.URL()] = true
-		canRetry := attempt+1 < maxAttempts && len(s.candidates(tried)) > 0
-		res, code, e := s.attempt(c, in, rreq, d, w, start, canRetry)
+		scope := retryScope{again: attempt+1 < maxAttempts}
+		scope.other = scope.again && len(s.candidates(tried)) > 0
+		res, code, e := s.attempt(c, in, rreq, d, w, start, scope)
 		switch res {
 		case served:
 			return code
@@ -94,6 +105,28 @@ func (s *Server) candidates(tried map[string]bool) []router.Candidate {
 	return out
 }
 
+// retryScope says where a failed attempt may still go.
+type retryScope struct {
+	other bool // an untried worker is routable and the attempt budget allows it
+	again bool // the attempt budget allows another try, even of a worker already tried
+}
+
+// restartRetryPause is the pause per attempt before a worker whose engine was restarting is
+// tried again.
+const restartRetryPause = 250 * time.Millisecond
+
+// sleepCtx waits d or until ctx ends; it reports whether the wait completed.
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
 func retryableStatus(code int) bool {
 	return code == http.StatusBadGateway || code == http.StatusServiceUnavailable || code == http.StatusGatewayTimeout
 }
@@ -101,7 +134,7 @@ func retryableStatus(code int) bool {
 // attempt sends the request to one worker. Headers are committed to the client only once the
 // worker's first body byte arrived, so a worker that dies before that can be replaced.
 func (s *Server) attempt(c *gin.Context, in *Inbound, rreq *router.Request, d router.Decision,
-	w *workers.Worker, start time.Time, canRetry bool) (outcome, int, *apiError) {
+	w *workers.Worker, start time.Time, scope retryScope) (outcome, int, *apiError) {
 	clientCtx := c.Request.Context()
 	ctx, cancel := context.WithCancelCause(clientCtx)
 	defer cancel(nil)
@@ -123,7 +156,7 @@ func (s *Server) attempt(c *gin.Context, in *Inbound, rreq *router.Request, d ro
 	if s.observer != nil {
 		uc = &usageCapture{}
 	}
-	res, code, e := s.send(ctx, cancel, c, in, w, d, rreq.SessionID, start, canRetry, firstToken, uc)
+	res, code, e := s.send(ctx, cancel, c, in, w, d, rreq.SessionID, start, scope, firstToken, uc)
 	if res == served && code == http.StatusOK && uc != nil {
 		if u, ok := uc.usage(); ok {
 			s.observer.Observe(rreq.Model, rreq, d, u)
@@ -133,7 +166,7 @@ func (s *Server) attempt(c *gin.Context, in *Inbound, rreq *router.Request, d ro
 }
 
 func (s *Server) send(ctx context.Context, cancel context.CancelCauseFunc, c *gin.Context, in *Inbound,
-	w *workers.Worker, d router.Decision, session string, start time.Time, canRetry bool, firstToken func(),
+	w *workers.Worker, d router.Decision, session string, start time.Time, scope retryScope, firstToken func(),
 	uc *usageCapture) (outcome, int, *apiError) {
 	clientCtx := c.Request.Context()
 	up, err := http.NewRequestWithContext(ctx, http.MethodPost, w.Endpoint(in.Endpoint, c.Request.URL.RawQuery), bytes.NewReader(in.Body))
@@ -178,7 +211,7 @@ func (s *Server) send(ctx context.Context, cancel context.CancelCauseFunc, c *gi
 	}
 	defer resp.Body.Close()
 	s.m.workerRequests.WithLabelValues(w.URL(), strconv.Itoa(resp.StatusCode)).Inc()
-	if retryableStatus(resp.StatusCode) && canRetry {
+	if retryableStatus(resp.StatusCode) && scope.other {
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 		s.m.upstreamErrors.WithLabelValues(w.URL(), errStatus).Inc()
 		return failed, 0, &apiError{Status: resp.StatusCode, Message: fmt.Sprintf("worker %s answered %d", w.URL(), resp.StatusCode)}
@@ -200,14 +233,15 @@ func (s *Server) send(ctx context.Context, cancel context.CancelCauseFunc, c *gi
 		switch {
 		case clientCtx.Err() != nil:
 			return clientGone, 0, nil
-		case errors.Is(rerr, io.EOF) && resp.StatusCode == http.StatusInternalServerError && canRetry:
+		case errors.Is(rerr, io.EOF) && resp.StatusCode == http.StatusInternalServerError && scope.again:
 			// vLLM answers the requests in flight when its engine dies with a bare 500 and no
 			// body (the EngineDeadError and EngineGenerateError handlers of
 			// vllm/entrypoints/launcher.py); the simulator does the same on its restart fault.
 			// The request never ran to completion and nothing reached the client: retry it.
 			// A 500 with an error body is the worker's own answer and is passed through.
 			s.m.upstreamErrors.WithLabelValues(w.URL(), errStatus).Inc()
-			return failed, 0, &apiError{Status: http.StatusBadGateway, Message: fmt.Sprintf("worker %s failed the request before its first byte (500 without a body: engine died or restarted)", w.URL())}
+			return failed, 0, &apiError{Status: http.StatusBadGateway, engineRestart: true,
+				Message: fmt.Sprintf("worker %s failed the request before its first byte (500 without a body: engine died or restarted)", w.URL())}
 		case errors.Is(rerr, io.EOF) && resp.StatusCode != http.StatusOK:
 			// An empty error body is still the worker's answer: pass the status through.
 		default:

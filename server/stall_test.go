@@ -4,6 +4,8 @@ import (
 	"context"
 	"io"
 	"net/http"
+	"net/http/httputil"
+	"net/url"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -83,5 +85,43 @@ func TestEngineDeath500IsRetried(t *testing.T) {
 		if resp.StatusCode != http.StatusOK || hits.Load() != 1 {
 			t.Fatalf("stream=%v: status %d (%s), dead worker hit %d times; want 200 after one retry", stream, resp.StatusCode, data, hits.Load())
 		}
+	}
+}
+
+// A lone worker whose engine restarts in place (a bare 500, then healthy again) is tried once
+// more after a pause, rather than its 500 reaching the client; a worker that keeps failing
+// gets no more tries than the attempt budget allows.
+func TestRestartingLoneWorkerIsRetried(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		failures int32
+		want     int
+		hits     int32
+	}{
+		{"restarts once", 1, http.StatusOK, 2},
+		{"keeps failing", 100, http.StatusInternalServerError, 3}, // the last bare 500 is passed through
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var hits atomic.Int32
+			ok := startSim(t, fastSim())
+			target, err := url.Parse(ok.srv.URL)
+			if err != nil {
+				t.Fatal(err)
+			}
+			toSim := httputil.NewSingleHostReverseProxy(target)
+			flaky := fakeUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+				if r.URL.Path == pathChat && hits.Add(1) <= tc.failures {
+					w.WriteHeader(http.StatusInternalServerError)
+					return
+				}
+				toSim.ServeHTTP(w, r)
+			})
+			g := startGateway(t, func(c *configs.Config) { c.Health.FailureThreshold = 100 }, flaky.URL)
+			body := `{"model":"` + testModel + `","max_tokens":2,"stream":true,"messages":[{"role":"user","content":"hi"}]}`
+			resp, data := g.post(t, pathChat, body, nil)
+			if resp.StatusCode != tc.want || hits.Load() != tc.hits {
+				t.Fatalf("status %d (%s), worker hit %d times; want %d after %d tries", resp.StatusCode, data, hits.Load(), tc.want, tc.hits)
+			}
+		})
 	}
 }
