@@ -13,7 +13,7 @@ type removedBlock struct {
 }
 
 // recentRemoved is a bounded memory of recently removed worker hashes. vLLM's CPU offload
-// announces a block's host copy with a token-less BlockStored (spec §8.12) that can arrive after
+// announces a block's host copy with a token-less BlockStored (vLLM's offloading connector) that can arrive after
 // the GPU copy was evicted and its BlockRemoved applied; without this memory such a store could
 // not be resolved to our hash and was dropped as unresolved_hash.
 //

@@ -32,7 +32,7 @@ func (t Tier) String() string {
 }
 
 // TierOf maps a wire medium to a tier; ok is false for any other medium, which the index drops
-// and counts (fail closed, spec §5.6).
+// and counts (fail closed; docs/ARCHITECTURE.md, "The tiered index").
 func TierOf(medium Opt[string]) (Tier, bool) {
 	if !medium.Set {
 		return G1, true
@@ -49,7 +49,7 @@ func TierOf(medium Opt[string]) (Tier, bool) {
 }
 
 // mainAttentionKind reports whether a BlockStored's kv_cache_spec_kind describes a reusable
-// prefix (spec §5.5, §8.10): full or MLA attention, or no kind given.
+// prefix (vllm/v1/core/kv_cache_manager.py stamps the group's kind): full or MLA attention, or no kind given.
 func mainAttentionKind(k Opt[string]) bool {
 	if !k.Set {
 		return true
@@ -61,7 +61,7 @@ func mainAttentionKind(k Opt[string]) bool {
 	return false
 }
 
-// foldExtraKeys turns one block's wire extra keys into the u64 extra keys of DESIGN §3: the
+// foldExtraKeys turns one block's wire extra keys into the u64 extra keys of docs/ARCHITECTURE.md, "Block hashes": the
 // LoRA name (first item equal to lora_name) is skipped because it already moved the seed;
 // strings (cache salt on block 0, older bare multimodal ids) and the identifier of
 // (identifier, offset) tuples enter as tokenize.ExtraKeyHash; prompt-embeds bytes enter as

@@ -16,7 +16,7 @@ import (
 	"github.com/kvgate/kvgate/workers"
 )
 
-// routeDebug is the body of POST /debug/route: the decision record (issue 6 §3, fixed fields)
+// routeDebug is the body of POST /debug/route: the decision record (fixed fields; README, "POST /debug/route")
 // plus what the gateway read from the request.
 type routeDebug struct {
 	router.Decision

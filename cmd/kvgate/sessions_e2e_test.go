@@ -79,7 +79,7 @@ func (f *fleet) startRoot(root string) string {
 	return w
 }
 
-// TestParentAwarePlacement is issue 7's end-to-end test with simulated vLLM workers and live KV
+// TestParentAwarePlacement is the end-to-end test of parent-aware placement with simulated vLLM workers and live KV
 // events: a root session with a long system prompt spawns four subagents at once (parent
 // header set). With parent-aware placement they land on the parent's worker, where its prefix
 // is, and their first requests report cached tokens; when the parent's worker is saturated
