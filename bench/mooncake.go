@@ -10,7 +10,8 @@ import (
 // MooncakeBlockSize is aiperf's default block size for mooncake_trace hash_ids.
 const MooncakeBlockSize = 512
 
-// mooncakeRow is one JSONL row of aiperf's mooncake_trace format (aiperf src/aiperf/dataset/loader/mooncake_trace.py, class MooncakeTrace in
+// mooncakeRow is one JSONL row of aiperf's mooncake_trace format (aiperf
+// src/aiperf/dataset/loader/mooncake_trace.py, class MooncakeTrace in
 // src/aiperf/dataset/loader/models.py).
 type mooncakeRow struct {
 	Timestamp    *float64        `json:"timestamp"`

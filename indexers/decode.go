@@ -12,7 +12,8 @@ var errBadEvent = errors.New("kv-event: malformed event")
 
 // DecodeStats counts what DecodeBatch tolerated inside an otherwise valid batch.
 type DecodeStats struct {
-	// Unknown counts events with an unknown type tag (ignored; docs/ARCHITECTURE.md, "KV-event wire format").
+	// Unknown counts events with an unknown type tag (ignored; docs/ARCHITECTURE.md, "KV-event wire
+	// format").
 	Unknown int
 	// Malformed counts events skipped because an essential field had the wrong type.
 	Malformed int

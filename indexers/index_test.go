@@ -235,9 +235,9 @@ func TestMetricsAndSnapshot(t *testing.T) {
 	}
 }
 
-// TestOffsetEndpoint pins vLLM's offset_endpoint_port (vllm/distributed/kv_events.py): base+rank, port 0 unchanged
-// on every rank (vLLM #55844), and libzmq's wildcard port taken like port 0 (vLLM accepts it on
-// rank 0 only; see OffsetEndpoint).
+// TestOffsetEndpoint pins vLLM's offset_endpoint_port (vllm/distributed/kv_events.py): base+rank,
+// port 0 unchanged on every rank (vLLM #55844), and libzmq's wildcard port taken like port 0 (vLLM
+// accepts it on rank 0 only; see OffsetEndpoint).
 func TestOffsetEndpoint(t *testing.T) {
 	tests := []struct {
 		ep   string
@@ -293,10 +293,10 @@ func TestTargetConfigs(t *testing.T) {
 }
 
 // TestPlaceholderAfterEviction: vLLM's CPU offload announces a host copy with a token-less
-// BlockStored (vLLM's offloading connector) that may arrive after the GPU copy's BlockRemoved. Once a worker has
-// shown a lower tier, the index remembers its recently removed hashes (bounded), so such stores
-// still resolve, in chain position; beyond the bound, after a reset, or before the worker's
-// first lower-tier store, they are dropped as unresolved_hash.
+// BlockStored (vLLM's offloading connector) that may arrive after the GPU copy's BlockRemoved. Once
+// a worker has shown a lower tier, the index remembers its recently removed hashes (bounded), so
+// such stores still resolve, in chain position; beyond the bound, after a reset, or before the
+// worker's first lower-tier store, they are dropped as unresolved_hash.
 func TestPlaceholderAfterEviction(t *testing.T) {
 	toks := seqTokens(4*16, 500)
 	q := tokenize.BlockHashes(toks, 16, tokenize.HashOptions{})

@@ -186,7 +186,8 @@ func TestDecodeSemantics(t *testing.T) {
 	if h := b.Events[0].(*BlockRemoved).BlockHashes[0]; int64(h.U) != -484813614762822561 || !h.Neg {
 		t.Fatalf("negative hash decoded as %d", int64(h.U))
 	}
-	// Bytes hash → low 64 bits of the digest = vLLM's int mode value (vllm/v1/core/kv_cache_utils.py, maybe_convert_block_hash).
+	// Bytes hash → low 64 bits of the digest = vLLM's int mode value
+	// (vllm/v1/core/kv_cache_utils.py, maybe_convert_block_hash).
 	b, err = DecodeBatch(unhex(t, vectorCases(t)[7].hex))
 	if err != nil {
 		t.Fatal(err)

@@ -102,8 +102,8 @@ type PerfModel struct {
 	CPULoadPerToken              float64
 }
 
-// DefaultPerfModel returns the mocker's polynomials (Dynamo lib/mocker, docs/mocker/mocker.md) with a small
-// per-sequence decode term and a host-to-GPU load cost of 64 GB/s for a 0.6B-class model.
+// DefaultPerfModel returns the mocker's polynomials (Dynamo lib/mocker, docs/mocker/mocker.md) with
+// a small per-sequence decode term and a host-to-GPU load cost of 64 GB/s for a 0.6B-class model.
 func DefaultPerfModel() PerfModel {
 	return PerfModel{
 		PrefillA: 4.209989e-07, PrefillB: 1.518344e-02, PrefillC: 16.50142,

@@ -19,9 +19,9 @@ type seqState struct {
 	buf       []byte
 }
 
-// extendHashes hashes every newly full block of s.tokens. The simulator's block ids are
-// the chained hashes of docs/ARCHITECTURE.md "Block hashes" (salt and LoRA folded in), so they equal the keys kvgate computes;
-// consumers must still treat them as opaque, as they must vLLM's.
+// extendHashes hashes every newly full block of s.tokens. The simulator's block ids are the chained
+// hashes of docs/ARCHITECTURE.md "Block hashes" (salt and LoRA folded in), so they equal the keys
+// kvgate computes; consumers must still treat them as opaque, as they must vLLM's.
 func (s *seqState) extendHashes(blockSize int) {
 	seed := tokenize.LocalSeed(s.loraName)
 	var extra []uint64
