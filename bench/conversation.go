@@ -12,7 +12,8 @@ type conversation struct {
 
 	history []Message // ContextDeltas: sent turns plus live replies
 
-	// ContextWeka reconstruction state (aiperf-traces.md §1.4).
+	// ContextWeka reconstruction state (aiperf src/aiperf/dataset/loader/weka_trace_models.py;
+	// README "Trace formats").
 	segs    []wekaMsg
 	prevIDs []int64
 	prevOut int

@@ -8,10 +8,8 @@ import (
 	"time"
 )
 
-// sharedTraces is ../shared/traces beside the repository (present in CI, see traces/README.md).
-var sharedTraces = filepath.Join("..", "..", "shared", "traces")
-
-// embeddedTraces are the copies under testdata/traces used when ../shared is absent.
+// embeddedTraces are the public trace samples under testdata/traces (sources and licences in
+// its README).
 var embeddedTraces = filepath.Join("..", "testdata", "traces")
 
 // traceWant is what an independent reading of a trace file (jq/python over the JSON) gives.
@@ -33,14 +31,12 @@ type childWant struct {
 }
 
 var traceWants = map[string]traceWant{
-	"mooncake-fast25/conversation_trace.jsonl":         {format: FormatMooncake, blockSize: 512, requests: 12031, roots: 12031},
-	"mooncake-fast25/synthetic_trace.jsonl":            {format: FormatMooncake, blockSize: 512, requests: 3993, roots: 3993, lastStart: 1022025 * time.Millisecond},
-	"mooncake-fast25/conversation_trace.head200.jsonl": {format: FormatMooncake, blockSize: 512, requests: 200, roots: 200},
-	"weka-kv-cache-tester/trace_0022.json": {format: FormatWeka, blockSize: 64, requests: 7, roots: 1,
+	"mooncake_conversation.head200.jsonl": {format: FormatMooncake, blockSize: 512, requests: 200, roots: 200},
+	"trace_0022.json": {format: FormatWeka, blockSize: 64, requests: 7, roots: 1,
 		delays: []time.Duration{10350 * time.Millisecond, 9200 * time.Millisecond, 7550 * time.Millisecond}},
-	"weka-kv-cache-tester/trace_0026.json": {format: FormatWeka, blockSize: 64, requests: 3, roots: 1,
+	"trace_0026.json": {format: FormatWeka, blockSize: 64, requests: 3, roots: 1,
 		delays: []time.Duration{47750 * time.Millisecond, 3950 * time.Millisecond}},
-	"weka-kv-cache-tester/trace_0277.json": {format: FormatWeka, blockSize: 64, requests: 53, roots: 1,
+	"trace_0277.json": {format: FormatWeka, blockSize: 64, requests: 53, roots: 1,
 		delays: []time.Duration{209220 * time.Millisecond, 7760 * time.Millisecond, 8350 * time.Millisecond},
 		children: []childWant{
 			{"trace_0277::sa:agent_001", 4, 0, 1, 60444 * time.Millisecond},
@@ -48,19 +44,12 @@ var traceWants = map[string]traceWant{
 			{"trace_0277::sa:agent_003", 17, 0, 7, 192567 * time.Millisecond},
 			{"trace_0277::sa:agent_004", 11, 6, -1, 338903 * time.Millisecond},
 		}},
-	"weka-kv-cache-tester/trace_0291.json": {format: FormatWeka, blockSize: 64, requests: 32, roots: 1,
+	"trace_0291.json": {format: FormatWeka, blockSize: 64, requests: 32, roots: 1,
 		delays: []time.Duration{8980 * time.Millisecond, 87690 * time.Millisecond, 4900 * time.Millisecond},
 		children: []childWant{
 			{"trace_0291::sa:agent_001", 5, 15, 16, 47373 * time.Millisecond},
 			{"trace_0291::sa:agent_002", 7, 15, 17, 79913 * time.Millisecond},
 		}},
-}
-
-// embeddedNames maps the testdata copies to their shared originals.
-var embeddedNames = map[string]string{
-	"trace_0291.json":                     "weka-kv-cache-tester/trace_0291.json",
-	"trace_0026.json":                     "weka-kv-cache-tester/trace_0026.json",
-	"mooncake_conversation.head200.jsonl": "mooncake-fast25/conversation_trace.head200.jsonl",
 }
 
 func near(a, b time.Duration) bool { return (a - b).Abs() < time.Millisecond }
@@ -112,17 +101,15 @@ func checkTrace(t *testing.T, path string, w traceWant) {
 	}
 }
 
-// TestLoadSharedTraces loads every file in ../shared/traces (aiperf-traces.md §1.1, §1.4).
-func TestLoadSharedTraces(t *testing.T) {
-	if _, err := os.Stat(sharedTraces); err != nil {
-		t.Skipf("%s is absent (it sits beside the repo in CI); the embedded copies are tested by TestLoadEmbeddedTraces", sharedTraces)
-	}
+// TestLoadEmbeddedTraces loads every trace file under testdata/traces and checks it against an
+// independent reading of it (mooncake_trace and Weka / cc-traces formats, README "Trace formats").
+func TestLoadEmbeddedTraces(t *testing.T) {
 	seen := 0
-	err := filepath.WalkDir(sharedTraces, func(p string, d os.DirEntry, err error) error {
+	err := filepath.WalkDir(embeddedTraces, func(p string, d os.DirEntry, err error) error {
 		if err != nil || d.IsDir() || !(strings.HasSuffix(p, ".json") || strings.HasSuffix(p, ".jsonl")) {
 			return err
 		}
-		rel, _ := filepath.Rel(sharedTraces, p)
+		rel, _ := filepath.Rel(embeddedTraces, p)
 		w, ok := traceWants[filepath.ToSlash(rel)]
 		if !ok {
 			t.Errorf("%s has no expectations in traceWants: add them", rel)
@@ -137,12 +124,6 @@ func TestLoadSharedTraces(t *testing.T) {
 	}
 	if seen != len(traceWants) {
 		t.Errorf("checked %d files, traceWants lists %d", seen, len(traceWants))
-	}
-}
-
-func TestLoadEmbeddedTraces(t *testing.T) {
-	for name, orig := range embeddedNames {
-		t.Run(name, func(t *testing.T) { checkTrace(t, filepath.Join(embeddedTraces, name), traceWants[orig]) })
 	}
 }
 

@@ -10,7 +10,9 @@ import (
 // MooncakeBlockSize is aiperf's default block size for mooncake_trace hash_ids.
 const MooncakeBlockSize = 512
 
-// mooncakeRow is one JSONL row of aiperf's mooncake_trace format (aiperf-traces.md §1.1).
+// mooncakeRow is one JSONL row of aiperf's mooncake_trace format (aiperf
+// src/aiperf/dataset/loader/mooncake_trace.py, class MooncakeTrace in
+// src/aiperf/dataset/loader/models.py).
 type mooncakeRow struct {
 	Timestamp    *float64        `json:"timestamp"`
 	InputLength  *int            `json:"input_length"`

@@ -27,7 +27,8 @@ const (
 	ModeRate Mode = "rate"
 )
 
-// Session header styles (aiperf's opt-in session routing headers, aiperf-traces.md §2).
+// Session header styles (aiperf's opt-in session routing headers; aiperf
+// src/aiperf/endpoints/openai_chat.py).
 const (
 	HeadersNone   = "none"   // X-Correlation-ID only (aiperf's default)
 	HeadersPlain  = "plain"  // + X-Session-ID, X-Parent-Session-ID

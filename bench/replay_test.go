@@ -70,7 +70,8 @@ func within(t *testing.T, what string, got, want float64, slack float64) {
 }
 
 // TestReplayMetrics replays a small session tree against a scripted SSE server with known timings
-// and checks the metrics, headers and bodies (aiperf-traces.md §2, §3).
+// and checks the metrics, headers and bodies (aiperf's request shape,
+// src/aiperf/endpoints/openai_chat.py, and its metric names).
 func TestReplayMetrics(t *testing.T) {
 	srv := &scriptedServer{ttft: 60 * time.Millisecond, gap: 15 * time.Millisecond, chunks: 5}
 	ts := httptest.NewServer(srv)

@@ -77,7 +77,8 @@ func (s *Synth) BlockSize() int { return s.blockSize }
 
 // Block returns the first n tokens (n <= block size) of the block hash_id in namespace ns. A
 // partial use is a prefix of the full block, so a hash_id first seen as a partial last block still
-// matches its later full uses (the aiperf quirk in aiperf-traces.md §6 avoided).
+// matches its later full uses (avoiding an aiperf quirk: a hash first seen as a
+// partial last block is cached short there).
 func (s *Synth) Block(ns string, id int64, n int) string {
 	var key [8]byte
 	binary.LittleEndian.PutUint64(key[:], uint64(id))

@@ -36,7 +36,7 @@ func TestSynthBlocks(t *testing.T) {
 
 // TestWekaReconstruction replays the message arrays of a real agentic trace: every turn carries
 // exactly `in` synthetic tokens, and the tokens of the longest common hash_id prefix with the
-// previous turn are byte-identical (aiperf-traces.md §1.4).
+// previous turn are byte-identical (as aiperf rebuilds Weka traces).
 func TestWekaReconstruction(t *testing.T) {
 	tr, err := Load(filepath.Join(embeddedTraces, "trace_0291.json"), LoadOptions{})
 	if err != nil {

@@ -44,7 +44,7 @@ const (
 	// the server's live assistant replies (mooncake sessions, multi_turn).
 	ContextDeltas
 	// ContextWeka rebuilds the full message array from hash_id prefixes with pre-canned assistant
-	// blocks (the Weka / cc-traces reconstruction, aiperf-traces.md §1.4).
+	// blocks (the Weka / cc-traces reconstruction of aiperf's weka_trace loader).
 	ContextWeka
 )
 

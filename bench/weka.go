@@ -12,7 +12,9 @@ import (
 // WekaBlockSize is the block size of the Weka / cc-traces agentic format.
 const WekaBlockSize = 64
 
-// wekaTrace is one Weka / cc-traces agentic trace (aiperf-traces.md §1.4).
+// wekaTrace is one Weka / cc-traces agentic trace (schema: aiperf
+// src/aiperf/dataset/loader/weka_trace_models.py, from callanjfox/kv-cache-tester
+// docs/trace_replay_tester.md).
 type wekaTrace struct {
 	ID           string        `json:"id"`
 	Models       []string      `json:"models"`

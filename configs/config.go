@@ -178,8 +178,9 @@ type Limits struct {
 	MaxConnsPerIP int `yaml:"max_conns_per_ip"`
 }
 
-// Sessions names the request headers that carry session identity (DESIGN §3; first match
-// wins) and configures session affinity and parent-aware placement (KV-aware policies only).
+// Sessions names the request headers that carry session identity (docs/ARCHITECTURE.md, "Session
+// identity"; first match wins) and configures session affinity and parent-aware placement (KV-aware
+// policies only).
 type Sessions struct {
 	Headers       []string `yaml:"headers"`
 	ParentHeaders []string `yaml:"parent_headers"`

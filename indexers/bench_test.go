@@ -18,10 +18,10 @@ import (
 
 const benchBS = 16
 
-// churn is a pre-decoded, steady-state event stream for one worker: a shared system prompt
-// stays resident; each request stores its own blocks after it (prefill run + decode blocks)
-// and later evicts them one BlockRemoved per block, like vLLM (spec §5.1). Cycling the stream
-// returns the index to the same state, so it can be replayed for any b.N.
+// churn is a pre-decoded, steady-state event stream for one worker: a shared system prompt stays
+// resident; each request stores its own blocks after it (prefill run + decode blocks) and later
+// evicts them one BlockRemoved per block, like vLLM (vllm/v1/core/block_pool.py). Cycling the
+// stream returns the index to the same state, so it can be replayed for any b.N.
 type churn struct {
 	target  workers.Target
 	batches []*EventBatch

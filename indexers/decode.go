@@ -12,16 +12,17 @@ var errBadEvent = errors.New("kv-event: malformed event")
 
 // DecodeStats counts what DecodeBatch tolerated inside an otherwise valid batch.
 type DecodeStats struct {
-	// Unknown counts events with an unknown type tag (ignored, spec §8.1).
+	// Unknown counts events with an unknown type tag (ignored; docs/ARCHITECTURE.md, "KV-event wire
+	// format").
 	Unknown int
 	// Malformed counts events skipped because an essential field had the wrong type.
 	Malformed int
 }
 
-// DecodeBatch decodes one payload of any layout in the spec's version matrix: 2- or 3-element
+// DecodeBatch decodes one payload of any layout vLLM has published: 2- or 3-element
 // array batches (or, defensively, a map batch), events as tagged arrays or tagged maps,
 // unknown keys and trailing elements ignored, missing optional keys defaulted, hashes as ints
-// of any width and sign or as bytes (spec §8, §10.1).
+// of any width and sign or as bytes (docs/ARCHITECTURE.md, "KV-event wire format").
 func DecodeBatch(payload []byte) (*EventBatch, error) {
 	b, _, err := DecodeBatchStats(payload)
 	return b, err
@@ -346,7 +347,8 @@ func decodeEvent(r *reader) (Event, error) {
 	return nil, errBadEvent
 }
 
-// decodeArrayEvent reads a tagged array event with the slot tables of spec §10.1, guarded by
+// decodeArrayEvent reads a tagged array event with the positional slots of vLLM's array_like
+// event structs (vllm/distributed/kv_events.py, v0.9.0 to v0.23), guarded by
 // the array length; trailing elements are skipped.
 func decodeArrayEvent(r *reader) (Event, error) {
 	n, err := r.arrayLen()
@@ -400,7 +402,7 @@ func decodeArrayEvent(r *reader) (Event, error) {
 	return ev, nil
 }
 
-// Positional slot names (spec §2.2, §10.1).
+// Positional slot names (vllm/distributed/kv_events.py field order, v0.22/v0.23 and v0.9.0).
 var (
 	storedSlots = [...]string{"type", "block_hashes", "parent_block_hash", "token_ids", "block_size",
 		"lora_id", "medium", "lora_name", "extra_keys", "group_idx", "kv_cache_spec_kind",

@@ -11,13 +11,13 @@ type Layout int
 
 const (
 	// LayoutMap is vLLM ≥ 0.24: array batch, events as tagged maps with None-valued optional
-	// keys omitted (spec §2.1, vector §3.1). The default.
+	// keys omitted (msgspec omit_defaults). The default.
 	LayoutMap Layout = iota
 	// LayoutArray is v0.22/v0.23: events as tagged arrays with every field present
-	// (BlockStored 12 slots, BlockRemoved 4; vector §3.2).
+	// (BlockStored 12 slots, BlockRemoved 4).
 	LayoutArray
 	// LayoutV090 is v0.9.0: 2-element batch [ts, events], BlockStored 6 slots, BlockRemoved 2
-	// (vector §3.3).
+	// (vllm/distributed/kv_events.py at v0.9.0).
 	LayoutV090
 )
 
@@ -93,7 +93,8 @@ func AppendBatch(dst []byte, b *EventBatch, opt EncodeOptions) ([]byte, error) {
 	return w.buf, nil
 }
 
-// writer implements the msgspec → msgpack rules of spec §2.3 (smallest ints, float64 always,
+// writer implements msgspec's msgpack encoding (msgspec _core.c,
+// mpack_encode_*: smallest ints, float64 always,
 // str/bin/array headers by length).
 type writer struct {
 	buf []byte
@@ -315,7 +316,7 @@ func (w *writer) stored(e *BlockStored) error {
 		w.optInt(e.KVCacheSpecSlidingWindow)
 		return nil
 	}
-	// Map layout: 15 possible entries < 16, so always a fixmap (spec §2.3 rule 2).
+	// Map layout: 15 possible entries < 16, so always a fixmap (as msgspec writes it).
 	n := 8
 	for _, set := range []bool{e.ExtraKeys != nil, e.GroupIdx.Set, e.KVCacheSpecKind.Set,
 		e.KVCacheSpecSlidingWindow.Set, e.Locality.Set, e.Ownership.Set, e.SessionID.Set} {

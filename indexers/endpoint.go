@@ -11,7 +11,8 @@ import (
 // "*" or port 0): the gateway cannot connect to it.
 var ErrEphemeralPort = errors.New("endpoint port is chosen at bind time")
 
-// OffsetEndpoint applies vLLM's data-parallel endpoint offset, offset_endpoint_port (spec §4.5):
+// OffsetEndpoint applies vLLM's data-parallel endpoint offset, offset_endpoint_port
+// (vllm/distributed/kv_events.py):
 // rank 0 is unchanged, whatever the form; for rank r > 0, tcp://host:P → tcp://host:(P+r),
 // port 0 stays 0 (each rank binds its own OS-assigned port, vLLM #55844), inproc://x →
 // inproc://x_dp{r}, anything else is an error.
@@ -61,7 +62,8 @@ func ephemeralPort(ep string) bool {
 	return p == "*" || p == "0"
 }
 
-// shouldBind is vLLM's publisher heuristic (spec §4.2) seen from the other side: an endpoint
+// shouldBind is vLLM's publisher heuristic (ZmqEventPublisher binds an endpoint that
+// contains "*" and connects otherwise) seen from the other side: an endpoint
 // the worker would connect to ("tcp://collector:5557") is one the gateway must bind. Callers
 // normally set SubscriberConfig.Bind explicitly; this helps map a worker's kv-events-config.
 func shouldBind(ep string) bool {

@@ -55,8 +55,8 @@ type Options struct {
 	// dropped and counted. Default 1,048,576 (≈190 MiB at BytesPerBlock).
 	MaxBlocksPerTarget int
 	// RecentlyRemoved is how many removed worker block hashes each target remembers, so that a
-	// token-less CPU/disk store arriving after the GPU copy's removal still resolves (spec
-	// §8.12). Default DefaultRecentlyRemoved; negative disables.
+	// token-less CPU/disk store arriving after the GPU copy's removal still resolves (docs/ARCHITECTURE.md,
+	// "KV-event wire format"). Default DefaultRecentlyRemoved; negative disables.
 	RecentlyRemoved int
 	// RoutedBlocks is how many blocks of recently routed prompts (NoteRouted) each target
 	// remembers, whole prompts least recently routed out first, to recover the chain of a store

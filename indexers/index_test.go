@@ -46,7 +46,8 @@ func overlapOf(ix *Index, tg workers.Target, q []uint64) Overlap {
 }
 
 // Event-side hashes must equal request-side tokenize.BlockHashes for the same request options
-// (DESIGN §3): LoRA via the seed (its name also leads extra_keys, spec §6.3), cache_salt as an
+// (docs/ARCHITECTURE.md, "Block hashes"): LoRA via the seed (its name also leads extra_keys,
+// vllm/v1/core/kv_cache_utils.py generate_block_hash_extra_keys), cache_salt as an
 // extra key of block 0, multimodal identifiers as extra keys of the blocks they cover.
 func TestEventHashesMeetRequestHashes(t *testing.T) {
 	toks := seqTokens(4*16, 100)
@@ -234,9 +235,9 @@ func TestMetricsAndSnapshot(t *testing.T) {
 	}
 }
 
-// TestOffsetEndpoint pins vLLM's offset_endpoint_port (spec §4.5): base+rank, port 0 unchanged
-// on every rank (vLLM #55844), and libzmq's wildcard port taken like port 0 (vLLM accepts it on
-// rank 0 only; see OffsetEndpoint).
+// TestOffsetEndpoint pins vLLM's offset_endpoint_port (vllm/distributed/kv_events.py): base+rank,
+// port 0 unchanged on every rank (vLLM #55844), and libzmq's wildcard port taken like port 0 (vLLM
+// accepts it on rank 0 only; see OffsetEndpoint).
 func TestOffsetEndpoint(t *testing.T) {
 	tests := []struct {
 		ep   string
@@ -292,10 +293,10 @@ func TestTargetConfigs(t *testing.T) {
 }
 
 // TestPlaceholderAfterEviction: vLLM's CPU offload announces a host copy with a token-less
-// BlockStored (spec §8.12) that may arrive after the GPU copy's BlockRemoved. Once a worker has
-// shown a lower tier, the index remembers its recently removed hashes (bounded), so such stores
-// still resolve, in chain position; beyond the bound, after a reset, or before the worker's
-// first lower-tier store, they are dropped as unresolved_hash.
+// BlockStored (vLLM's offloading connector) that may arrive after the GPU copy's BlockRemoved. Once
+// a worker has shown a lower tier, the index remembers its recently removed hashes (bounded), so
+// such stores still resolve, in chain position; beyond the bound, after a reset, or before the
+// worker's first lower-tier store, they are dropped as unresolved_hash.
 func TestPlaceholderAfterEviction(t *testing.T) {
 	toks := seqTokens(4*16, 500)
 	q := tokenize.BlockHashes(toks, 16, tokenize.HashOptions{})

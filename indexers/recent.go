@@ -12,10 +12,10 @@ type removedBlock struct {
 	hasParent      bool
 }
 
-// recentRemoved is a bounded memory of recently removed worker hashes. vLLM's CPU offload
-// announces a block's host copy with a token-less BlockStored (spec §8.12) that can arrive after
-// the GPU copy was evicted and its BlockRemoved applied; without this memory such a store could
-// not be resolved to our hash and was dropped as unresolved_hash.
+// recentRemoved is a bounded memory of recently removed worker hashes. vLLM's CPU offload announces
+// a block's host copy with a token-less BlockStored (vLLM's offloading connector) that can arrive
+// after the GPU copy was evicted and its BlockRemoved applied; without this memory such a store
+// could not be resolved to our hash and was dropped as unresolved_hash.
 //
 // It is a two-way set-associative cache rather than a map with an LRU list: recording is on the
 // removal hot path, and an array slot write costs far less than map inserts and deletes. Each

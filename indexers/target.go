@@ -9,7 +9,8 @@ import (
 )
 
 // extEntry maps one of the worker's opaque block hashes to our node, with the worker's own
-// reference count per tier (the same hash can be stored by two physical blocks, spec §8.4).
+// reference count per tier (the same hash can be stored by two physical blocks: vLLM's
+// prefix cache does not deduplicate, vllm/v1/core/block_pool.py).
 // While an entry exists its node has references, so the node index stays valid.
 type extEntry struct {
 	node int32
@@ -131,7 +132,7 @@ func (ts *targetState) maybeFree(i int32) {
 	}
 }
 
-// applyStored indexes one BlockStored (spec §2.4).
+// applyStored indexes one BlockStored (vllm/v1/core/block_pool.py, _build_block_stored_event).
 func (ts *targetState) applyStored(e *BlockStored) {
 	tier, ok := TierOf(e.Medium)
 	if !ok {
@@ -324,7 +325,7 @@ func validChain(e *BlockStored) bool {
 	return true
 }
 
-// storeTokenless resolves CPU/disk placeholder stores (no tokens, block_size 0, spec §8.12)
+// storeTokenless resolves CPU/disk placeholder stores (no tokens, block_size 0, from vLLM's offloading connector)
 // through the worker's earlier stores of the same hash.
 func (ts *targetState) storeTokenless(e *BlockStored, tier Tier) {
 	stored := ts.out[tier][:0]
@@ -528,7 +529,7 @@ func (ts *targetState) applyRemoved(e *BlockRemoved) {
 }
 
 // clearTier drops every reference in one tier (AllBlocksCleared clears the GPU prefix cache of
-// this worker+rank only; host and disk tiers survive, spec §8.11).
+// this worker+rank only; host and disk tiers survive: vLLM's block pool gives no medium).
 func (ts *targetState) clearTier(tier Tier) {
 	for h, x := range ts.ext {
 		if x.refs[tier] == 0 {

@@ -32,7 +32,7 @@ func (t Tier) String() string {
 }
 
 // TierOf maps a wire medium to a tier; ok is false for any other medium, which the index drops
-// and counts (fail closed, spec §5.6).
+// and counts (fail closed; docs/ARCHITECTURE.md, "The tiered index").
 func TierOf(medium Opt[string]) (Tier, bool) {
 	if !medium.Set {
 		return G1, true
@@ -48,8 +48,9 @@ func TierOf(medium Opt[string]) (Tier, bool) {
 	return 0, false
 }
 
-// mainAttentionKind reports whether a BlockStored's kv_cache_spec_kind describes a reusable
-// prefix (spec §5.5, §8.10): full or MLA attention, or no kind given.
+// mainAttentionKind reports whether a BlockStored's kv_cache_spec_kind describes a reusable prefix
+// (vllm/v1/core/kv_cache_manager.py stamps the group's kind): full or MLA attention, or no kind
+// given.
 func mainAttentionKind(k Opt[string]) bool {
 	if !k.Set {
 		return true
@@ -61,11 +62,11 @@ func mainAttentionKind(k Opt[string]) bool {
 	return false
 }
 
-// foldExtraKeys turns one block's wire extra keys into the u64 extra keys of DESIGN §3: the
-// LoRA name (first item equal to lora_name) is skipped because it already moved the seed;
-// strings (cache salt on block 0, older bare multimodal ids) and the identifier of
-// (identifier, offset) tuples enter as tokenize.ExtraKeyHash; prompt-embeds bytes enter as
-// xxh3 of the digest, so such blocks never match text-only requests; ints enter as-is.
+// foldExtraKeys turns one block's wire extra keys into the u64 extra keys of docs/ARCHITECTURE.md,
+// "Block hashes": the LoRA name (first item equal to lora_name) is skipped because it already moved
+// the seed; strings (cache salt on block 0, older bare multimodal ids) and the identifier of
+// (identifier, offset) tuples enter as tokenize.ExtraKeyHash; prompt-embeds bytes enter as xxh3 of
+// the digest, so such blocks never match text-only requests; ints enter as-is.
 func foldExtraKeys(keys []any, loraName string, out []uint64) []uint64 {
 	skippedLoRA := false
 	for _, k := range keys {

@@ -9,7 +9,8 @@ const (
 	TagAllBlocksCleared = "AllBlocksCleared"
 )
 
-// Media seen on the wire (vllm-kv-events.md §5.6). Anything else is dropped by the index.
+// Media seen on the wire (vLLM's block pool and offloading connector). Anything else is dropped by
+// the index.
 const (
 	MediumGPU       = "GPU"
 	MediumCPU       = "CPU"
@@ -68,9 +69,9 @@ type EventBatch struct {
 // Event is one of *BlockStored, *BlockRemoved, *AllBlocksCleared.
 type Event interface{ eventTag() string }
 
-// BlockStored announces newly cached full blocks (spec §2.1, §2.4). Optional fields that the
-// current schema omits when None are Opt; ExtraKeys is written in the map layout only when
-// non-nil.
+// BlockStored announces newly cached full blocks (vllm/distributed/kv_events.py, BlockStored).
+// Optional fields that the current schema omits when None are Opt; ExtraKeys is written in the map
+// layout only when non-nil.
 type BlockStored struct {
 	BlockHashes     []BlockHash
 	ParentBlockHash Opt[BlockHash]

@@ -18,7 +18,9 @@ func unhex(t testing.TB, s string) []byte {
 	return b
 }
 
-// Vectors from vllm-kv-events.md §3 (produced by msgspec on replicas of the vLLM structs).
+// Vectors produced by real msgspec on replicas of the vLLM event structs
+// (vllm/distributed/kv_events.py): the same batch as map events, array events (v0.22/v0.23) and
+// the v0.9.0 schema, a v0.26-shaped capture, a rich event and single atoms.
 const (
 	vec31 = `93cb41d954fc40200000938ba474797065ab426c6f636b53746f726564ac626c6f636b5f686173686573920102
 b1706172656e745f626c6f636b5f68617368c0a9746f6b656e5f696473980102030405060708aa626c6f636b5f
@@ -50,7 +52,7 @@ b89baa7b5857c0b1706172656e745f626c6f636b5f68617368cfab54a98ceb1f0ad2a9746f6b656e
 	sha256H0     = `c9d58ba695280d69b243e1e0df813136ca9196b286fb1a021e0b2e028ef071cb`
 )
 
-// batch31 is the content of vectors §3.1–§3.3.
+// batch31 is the content of vec31, vec32 and vec33.
 func batch31() *EventBatch {
 	return &EventBatch{
 		TS: 1700000000.5,
@@ -111,23 +113,23 @@ type vectorCase struct {
 func vectorCases(t testing.TB) []vectorCase {
 	sha := unhex(t, sha256H0)
 	return []vectorCase{
-		{"§3.1 map", vec31, batch31(), EncodeOptions{Layout: LayoutMap}, nil},
-		{"§3.2 array v0.22/0.23", vec32, batch31(), EncodeOptions{Layout: LayoutArray}, nil},
-		{"§3.3 v0.9.0", vec33, func() *EventBatch { b := batch31(); b.DPRank = Opt[int64]{}; return b }(), EncodeOptions{Layout: LayoutV090},
+		{"map", vec31, batch31(), EncodeOptions{Layout: LayoutMap}, nil},
+		{"array v0.22/0.23", vec32, batch31(), EncodeOptions{Layout: LayoutArray}, nil},
+		{"v0.9.0", vec33, func() *EventBatch { b := batch31(); b.DPRank = Opt[int64]{}; return b }(), EncodeOptions{Layout: LayoutV090},
 			&EventBatch{TS: 1700000000.5, Events: []Event{
 				&BlockStored{BlockHashes: []BlockHash{IntHash(1), IntHash(2)}, TokenIDs: []uint32{1, 2, 3, 4, 5, 6, 7, 8}, BlockSize: 4},
 				&BlockRemoved{BlockHashes: []BlockHash{IntHash(1)}}, &AllBlocksCleared{}}}},
-		{"§3.4 v0.26 capture", vec34, batch34(), EncodeOptions{}, nil},
-		{"§3.5 rich", vec35, batch35(), EncodeOptions{}, nil},
-		{"§3.6 nil dp rank", vec36NilDP, oneEvent(&AllBlocksCleared{}, Opt[int64]{}), EncodeOptions{}, nil},
-		{"§3.6 CPU placeholder", batchPrefix1 + vec36CPU + "00", oneEvent(&BlockStored{
+		{"v0.26 capture", vec34, batch34(), EncodeOptions{}, nil},
+		{"rich", vec35, batch35(), EncodeOptions{}, nil},
+		{"nil dp rank", vec36NilDP, oneEvent(&AllBlocksCleared{}, Opt[int64]{}), EncodeOptions{}, nil},
+		{"CPU placeholder", batchPrefix1 + vec36CPU + "00", oneEvent(&BlockStored{
 			BlockHashes: []BlockHash{IntHash(2164874634404590027)}, TokenIDs: []uint32{},
 			Medium: Some(MediumCPU)}, Some[int64](0)), EncodeOptions{}, nil},
-		{"§3.6 bytes hash", batchPrefix1 + "83a474797065ac426c6f636b52656d6f766564ac626c6f636b5f68617368657391c420" +
+		{"bytes hash", batchPrefix1 + "83a474797065ac426c6f636b52656d6f766564ac626c6f636b5f68617368657391c420" +
 			sha256H0 + "a66d656469756da3475055" + "00",
 			oneEvent(&BlockRemoved{BlockHashes: []BlockHash{BytesHash(sha)}, Medium: Some(MediumGPU)}, Some[int64](0)),
 			EncodeOptions{}, nil},
-		{"§3.6 negative int64", batchPrefix1 + "83a474797065ac426c6f636b52656d6f766564ac626c6f636b5f6861736865739" +
+		{"negative int64", batchPrefix1 + "83a474797065ac426c6f636b52656d6f766564ac626c6f636b5f6861736865739" +
 			"1d3f945989605c9f45fa66d656469756da3475055" + "00",
 			oneEvent(&BlockRemoved{BlockHashes: []BlockHash{{U: uint64(0xf945989605c9f45f), Neg: true}},
 				Medium: Some(MediumGPU)}, Some[int64](0)),
@@ -176,7 +178,7 @@ func TestDecodeVectors(t *testing.T) {
 }
 
 func TestDecodeSemantics(t *testing.T) {
-	// §3.6 negative int64 → bit-cast to u64 (spec §8.2).
+	// Negative int64 → bit-cast to u64 (as Dynamo normalises it).
 	b, err := DecodeBatch(unhex(t, vectorCases(t)[8].hex))
 	if err != nil {
 		t.Fatal(err)
@@ -184,7 +186,8 @@ func TestDecodeSemantics(t *testing.T) {
 	if h := b.Events[0].(*BlockRemoved).BlockHashes[0]; int64(h.U) != -484813614762822561 || !h.Neg {
 		t.Fatalf("negative hash decoded as %d", int64(h.U))
 	}
-	// Bytes hash → low 64 bits of the digest = vLLM's int mode value (spec §6.2 h0 ext).
+	// Bytes hash → low 64 bits of the digest = vLLM's int mode value
+	// (vllm/v1/core/kv_cache_utils.py, maybe_convert_block_hash).
 	b, err = DecodeBatch(unhex(t, vectorCases(t)[7].hex))
 	if err != nil {
 		t.Fatal(err)

@@ -122,7 +122,7 @@ func (p *KVPolicy) decide(req *Request, cands []Candidate, rows []kvRow) Decisio
 // pick returns the chosen row and how many eligible rows tied at the lowest cost (T = 0).
 // T = 0: argmin, ties broken uniformly at random by reservoir sampling. T > 0: a draw with
 // p_i ∝ exp(−(c_i − c_min)/((c_max − c_min)·T)), uniform when all costs are equal
-// (dynamo-router.md §3.3).
+// (Dynamo lib/kv-router/src/scheduling/selector/default.rs, softmax_sample_index).
 func (p *KVPolicy) pick(rows []kvRow, eligible func(int) bool) (int, int) {
 	lo, hi := math.Inf(1), math.Inf(-1)
 	for i := range rows {

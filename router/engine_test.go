@@ -103,7 +103,7 @@ func TestEngineDryRunAccountsNothing(t *testing.T) {
 			t.Fatalf("dry run accounted state on %v", c.Target)
 		}
 	}
-	// The record serialises with the fixed keys of issue 6 item 3.
+	// The record serialises with the fixed keys documented in the README ("POST /debug/route").
 	raw, err := json.Marshal(d)
 	if err != nil {
 		t.Fatal(err)

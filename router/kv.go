@@ -21,7 +21,8 @@ const (
 	PolicyKVNoLoad = "kv_no_load"
 )
 
-// KVPolicy is the KV-aware policy (dynamo-router.md §3.2–3.5). Per target:
+// KVPolicy is the KV-aware policy (docs/ARCHITECTURE.md, "Routing cost"; after Dynamo's
+// lib/kv-router/src/scheduling/selector/default.rs worker_logit). Per target:
 //
 //	credit  = G1 + g2_credit·G2 + g3_credit·G3 + sibling-prefix hint blocks
 //	prefill = max(prompt blocks − credit, 0)

@@ -17,7 +17,7 @@ import (
 
 // tierIndex is a plain linear-walk tiered block index (per block: the set of targets holding
 // it in each tier, as bitsets; one walk of the prompt answers all targets, G2 extending G1 and
-// G3 extending G2, dynamo-router.md §2.6). The decision benchmark runs it beside the real
+// G3 extending G2, docs/ARCHITECTURE.md "The tiered index"). The decision benchmark runs it beside the real
 // indexers.Index as a worst-case matcher (no bisection: every block of the prompt is looked up).
 type tierIndex struct {
 	pos    map[workers.Target]int

@@ -7,7 +7,7 @@ import (
 
 // TierMatch is how far a prompt's leading blocks are resident on one target: G1 counts the
 // leading blocks on GPU; G2 the blocks in host memory that extend the prefix beyond G1; G3 the
-// blocks on disk that extend it beyond G1+G2 (dynamo-router.md §2.6).
+// blocks on disk that extend it beyond G1+G2 (docs/ARCHITECTURE.md, "The tiered index").
 type TierMatch struct {
 	G1, G2, G3 int
 }

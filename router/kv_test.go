@@ -17,7 +17,7 @@ type loadSpec struct {
 	firstToken  bool
 }
 
-// TestKVCost pins the cost function of dynamo-router.md §3.2 as kvgate adapts it: uncached
+// TestKVCost pins the cost function of docs/ARCHITECTURE.md "Routing cost" as kvgate adapts it: uncached
 // prompt blocks after tier credits, plus the gateway-accounted load.
 func TestKVCost(t *testing.T) {
 	const blocks = 128
@@ -116,7 +116,7 @@ func TestKVCostValues(t *testing.T) {
 }
 
 // TestKVSharedActiveBlocks: a target already decoding the same prompt adds no new KV blocks, so
-// it beats an idle target (dynamo-router.md §3.4, additional_active_blocks).
+// it beats an idle target (Dynamo lib/kv-router/src/sequences, additional_active_blocks).
 func TestKVSharedActiveBlocks(t *testing.T) {
 	hashes := chain(1, 128)
 	m := fixedMatcher{tgt(0): {G1: 128}, tgt(1): {G1: 128}}
@@ -142,7 +142,7 @@ func TestKVSharedActiveBlocks(t *testing.T) {
 }
 
 // TestKVBusyThresholds: targets over the waiting-queue or KV-usage thresholds are avoided while
-// any other is not (dynamo-router.md §3.5); stale metrics never mark a target busy.
+// any other is not (docs/ARCHITECTURE.md, "Routing cost"); stale metrics never mark a target busy.
 func TestKVBusyThresholds(t *testing.T) {
 	clk := &fakeClock{t: time.Unix(1000, 0)}
 	cases := []struct {
@@ -206,7 +206,7 @@ func TestKVMetricsCorrection(t *testing.T) {
 	}
 }
 
-// TestKVTiesSpread: equal costs are broken uniformly at random (dynamo-router.md §3.3).
+// TestKVTiesSpread: equal costs are broken uniformly at random (Dynamo selector/default.rs, minimum_cost_index).
 func TestKVTiesSpread(t *testing.T) {
 	p := newTestKV(t, PolicyKV, DefaultKVConfig(), KVDeps{Matcher: fixedMatcher{}}, nil)
 	const n, picks = 4, 4000

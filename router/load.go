@@ -10,7 +10,7 @@ import (
 )
 
 // LoadTracker is the gateway's own view of the load on each target, Dynamo-style
-// (dynamo-router.md §3.4): prompt tokens in flight until each request's first token, and the KV
+// (after Dynamo's ActiveSequences, lib/kv-router/src/sequences): prompt tokens in flight until each request's first token, and the KV
 // blocks each request holds until it ends, with blocks shared by concurrent requests on the same
 // target counted once. It is corrected by the workers' own /metrics (UpdateMetrics). Safe for
 // concurrent use; reads for scoring take no global lock.

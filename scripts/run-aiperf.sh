@@ -71,7 +71,7 @@ fi
 
 # Session headers: X-Correlation-ID is always sent (one id per conversation replay); these
 # switches add X-Session-ID, and X-Dynamo-Session-ID / X-Dynamo-Parent-Session-ID on subagent
-# conversations, all of which kvgate reads (see DESIGN §3).
+# conversations, all of which kvgate reads (see docs/ARCHITECTURE.md, "Session identity").
 export AIPERF_HTTP_X_SESSION_ID_FROM_CORRELATION_ID=1
 export AIPERF_HTTP_X_DYNAMO_SESSION_ID_FROM_CORRELATION_ID=1
 

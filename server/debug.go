@@ -16,8 +16,8 @@ import (
 	"github.com/kvgate/kvgate/workers"
 )
 
-// routeDebug is the body of POST /debug/route: the decision record (issue 6 §3, fixed fields)
-// plus what the gateway read from the request.
+// routeDebug is the body of POST /debug/route: the decision record (fixed fields; README,
+// "POST /debug/route") plus what the gateway read from the request.
 type routeDebug struct {
 	router.Decision
 	Endpoint        string `json:"endpoint"`

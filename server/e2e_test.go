@@ -160,7 +160,7 @@ func TestRoundRobinSpreads(t *testing.T) {
 }
 
 // The body reaches the worker byte for byte (unknown fields, spacing), with X-Session-ID
-// taken from the first configured session header (DESIGN §3).
+// taken from the first configured session header (docs/ARCHITECTURE.md, "Session identity").
 func TestForwardedByteForByte(t *testing.T) {
 	w := startSim(t, fastSim())
 	g := startGateway(t, nil, w.srv.URL)

@@ -75,7 +75,8 @@ func writeError(c *gin.Context, e *apiError) {
 }
 
 // sseErrorEvent is the event that ends a stream that failed after it started: vLLM sends
-// `data: {"error": {...}}` (json.dumps spacing) and then `data: [DONE]` (§7.2).
+// `data: {"error": {...}}` (json.dumps spacing) and then `data: [DONE]`
+// (vllm/entrypoints/openai/serving_chat.py, chat_completion_stream_generator).
 func sseErrorEvent(e *apiError) []byte {
 	b := e.body()
 	param := "null"

@@ -183,7 +183,7 @@ func TestDieMidStream(t *testing.T) {
 	}
 }
 
-// Each error case of issue 2 §5 with its status and OpenAI body.
+// Each error case the gateway answers, with its status and OpenAI body.
 func TestErrorResponses(t *testing.T) {
 	w := startSim(t, fastSim())
 	g := startGateway(t, func(c *configs.Config) { c.Proxy.MaxBodyBytes = 2048 }, w.srv.URL)

@@ -148,7 +148,7 @@ func (s *Server) attempt(c *gin.Context, in *Inbound, rreq *router.Request, d ro
 	}
 	defer done()
 	if s.sessions != nil && rreq.SessionID != "" {
-		// Post-selection update (issue 7 §4): affinity and the session's frontier on the chosen
+		// Post-selection update (docs/ARCHITECTURE.md, "Sessions and frontiers"): affinity and the session's frontier on the chosen
 		// target, from its G1 match, guarded by the target's residency version.
 		s.sessions.OnRouted(rreq.SessionID, d.Chosen.Target, rreq.BlockHashes)
 	}

@@ -247,7 +247,8 @@ func validate(in *Inbound) *apiError {
 		}
 	}
 	if in.streamOptions() != nil && !in.Stream() {
-		// vLLM rejects this the same way (§7.1).
+		// vLLM rejects this the same way (vllm/entrypoints/openai/protocol.py,
+		// validate_stream_options).
 		return badRequest("stream_options", "Stream options can only be defined when `stream=True`.")
 	}
 	x := in.extras()

@@ -5,9 +5,9 @@ import (
 	"github.com/kvgate/kvgate/sessions"
 )
 
-// identityConfig maps the configured header names onto the session identity parser (DESIGN §3);
-// the body fields keep the parser's defaults: nvext.session_control.{session_id,
-// parent_session_id, action} and vLLM's own session_id.
+// identityConfig maps the configured header names onto the session identity parser
+// (docs/ARCHITECTURE.md, "Session identity"); the body fields keep the parser's defaults:
+// nvext.session_control.{session_id, parent_session_id, action} and vLLM's own session_id.
 func identityConfig(c configs.Sessions) sessions.IdentityConfig {
 	ic := sessions.DefaultIdentity()
 	// A configured empty list turns a source off (non-nil empty slice); nil keeps the default.

@@ -6,7 +6,7 @@ import (
 	"time"
 )
 
-// Placement modes for requests that carry a parent session id (issue 7 §5).
+// Placement modes for requests that carry a parent session id (docs/ARCHITECTURE.md, "Sessions and frontiers").
 const (
 	// PlaceParent prefers the targets where the parent session has its frontier.
 	PlaceParent = "parent"

@@ -64,7 +64,7 @@ func TestForestLinkAndLineage(t *testing.T) {
 }
 
 // A block first seen without its parent is a temporary root; a later update naming the parent
-// grafts it, and the lineage becomes rooted (issue 7 §3).
+// grafts it, and the lineage becomes rooted (docs/ARCHITECTURE.md, "Sessions and frontiers").
 func TestForestGraftsTemporaryRoot(t *testing.T) {
 	f := newForest(100)
 	tip, err := f.link([]uint64{13, 14, 15}, ParentUnknown, 0)

@@ -11,7 +11,7 @@ import (
 // MaxIDLength bounds a session or parent id; longer ids are rejected rather than stored.
 const MaxIDLength = 256
 
-// IdentityConfig names where session identity is read from (DESIGN §3). Lists are tried in order
+// IdentityConfig names where session identity is read from (docs/ARCHITECTURE.md, "Session identity"). Lists are tried in order
 // and the first non-empty value wins; headers are tried before body fields.
 type IdentityConfig struct {
 	// SessionHeaders carry the session id.
@@ -31,7 +31,7 @@ type IdentityConfig struct {
 	ForwardHeader string `yaml:"forward_header" json:"forward_header"`
 }
 
-// DefaultIdentity returns the names listed in DESIGN §3.
+// DefaultIdentity returns the names listed in docs/ARCHITECTURE.md, "Session identity".
 func DefaultIdentity() IdentityConfig {
 	return IdentityConfig{
 		SessionHeaders: []string{"X-Session-ID", "X-Dynamo-Session-ID", "X-Correlation-ID",

@@ -6,7 +6,7 @@ import (
 	"testing"
 )
 
-// DESIGN §3 "Session identity": every listed header and body field is accepted; first match wins.
+// docs/ARCHITECTURE.md, "Session identity": every listed header and body field is accepted; first match wins.
 func TestIdentityParse(t *testing.T) {
 	hdr := func(kv ...string) http.Header {
 		h := http.Header{}

@@ -216,7 +216,7 @@ func TestForestCapEvictsOldSessions(t *testing.T) {
 	}
 }
 
-// The frontier update is guarded by the target's residency version (issue 7 §4).
+// The frontier update is guarded by the target's residency version (docs/ARCHITECTURE.md, "Sessions and frontiers").
 func TestOnRoutedStaleMatchByResidencyVersion(t *testing.T) {
 	p := chain(1, 8)
 	cases := []struct {

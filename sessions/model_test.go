@@ -148,7 +148,7 @@ func checkFrontiersResident(t *testing.T, m *Manager, idx *fakeIndex, step int) 
 
 // Routing and event application race (the gateway's request goroutines against the event
 // goroutine). Events go to the index first, then to the manager, as the gateway wires them; at
-// the end no frontier may cover a block the index removed (issue 7 §4).
+// the end no frontier may cover a block the index removed (docs/ARCHITECTURE.md, "Sessions and frontiers").
 func TestConcurrentRoutesAndRemovals(t *testing.T) {
 	idx := newFakeIndex()
 	m, _ := newTestManager(t, Config{MaxSessions: 32}, idx)

@@ -204,7 +204,7 @@ func (p *blockPool) cacheFull(s *seqState, blocks []*block, from, to int, sessio
 }
 
 // announceHits re-announces a request's first n prefix-hit blocks as one BlockStored with no
-// parent (vLLM emit_cached_block_events, kv_cache_report_mode "full", spec §5.3).
+// parent (vLLM emit_cached_block_events, kv_cache_report_mode "full", vllm/v1/core/block_pool.py).
 func (p *blockPool) announceHits(s *seqState, n int, sessionID string) {
 	ev := kvEvent{kind: evStored, medium: mediumGPU, blockSize: p.blockSize, sessionID: sessionID,
 		loraName: s.loraName, loraID: s.loraID, hashes: slices.Clone(s.hashes[:n]), tokens: s.tokens[:n*p.blockSize]}

@@ -1,6 +1,6 @@
 package sim
 
-// Media of KV events (vllm-kv-events.md §5.6).
+// Media of KV events (the values vLLM's block pool and offloading connector publish).
 const (
 	mediumGPU = "GPU"
 	mediumCPU = "CPU"

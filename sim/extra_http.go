@@ -18,7 +18,8 @@ type tokenizeResponse struct {
 }
 
 // handleTokenize is vLLM's POST /tokenize (chat form with "messages", completion form with
-// "prompt"): the exact prompt token ids the engine would prefill (vllm-kv-events.md §7.3).
+// "prompt"): the exact prompt token ids the engine would prefill
+// (vllm/entrypoints/openai/serving_tokenization.py).
 func (w *Worker) handleTokenize(rw http.ResponseWriter, r *http.Request) {
 	raw, err := io.ReadAll(http.MaxBytesReader(rw, r.Body, maxBodyBytes))
 	if err != nil {

@@ -2,7 +2,7 @@ package sim
 
 import "encoding/json"
 
-// JSON shapes of vLLM's OpenAI server (vllm-kv-events.md §7). Field order matches vLLM's
+// JSON shapes of vLLM's OpenAI server (vllm/entrypoints/openai/protocol.py). Field order matches vLLM's
 // pydantic models because encoding/json writes struct fields in declaration order.
 
 type errorBody struct {

@@ -102,8 +102,8 @@ type PerfModel struct {
 	CPULoadPerToken              float64
 }
 
-// DefaultPerfModel returns the mocker's polynomials (dynamo-router.md §5.3) with a small
-// per-sequence decode term and a host-to-GPU load cost of 64 GB/s for a 0.6B-class model.
+// DefaultPerfModel returns the mocker's polynomials (Dynamo lib/mocker, docs/mocker/mocker.md) with
+// a small per-sequence decode term and a host-to-GPU load cost of 64 GB/s for a 0.6B-class model.
 func DefaultPerfModel() PerfModel {
 	return PerfModel{
 		PrefillA: 4.209989e-07, PrefillB: 1.518344e-02, PrefillC: 16.50142,
@@ -113,7 +113,7 @@ func DefaultPerfModel() PerfModel {
 	}
 }
 
-// KVEventsConfig mirrors vLLM's KVEventsConfig (vllm-kv-events.md §4.1); JSON keys are vLLM's.
+// KVEventsConfig mirrors vLLM's KVEventsConfig (vllm/config/kv_events.py); JSON keys are vLLM's.
 type KVEventsConfig struct {
 	EnableKVCacheEvents bool   `json:"enable_kv_cache_events"`
 	Publisher           string `json:"publisher,omitempty"`

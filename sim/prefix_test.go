@@ -103,10 +103,11 @@ func (n names) renderEvent(ev kvEvent) string {
 	return "cleared"
 }
 
-// TestPrefixCacheModel drives a 6-block pool (block size 4) through requests with known
-// overlaps and checks cached_tokens and the exact event stream: lazy eviction in LRU order
-// (tail blocks of a freed request first), the last prompt token never hit, a full-prompt hit
-// storing the same hash twice, and both copies removed (vllm-kv-events.md §5.1, §8.4).
+// TestPrefixCacheModel drives a 6-block pool (block size 4) through requests with known overlaps
+// and checks cached_tokens and the exact event stream: lazy eviction in LRU order (tail blocks of a
+// freed request first), the last prompt token never hit, a full-prompt hit storing the same hash
+// twice, and both copies removed (vllm/v1/core/block_pool.py: the prefix cache does not
+// deduplicate).
 func TestPrefixCacheModel(t *testing.T) {
 	const bs = 4
 	e := syncEngine(t, Options{BlockSize: bs, NumGPUBlocks: 7, TTFT: time.Millisecond, ITL: time.Millisecond})
@@ -181,8 +182,9 @@ func TestDecodeBlocksAnnounced(t *testing.T) {
 	}
 }
 
-// TestSaltAndLoRASeparateCaches: the same tokens under another cache_salt or LoRA adapter
-// never hit, and their events carry the extra keys (vllm-kv-events.md §6.3).
+// TestSaltAndLoRASeparateCaches: the same tokens under another cache_salt or LoRA adapter never
+// hit, and their events carry the extra keys (vllm/v1/core/kv_cache_utils.py,
+// generate_block_hash_extra_keys).
 func TestSaltAndLoRASeparateCaches(t *testing.T) {
 	const bs = 4
 	e := syncEngine(t, Options{BlockSize: bs, NumGPUBlocks: 64, TTFT: time.Millisecond, ITL: time.Millisecond})
@@ -291,7 +293,7 @@ func TestHostLoadCost(t *testing.T) {
 }
 
 // TestResetPrefixCache: AllBlocksCleared without per-block removals, refused while blocks are
-// in use (vllm-kv-events.md §5.2).
+// in use (vllm/v1/core/block_pool.py, reset_prefix_cache).
 func TestResetPrefixCache(t *testing.T) {
 	e := syncEngine(t, Options{BlockSize: 4, NumGPUBlocks: 8, TTFT: time.Millisecond, ITL: time.Millisecond})
 	runSync(t, e, seqTokens(1, 9), 1, "", "")
@@ -398,8 +400,8 @@ func TestBatchingAndPreemption(t *testing.T) {
 	})
 }
 
-// TestReportModeFull: kv_cache_report_mode "full" re-announces the prefix hit from block 0
-// with no parent before the newly computed blocks (vllm-kv-events.md §5.3).
+// TestReportModeFull: kv_cache_report_mode "full" re-announces the prefix hit from block 0 with no
+// parent before the newly computed blocks (vllm/v1/core/block_pool.py, emit_cached_block_events).
 func TestReportModeFull(t *testing.T) {
 	const bs = 4
 	e := syncEngine(t, Options{BlockSize: bs, NumGPUBlocks: 32})

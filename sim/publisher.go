@@ -17,7 +17,7 @@ import (
 	"github.com/kvgate/kvgate/indexers"
 )
 
-// publisher is vLLM's ZmqEventPublisher for one DP rank (vllm-kv-events.md §4): a PUB socket
+// publisher is vLLM's ZmqEventPublisher for one DP rank (vllm/distributed/kv_events.py): a PUB socket
 // sending [topic, seq, payload] per engine step with events, a ring of the last buffer_steps
 // payloads, and a ROUTER socket answering replay requests. One goroutine owns both sockets,
 // so replies are consistent with the live order, as in vLLM's publisher thread.
@@ -56,7 +56,7 @@ type pubItem struct {
 	restart bool
 }
 
-// offsetEndpoint applies vLLM's offset_endpoint_port for DP rank r (§4.5), shared with the
+// offsetEndpoint applies vLLM's offset_endpoint_port for DP rank r, shared with the
 // gateway: port 0 stays 0 on every rank (OS-assigned, vLLM #55844), libzmq's "*" port is
 // accepted on rank 0 only, as vLLM does.
 func offsetEndpoint(ep string, rank int) (string, error) { return indexers.OffsetEndpoint(ep, rank) }

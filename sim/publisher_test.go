@@ -22,7 +22,8 @@ func unhex(t *testing.T, s string) []byte {
 	return b
 }
 
-// Vectors of vllm-kv-events.md §3.1–§3.3 (the same batch in three schema generations).
+// Vectors produced by real msgspec on replicas of vLLM's event structs
+// (vllm/distributed/kv_events.py): the same batch in three schema generations.
 const (
 	vectorMap = `93cb41d954fc40200000938ba474797065ab426c6f636b53746f726564ac626c6f636b5f686173686573920102
 b1706172656e745f626c6f636b5f68617368c0a9746f6b656e5f696473980102030405060708aa626c6f636b5f
@@ -35,11 +36,11 @@ c0c000ae66756c6c5f617474656e74696f6ec094ac426c6f636b52656d6f7665649101a347505500
 426c6f636b73436c656172656400`
 	vectorV090 = `92cb41d954fc402000009396ab426c6f636b53746f726564920102c098010203040506070804c092ac426c6f63
 6b52656d6f766564910191b0416c6c426c6f636b73436c6561726564`
-	// §3.6: CPU offload placeholder BlockStored.
+	// CPU offload placeholder BlockStored.
 	vectorCPUPlaceholder = `88a474797065ab426c6f636b53746f726564ac626c6f636b5f68617368657391cf1e0b2e028ef071cbb1706172656e745f626c6f636b5f68617368c0a9746f6b656e5f69647390aa626c6f636b5f73697a6500a76c6f72615f6964c0a66d656469756da3435055a96c6f72615f6e616d65c0`
 )
 
-// specEvents is the §3.1 batch content as the block pool would produce it.
+// specEvents is vectorMap's batch content as the block pool would produce it.
 func specEvents() []kvEvent {
 	return []kvEvent{
 		{kind: evStored, hashes: []uint64{1, 2}, tokens: seqTokens(1, 8), blockSize: 4, medium: mediumGPU, extra: [][]string{nil, nil}},
@@ -138,7 +139,7 @@ func TestPublisherBytesHashes(t *testing.T) {
 
 // TestReplay: a subscriber that lost messages (the drop fault) gets every missing batch back
 // from the ROUTER socket, byte-identical, followed by the end marker, in both reply formats
-// (vllm-kv-events.md §4.4).
+// (vllm/distributed/kv_events.py, ZmqEventPublisher replay).
 func TestReplay(t *testing.T) {
 	for _, format := range []indexers.ReplayFormat{indexers.ReplayWithTopic, indexers.ReplayNoTopic} {
 		name := map[indexers.ReplayFormat]string{indexers.ReplayWithTopic: "with topic", indexers.ReplayNoTopic: "without topic"}[format]

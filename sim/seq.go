@@ -19,9 +19,9 @@ type seqState struct {
 	buf       []byte
 }
 
-// extendHashes hashes every newly full block of s.tokens. The simulator's block ids are
-// DESIGN §3's chained hashes (salt and LoRA folded in), so they equal the keys kvgate computes;
-// consumers must still treat them as opaque, as they must vLLM's.
+// extendHashes hashes every newly full block of s.tokens. The simulator's block ids are the chained
+// hashes of docs/ARCHITECTURE.md "Block hashes" (salt and LoRA folded in), so they equal the keys
+// kvgate computes; consumers must still treat them as opaque, as they must vLLM's.
 func (s *seqState) extendHashes(blockSize int) {
 	seed := tokenize.LocalSeed(s.loraName)
 	var extra []uint64
@@ -41,7 +41,8 @@ func (s *seqState) extendHashes(blockSize int) {
 }
 
 // extraKeys returns block i's extra keys as vLLM lists them: the LoRA name on every block,
-// then the cache salt on block 0 (vllm-kv-events.md §6.3); nil when there are none.
+// then the cache salt on block 0 (vllm/v1/core/kv_cache_utils.py,
+// generate_block_hash_extra_keys); nil when there are none.
 func (s *seqState) extraKeys(i int) []string {
 	var out []string
 	if s.loraName != "" {

@@ -174,7 +174,7 @@ func TestStreamChunkShape(t *testing.T) {
 	if len(events) != 5 { // role, 2 content (last with finish), usage, [DONE]
 		t.Fatalf("got %d events: %q", len(events), events)
 	}
-	// vLLM's exact key order and nulls (vllm-kv-events.md §7.2).
+	// vLLM's exact key order and nulls (vllm/entrypoints/openai/serving_chat.py).
 	wantPrefix := []string{
 		`data: {"id":"chatcmpl-`,
 		`data: {"id":"chatcmpl-`,

@@ -7,12 +7,13 @@ import (
 	"github.com/zeebo/xxh3"
 )
 
-// HashSeed is the xxh3 seed of every local block hash and of every chain step (DESIGN §3).
+// HashSeed is the xxh3 seed of every local block hash and of every chain step (docs/ARCHITECTURE.md,
+// "Block hashes").
 const HashSeed uint64 = 1337
 
 // HashOptions carries what besides token ids enters a block's hash.
 type HashOptions struct {
-	// LoRAName, when set, moves the local-hash seed (DESIGN §3).
+	// LoRAName, when set, moves the local-hash seed (see LocalSeed).
 	LoRAName string
 	// CacheSalt, when set, is an extra key of block 0 only.
 	CacheSalt string
@@ -98,7 +99,7 @@ func SequenceHashes(local []uint64) []uint64 {
 }
 
 // BlockHashes returns the chained sequence hashes of every full block of tokens: the keys that
-// request-side matching and event-side indexing share (DESIGN §3).
+// request-side matching and event-side indexing share (docs/ARCHITECTURE.md, "Block hashes").
 func BlockHashes(tokens []uint32, blockSize int, opt HashOptions) []uint64 {
 	return SequenceHashes(LocalHashes(tokens, blockSize, opt))
 }

@@ -16,7 +16,9 @@ func seqTokens(n int) []uint32 {
 	return out
 }
 
-// Vectors from ../shared/reference/dynamo-router.md §1.6.
+// Vectors: Dynamo's compute_block_hash value (lib/kv-router/src/protocols.rs, test_router_event_new);
+// the others computed with github.com/zeebo/xxh3 from the definition in docs/ARCHITECTURE.md,
+// "Block hashes".
 func TestHashVectors(t *testing.T) {
 	if got := xxh3.HashSeed([]byte("test data"), 1337); got != 13226331709069118873 {
 		t.Fatalf("xxh3_64_with_seed(test data, 1337) = %d", got)

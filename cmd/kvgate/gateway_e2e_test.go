@@ -138,9 +138,9 @@ func TestGatewayRoutesRepeatsToTheCache(t *testing.T) {
 	}
 }
 
-// TestDebugRouteContract pins POST /debug/route's documented JSON (issue 6 §3): fixed fields with
-// per-candidate tiers, mode and cost; a dry run sends nothing, accounts no load and creates no
-// session; the session headers it saw are echoed.
+// TestDebugRouteContract pins POST /debug/route's documented JSON (README, "POST /debug/route"):
+// fixed fields with per-candidate tiers, mode and cost; a dry run sends nothing, accounts no load
+// and creates no session; the session headers it saw are echoed.
 func TestDebugRouteContract(t *testing.T) {
 	tok := needModel(t)
 	f := startFleet(t, tok, fleetSpec{workers: 2, events: true})

@@ -79,12 +79,12 @@ func (f *fleet) startRoot(root string) string {
 	return w
 }
 
-// TestParentAwarePlacement is issue 7's end-to-end test with simulated vLLM workers and live KV
-// events: a root session with a long system prompt spawns four subagents at once (parent
-// header set). With parent-aware placement they land on the parent's worker, where its prefix
-// is, and their first requests report cached tokens; when the parent's worker is saturated
-// they spread over the others. With it off, the parent's worker gets no preference: a child
-// whose prompt shares nothing cached sees equal costs everywhere and is placed at random.
+// TestParentAwarePlacement is the end-to-end test of parent-aware placement with simulated vLLM
+// workers and live KV events: a root session with a long system prompt spawns four subagents at
+// once (parent header set). With parent-aware placement they land on the parent's worker, where its
+// prefix is, and their first requests report cached tokens; when the parent's worker is saturated
+// they spread over the others. With it off, the parent's worker gets no preference: a child whose
+// prompt shares nothing cached sees equal costs everywhere and is placed at random.
 func TestParentAwarePlacement(t *testing.T) {
 	tok := needModel(t)
 	// Four running sequences per worker; three waiting mark a worker busy.

@@ -60,11 +60,11 @@ func postKid(url string, body any, h map[string]string) (worker string, prompt, 
 	return resp.Header.Get("X-Kvgate-Worker"), out.Usage.PromptTokens, cached, nil
 }
 
-// TestSubagentPlacement is issue 7's end-to-end test. A root agent session with a long system
-// prompt runs a turn; then it spawns four subagents at once, each its own session carrying the
-// root as X-Parent-Session-ID, each prompt = the root's system prompt + a long task of its own.
-// The subagents are in flight together (slow prefill), so the kv policy's load term pushes later
-// ones away from the root's worker unless something holds them there.
+// TestSubagentPlacement is the end-to-end test of subagent placement. A root agent session with a
+// long system prompt runs a turn; then it spawns four subagents at once, each its own session
+// carrying the root as X-Parent-Session-ID, each prompt = the root's system prompt + a long task of
+// its own. The subagents are in flight together (slow prefill), so the kv policy's load term pushes
+// later ones away from the root's worker unless something holds them there.
 //   - parent-aware placement on: all four land on the root's worker and report the system prompt
 //     as cached tokens;
 //   - off: they scatter over the fleet, and those elsewhere re-prefill everything (0 cached);

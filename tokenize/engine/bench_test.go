@@ -88,7 +88,7 @@ func chatHistory(texts []corpusLine, approxChars int) []string {
 }
 
 // BenchmarkHistoryTurn encodes a ~100k-token conversation whose previous turn was already
-// encoded, with and without the segment cache (issue 3 item 5).
+// encoded, with and without the segment cache.
 func BenchmarkHistoryTurn(b *testing.B) {
 	texts := corpus(b)
 	msgs := chatHistory(texts, 400000)
