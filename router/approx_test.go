@@ -147,14 +147,14 @@ func TestApproxRepeatedPromptSticks(t *testing.T) {
 	spread := map[workers.Target]bool{}
 	for i := range 8 {
 		prompt := chain(uint64(10+i), 256)
-		d1, h, err := e.Route(context.Background(), request(prompt), cs)
+		d1, h, err := pickAndBegin(context.Background(), e, request(prompt), cs)
 		if err != nil {
 			t.Fatal(err)
 		}
 		h.FirstToken()
 		h.Done()
 		spread[d1.Chosen.Target] = true
-		d2, err := e.DryRun(context.Background(), request(prompt), cs)
+		d2, err := e.Pick(context.Background(), request(prompt), cs)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -130,20 +130,6 @@ func (e *Engine) begin(d Decision, req *Request) *Handle {
 	return h
 }
 
-// Route is Pick followed by Begin.
-func (e *Engine) Route(ctx context.Context, req *Request, candidates []Candidate) (Decision, *Handle, error) {
-	d, err := e.Pick(ctx, req, candidates)
-	if err != nil {
-		return Decision{}, nil, err
-	}
-	return d, e.begin(d, req), nil
-}
-
-// DryRun returns the decision Route would make now, accounting nothing and teaching nothing.
-func (e *Engine) DryRun(ctx context.Context, req *Request, candidates []Candidate) (Decision, error) {
-	return e.Pick(ctx, req, candidates)
-}
-
 // Run scrapes worker metrics and sweeps expired load and approximate entries until ctx ends.
 func (e *Engine) Run(ctx context.Context) {
 	if e.scraper != nil {

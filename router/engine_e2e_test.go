@@ -176,7 +176,7 @@ func (f *e2eFleet) send(t *testing.T, chat openai.ChatCompletionRequest) (Decisi
 		t.Fatal(err)
 	}
 	req := &Request{Model: chat.Model, PromptTokens: len(prompt.TokenIDs), BlockHashes: prompt.BlockHashes(16), BlockSize: 16}
-	d, h, err := f.engine.Route(ctx, req, f.cands)
+	d, h, err := pickAndBegin(ctx, f.engine, req, f.cands)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -203,7 +203,7 @@ func (f *e2eFleet) dryRun(t *testing.T, chat openai.ChatCompletionRequest) Decis
 		t.Fatal(err)
 	}
 	req := &Request{Model: chat.Model, PromptTokens: len(prompt.TokenIDs), BlockHashes: prompt.BlockHashes(16), BlockSize: 16}
-	d, err := f.engine.DryRun(context.Background(), req, f.cands)
+	d, err := f.engine.Pick(context.Background(), req, f.cands)
 	if err != nil {
 		t.Fatal(err)
 	}

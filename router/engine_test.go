@@ -44,7 +44,7 @@ func TestEngineObserve(t *testing.T) {
 		t.Fatal(err)
 	}
 	req := request(chain(1, 128)) // 2048 tokens
-	d, h, err := e.Route(context.Background(), req, kvCands(2))
+	d, h, err := pickAndBegin(context.Background(), e, req, kvCands(2))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -94,7 +94,7 @@ func TestEngineDryRunAccountsNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	req := request(chain(1, 128))
-	d, err := e.DryRun(context.Background(), req, kvCands(3))
+	d, err := e.Pick(context.Background(), req, kvCands(3))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -129,7 +129,7 @@ func TestEngineDryRunAccountsNothing(t *testing.T) {
 			t.Fatalf("candidate lacks %q: %s", k, raw)
 		}
 	}
-	if _, err := e.DryRun(context.Background(), req, nil); err == nil {
+	if _, err := e.Pick(context.Background(), req, nil); err == nil {
 		t.Fatal("no candidates accepted")
 	}
 }

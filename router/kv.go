@@ -89,20 +89,6 @@ func NewKVNoLoad(cfg KVConfig, deps KVDeps) (*KVPolicy, error) {
 	return newKV(PolicyKVNoLoad, true, cfg, deps)
 }
 
-// NewKVByName builds the KV-aware policy called name ("kv" or "kv_no_load"), for the policy
-// registry; ok is false for any other name.
-func NewKVByName(name string, cfg KVConfig, deps KVDeps) (p *KVPolicy, ok bool, err error) {
-	switch name {
-	case PolicyKV:
-		p, err = NewKV(cfg, deps)
-	case PolicyKVNoLoad:
-		p, err = NewKVNoLoad(cfg, deps)
-	default:
-		return nil, false, nil
-	}
-	return p, true, err
-}
-
 func newKV(name string, noLoad bool, cfg KVConfig, deps KVDeps) (*KVPolicy, error) {
 	if cfg == (KVConfig{}) {
 		cfg = DefaultKVConfig()

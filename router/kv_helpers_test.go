@@ -1,6 +1,7 @@
 package router
 
 import (
+	"context"
 	"encoding/json"
 	"math/rand/v2"
 	"testing"
@@ -82,4 +83,13 @@ func newTestKV(t testing.TB, name string, cfg KVConfig, deps KVDeps, clk *fakeCl
 func js(v any) string {
 	b, _ := json.Marshal(v)
 	return string(b)
+}
+
+// pickAndBegin is Pick followed by Begin, the two steps the server takes for a proxied request.
+func pickAndBegin(ctx context.Context, e *Engine, req *Request, candidates []Candidate) (Decision, *Handle, error) {
+	d, err := e.Pick(ctx, req, candidates)
+	if err != nil {
+		return Decision{}, nil, err
+	}
+	return d, e.begin(d, req), nil
 }

@@ -2,8 +2,8 @@ package router
 
 import (
 	"bufio"
+	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -14,6 +14,9 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/workers"
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 )
 
 // maxMetricsBody bounds how much of one /metrics response is read.
@@ -22,122 +25,93 @@ const maxMetricsBody = 8 << 20
 // noEngine keys values that carry no engine (DP rank) label.
 const noEngine = -1
 
+// maxMetricsLine bounds one line of a /metrics body; a longer line fails the read.
+const maxMetricsLine = 1 << 20
+
+// wantedMetric reports whether name is one of the vLLM families ParseWorkerMetrics reads.
+func wantedMetric(name string) bool {
+	switch name {
+	case "vllm:num_requests_running", "vllm:num_requests_waiting",
+		"vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "vllm:cache_config_info":
+		return true
+	}
+	return false
+}
+
 // ParseWorkerMetrics reads a vLLM /metrics body in the Prometheus text format and returns the
 // load figures per DP rank, keyed by the `engine` label (noEngine, -1, when absent). Counts of
 // the same rank under different label sets (e.g. several model names) are summed; KV usage takes
 // the maximum. Both vllm:kv_cache_usage_perc and the older vllm:gpu_cache_usage_perc are read.
+//
+// Only the sample lines of those families are handed to the Prometheus text parser
+// (github.com/prometheus/common/expfmt), without their HELP and TYPE comments, so the many
+// histograms of a vLLM page cost no parsing and one malformed sample is skipped rather than
+// hiding the rest. A body that cannot be read (a failing reader, a line over 1 MiB) is an error.
 func ParseWorkerMetrics(r io.Reader) (map[int]WorkerMetrics, error) {
-	out := make(map[int]WorkerMetrics)
+	var samples [][]byte
 	sc := bufio.NewScanner(io.LimitReader(r, maxMetricsBody))
-	sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
+	sc.Buffer(make([]byte, 0, 64<<10), maxMetricsLine)
 	for sc.Scan() {
-		line := strings.TrimSpace(sc.Text())
-		if line == "" || line[0] == '#' || !strings.HasPrefix(line, "vllm:") {
-			continue
+		line := bytes.TrimSpace(sc.Bytes())
+		if i := bytes.IndexAny(line, "{ \t"); i > 0 && wantedMetric(string(line[:i])) {
+			s := make([]byte, len(line)+1) // the scanner reuses line's bytes
+			copy(s, line)
+			s[len(line)] = '\n'
+			samples = append(samples, s)
 		}
-		name, labels, value, err := parseSample(line)
-		if err != nil {
-			continue // one odd line must not hide the rest
-		}
-		rank := noEngine
-		if e, ok := labels["engine"]; ok {
-			if n, err := strconv.Atoi(e); err == nil && n >= 0 {
-				rank = n
-			}
-		}
-		m := out[rank]
-		switch name {
-		case "vllm:num_requests_running":
-			m.Running += value
-		case "vllm:num_requests_waiting":
-			m.Waiting += value
-		case "vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc":
-			m.KVUsage = max(m.KVUsage, value)
-		case "vllm:cache_config_info":
-			if n, err := strconv.Atoi(labels["num_gpu_blocks"]); err == nil {
-				m.NumGPUBlocks = n
-			}
-		default:
-			continue
-		}
-		out[rank] = m
 	}
 	if err := sc.Err(); err != nil {
 		return nil, fmt.Errorf("read metrics: %w", err)
 	}
+	out := make(map[int]WorkerMetrics)
+	parser := expfmt.NewTextParser(model.LegacyValidation) // vLLM's names are legacy ones (vllm:...)
+	families, err := parser.TextToMetricFamilies(bytes.NewReader(bytes.Join(samples, nil)))
+	if err == nil {
+		addMetricFamilies(out, families)
+		return out, nil
+	}
+	// Some sample is malformed: parse line by line and skip the bad ones.
+	for _, s := range samples {
+		if families, err := parser.TextToMetricFamilies(bytes.NewReader(s)); err == nil {
+			addMetricFamilies(out, families)
+		}
+	}
 	return out, nil
 }
 
-// parseSample splits `name{k="v",...} value [timestamp]`.
-func parseSample(line string) (string, map[string]string, float64, error) {
-	var labels map[string]string
-	rest := line
-	i := strings.IndexAny(rest, "{ \t")
-	if i < 0 {
-		return "", nil, 0, errors.New("no value")
-	}
-	name := rest[:i]
-	rest = rest[i:]
-	if rest[0] == '{' {
-		var err error
-		labels, rest, err = parseLabels(rest[1:])
-		if err != nil {
-			return "", nil, 0, err
-		}
-	}
-	fields := strings.Fields(rest)
-	if len(fields) == 0 {
-		return "", nil, 0, errors.New("no value")
-	}
-	v, err := strconv.ParseFloat(fields[0], 64)
-	if err != nil {
-		return "", nil, 0, fmt.Errorf("value %q: %w", fields[0], err)
-	}
-	return name, labels, v, nil
-}
-
-// parseLabels parses `k="v",k2="v2"}` and returns the text after the closing brace.
-func parseLabels(s string) (map[string]string, string, error) {
-	labels := make(map[string]string, 4)
-	for {
-		s = strings.TrimLeft(s, " \t,")
-		if s == "" {
-			return nil, "", errors.New("unterminated labels")
-		}
-		if s[0] == '}' {
-			return labels, s[1:], nil
-		}
-		eq := strings.IndexByte(s, '=')
-		if eq < 0 || eq+1 >= len(s) || s[eq+1] != '"' {
-			return nil, "", errors.New("bad label")
-		}
-		key := strings.TrimSpace(s[:eq])
-		s = s[eq+2:]
-		var b strings.Builder
-		closed := false
-		for j := 0; j < len(s); j++ {
-			c := s[j]
-			if c == '\\' && j+1 < len(s) {
-				j++
-				switch s[j] {
-				case 'n':
-					b.WriteByte('\n')
-				default:
-					b.WriteByte(s[j])
+// addMetricFamilies adds the samples of families (parsed without TYPE lines, so untyped) to out.
+func addMetricFamilies(out map[int]WorkerMetrics, families map[string]*dto.MetricFamily) {
+	for name, mf := range families {
+		for _, metric := range mf.GetMetric() {
+			value := metric.GetUntyped().GetValue()
+			rank, blocks := noEngine, ""
+			for _, lp := range metric.GetLabel() {
+				switch lp.GetName() {
+				case "engine":
+					if n, err := strconv.Atoi(lp.GetValue()); err == nil && n >= 0 {
+						rank = n
+					} else {
+						rank = noEngine
+					}
+				case "num_gpu_blocks":
+					blocks = lp.GetValue()
 				}
-				continue
 			}
-			if c == '"' {
-				s = s[j+1:]
-				closed = true
-				break
+			m := out[rank]
+			switch name {
+			case "vllm:num_requests_running":
+				m.Running += value
+			case "vllm:num_requests_waiting":
+				m.Waiting += value
+			case "vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc":
+				m.KVUsage = max(m.KVUsage, value)
+			case "vllm:cache_config_info":
+				if n, err := strconv.Atoi(blocks); err == nil {
+					m.NumGPUBlocks = n
+				}
 			}
-			b.WriteByte(c)
+			out[rank] = m
 		}
-		if !closed {
-			return nil, "", errors.New("unterminated label value")
-		}
-		labels[key] = b.String()
 	}
 }
 

@@ -1,9 +1,13 @@
 package router
 
 import (
+	"bytes"
 	"context"
+	"errors"
+	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -128,4 +132,110 @@ func FuzzParseWorkerMetrics(f *testing.F) {
 			}
 		}
 	})
+}
+
+// vllmSampleFile is a hand-written vLLM v1 /metrics page for a data-parallel size of 2 serving
+// Qwen/Qwen3-0.6B. Names, labels and histogram buckets follow vLLM's PrometheusStatLogger
+// (vllm/v1/metrics/loggers.py) as rendered by prometheus_client: counters as *_total with
+// *_created gauges, histograms as *_bucket/_count/_sum, cache_config_info carrying the
+// CacheConfig fields as labels, plus the process, python and HTTP families that sit beside them.
+const vllmSampleFile = "testdata/vllm_metrics_dp2.txt"
+
+func TestParseWorkerMetricsVLLMSample(t *testing.T) {
+	body, err := os.ReadFile(vllmSampleFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := ParseWorkerMetrics(bytes.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[int]WorkerMetrics{
+		0: {Running: 3, Waiting: 2, KVUsage: 0.2512, NumGPUBlocks: 27434},
+		1: {Running: 1, Waiting: 0, KVUsage: 0.0625, NumGPUBlocks: 27434},
+	}
+	if len(got) != len(want) {
+		t.Fatalf("got %+v, want %+v", got, want)
+	}
+	for k, w := range want {
+		if got[k] != w {
+			t.Errorf("engine %d: %+v, want %+v", k, got[k], w)
+		}
+	}
+}
+
+// errReader fails after its data.
+type errReader struct{ data *strings.Reader }
+
+func (r errReader) Read(p []byte) (int, error) {
+	if r.data.Len() == 0 {
+		return 0, errors.New("connection reset")
+	}
+	return r.data.Read(p)
+}
+
+// TestParseWorkerMetricsBadInput: a malformed sample is skipped without hiding the others, a
+// body that is not Prometheus text gives no figures, and a body that cannot be read (an
+// over-long line, a failing reader) is an error.
+func TestParseWorkerMetricsBadInput(t *testing.T) {
+	cases := []struct {
+		name    string
+		body    io.Reader
+		want    map[int]WorkerMetrics
+		wantErr bool
+	}{
+		{"empty", strings.NewReader(""), map[int]WorkerMetrics{}, false},
+		{"html page", strings.NewReader("<html><body>502 Bad Gateway</body></html>\n"), map[int]WorkerMetrics{}, false},
+		{"no value", strings.NewReader("vllm:num_requests_running{engine=\"0\"}\nvllm:num_requests_waiting{engine=\"0\"} 5\n"),
+			map[int]WorkerMetrics{0: {Waiting: 5}}, false},
+		{"bad value", strings.NewReader("vllm:num_requests_running{engine=\"0\"} lots\nvllm:num_requests_running{engine=\"0\"} 2\n"),
+			map[int]WorkerMetrics{0: {Running: 2}}, false},
+		{"unterminated labels", strings.NewReader("vllm:num_requests_running{engine=\"0\n" +
+			"vllm:num_requests_waiting{engine=\"1\"} 1\n"), map[int]WorkerMetrics{1: {Waiting: 1}}, false},
+		{"unterminated label set", strings.NewReader("vllm:num_requests_running{engine=\"0\",\nvllm:num_requests_running 3\n"),
+			map[int]WorkerMetrics{noEngine: {Running: 3}}, false},
+		{"bad label syntax", strings.NewReader("vllm:num_requests_running{engine=0} 1\nvllm:kv_cache_usage_perc{engine=\"0\"} 0.5\n"),
+			map[int]WorkerMetrics{0: {KVUsage: 0.5}}, false},
+		{"timestamp, CRLF and indentation", strings.NewReader("  vllm:num_requests_running{engine=\"2\"} 4 1761320123000\r\n"),
+			map[int]WorkerMetrics{2: {Running: 4}}, false},
+		{"negative and non-numeric engine", strings.NewReader("vllm:num_requests_running{engine=\"-3\"} 1\nvllm:num_requests_running{engine=\"x\"} 2\n"),
+			map[int]WorkerMetrics{noEngine: {Running: 3}}, false},
+		{"bad num_gpu_blocks", strings.NewReader("vllm:cache_config_info{engine=\"0\",num_gpu_blocks=\"None\"} 1\n"),
+			map[int]WorkerMetrics{0: {}}, false},
+		{"line over 1 MiB", strings.NewReader("vllm:num_requests_running{model_name=\"" + strings.Repeat("m", 2<<20) + "\"} 1\n"), nil, true},
+		{"read error", errReader{strings.NewReader("vllm:num_requests_running 1\n")}, nil, true},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := ParseWorkerMetrics(tc.body)
+			if (err != nil) != tc.wantErr {
+				t.Fatalf("err = %v, want error %v", err, tc.wantErr)
+			}
+			if tc.wantErr {
+				return
+			}
+			if len(got) != len(tc.want) {
+				t.Fatalf("got %+v, want %+v", got, tc.want)
+			}
+			for k, w := range tc.want {
+				if got[k] != w {
+					t.Errorf("engine %d: %+v, want %+v", k, got[k], w)
+				}
+			}
+		})
+	}
+}
+
+func BenchmarkParseWorkerMetrics(b *testing.B) {
+	body, err := os.ReadFile(vllmSampleFile)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.SetBytes(int64(len(body)))
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := ParseWorkerMetrics(bytes.NewReader(body)); err != nil {
+			b.Fatal(err)
+		}
+	}
 }

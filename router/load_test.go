@@ -120,7 +120,7 @@ func sseUpstream(t *testing.T, chunks int) *httptest.Server {
 // relay does what the gateway's proxy does with a handle: route, stream, mark the first token
 // at the first event, release at the end whatever happens.
 func relay(ctx context.Context, e *Engine, req *Request, cs []Candidate, url string) error {
-	_, h, err := e.Route(ctx, req, cs)
+	_, h, err := pickAndBegin(ctx, e, req, cs)
 	if err != nil {
 		return err
 	}

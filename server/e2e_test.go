@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvgate/kvgate/sessions"
 	openai "github.com/sashabaranov/go-openai"
 )
 
@@ -211,6 +212,36 @@ func TestForwardedByteForByte(t *testing.T) {
 			}
 			if got.header.Get("X-Forwarded-For") == "" {
 				t.Error("no X-Forwarded-For")
+			}
+		})
+	}
+}
+
+// TestSessionForwardHeader: the session id reaches the worker in the identity parser's forward
+// header, not in a header name fixed in the proxy.
+func TestSessionForwardHeader(t *testing.T) {
+	w := startSim(t, fastSim())
+	g := startGateway(t, nil, w.srv.URL)
+	ic := sessions.DefaultIdentity()
+	ic.ForwardHeader = "X-Worker-Session"
+	g.ids = sessions.NewIdentityParser(ic) // before any request is served
+	cases := []struct {
+		name   string
+		header map[string]string
+		want   string
+	}{
+		{"session header", map[string]string{"X-Dynamo-Session-ID": "dyn-1"}, "dyn-1"},
+		{"no session", nil, ""},
+	}
+	body := `{"model":"test-model","messages":[{"role":"user","content":"hi"}],"max_tokens":2}`
+	for i, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			resp, data := g.post(t, pathChat, body, tc.header)
+			if resp.StatusCode != 200 {
+				t.Fatalf("status %d: %s", resp.StatusCode, data)
+			}
+			if got := w.rec.all()[i].header.Get("X-Worker-Session"); got != tc.want {
+				t.Errorf("X-Worker-Session = %q, want %q", got, tc.want)
 			}
 		})
 	}

@@ -109,7 +109,7 @@ func itoa(n int) string {
 // would reject too, such as a chat template error.
 func BadRequest(param, message string) error { return badRequest(param, message) }
 
-// StatusOf returns the HTTP status an error from Decide stands for: the request error's own
+// StatusOf returns the HTTP status a request error stands for: the request error's own
 // status, else 500.
 func StatusOf(err error) int {
 	var e *apiError

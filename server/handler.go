@@ -106,17 +106,11 @@ func (s *Server) prepare(ctx context.Context, endpoint string, body []byte, h ht
 	return in, rreq, nil
 }
 
-// Decide runs the routing steps of one request without proxying it — parse, validate,
-// enrich, Pick among the routable targets — and returns the decision record. It is the basis
-// of a dry-run endpoint such as POST /debug/route. Policies with state (round robin) advance.
-// A request error is returned as an error whose message is the client-facing one.
-func (s *Server) Decide(ctx context.Context, endpoint string, body []byte, h http.Header) (router.Decision, error) {
-	d, _, err := s.decide(ctx, endpoint, body, h)
-	return d, err
-}
-
-// decide is Decide that also returns the routing request it built. Nothing is accounted and
-// no session state changes: Pick only reads.
+// decide runs the routing steps of one request without proxying it — parse, validate,
+// enrich, Pick among the routable targets — and returns the decision record and the routing
+// request it built; POST /debug/route answers with it. Nothing is accounted and no session
+// state changes (Pick only reads), though policies with state (round robin) advance. A request
+// error is returned as an error whose message is the client-facing one.
 func (s *Server) decide(ctx context.Context, endpoint string, body []byte, h http.Header) (router.Decision, *router.Request, error) {
 	_, rreq, e := s.prepare(ctx, endpoint, body, h)
 	if e != nil {

@@ -156,7 +156,7 @@ func (s *Server) attempt(c *gin.Context, in *Inbound, rreq *router.Request, d ro
 	if s.observer != nil {
 		uc = &usageCapture{}
 	}
-	res, code, e := s.send(ctx, cancel, c, in, w, d, rreq.SessionID, start, scope, firstToken, uc)
+	res, code, e := s.send(ctx, cancel, c, in, w, d, start, scope, firstToken, uc)
 	if res == served && code == http.StatusOK && uc != nil {
 		if u, ok := uc.usage(); ok {
 			s.observer.Observe(rreq.Model, rreq, d, u)
@@ -166,7 +166,7 @@ func (s *Server) attempt(c *gin.Context, in *Inbound, rreq *router.Request, d ro
 }
 
 func (s *Server) send(ctx context.Context, cancel context.CancelCauseFunc, c *gin.Context, in *Inbound,
-	w *workers.Worker, d router.Decision, session string, start time.Time, scope retryScope, firstToken func(),
+	w *workers.Worker, d router.Decision, start time.Time, scope retryScope, firstToken func(),
 	uc *usageCapture) (outcome, int, *apiError) {
 	clientCtx := c.Request.Context()
 	up, err := http.NewRequestWithContext(ctx, http.MethodPost, w.Endpoint(in.Endpoint, c.Request.URL.RawQuery), bytes.NewReader(in.Body))
@@ -175,9 +175,9 @@ func (s *Server) send(ctx context.Context, cancel context.CancelCauseFunc, c *gi
 	}
 	copyRequestHeaders(up.Header, c.Request.Header)
 	w.Authorize(up.Header) // the worker's key replaces the client's; without one it passes through
-	if session != "" {
-		up.Header.Set("X-Session-ID", session)
-	}
+	// The session id goes to the worker in the parser's forward header (X-Session-ID: vLLM reads
+	// it for the session_id of its KV events).
+	s.ids.Forward(up.Header, in.Session)
 	if ip, _, err := net.SplitHostPort(c.Request.RemoteAddr); err == nil {
 		if prior := c.Request.Header.Get("X-Forwarded-For"); prior != "" {
 			ip = prior + ", " + ip
