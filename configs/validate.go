@@ -10,6 +10,8 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+
+	"github.com/kvgate/kvgate/confval"
 )
 
 // normalize fills implied values: dp_size 0 means 1, worker URLs lose a trailing slash, a
@@ -117,6 +119,7 @@ func (c *Config) Validate() error {
 
 	c.validateKVEvents(bad)
 	c.validateRouter(bad)
+	errs = append(errs, confval.Split(confval.Prefix("router.", c.Router.KV.Validate()))...)
 	if c.Proxy.MaxRetries < 0 || c.Proxy.MaxRetries > 16 {
 		bad("proxy.max_retries", "must be between 0 and 16, got %d", c.Proxy.MaxRetries)
 	}
