@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/router/routerconfig"
+	"github.com/kvgate/kvgate/workers/healthconfig"
 )
 
 // Config is the whole kvgate configuration. Zero values are replaced by Default's values only
@@ -127,20 +128,9 @@ type Proxy struct {
 	ExposeRoutingHeaders bool `yaml:"expose_routing_headers"`
 }
 
-// Health configures active /health probing of workers.
-type Health struct {
-	Interval         Duration `yaml:"interval"`
-	Timeout          Duration `yaml:"timeout"`
-	FailureThreshold int      `yaml:"failure_threshold"`
-	SuccessThreshold int      `yaml:"success_threshold"`
-	// HoldDown is how long a worker ejected soon after its readmission waits before it may be
-	// readmitted again; each further flap doubles it up to HoldDownMax. 0 disables hold-down.
-	HoldDown    Duration `yaml:"hold_down"`
-	HoldDownMax Duration `yaml:"hold_down_max"`
-	// HoldDownReset is how long a readmitted worker must stay healthy for its hold-down to be
-	// forgotten (one halving per such period).
-	HoldDownReset Duration `yaml:"hold_down_reset"`
-}
+// Health configures active /health probing of workers; its owner is the workers package
+// (healthconfig.Config, which documents each key).
+type Health = healthconfig.Config
 
 // Limits bound what one client can make the gateway spend.
 type Limits struct {
@@ -205,15 +195,7 @@ func Default() Config {
 			IdleConnTimeout:       Duration(90 * time.Second),
 			MaxIdleConnsPerWorker: 128,
 		},
-		Health: Health{
-			Interval:         Duration(5 * time.Second),
-			Timeout:          Duration(2 * time.Second),
-			FailureThreshold: 3,
-			SuccessThreshold: 1,
-			HoldDown:         Duration(10 * time.Second),
-			HoldDownMax:      Duration(5 * time.Minute),
-			HoldDownReset:    Duration(2 * time.Minute),
-		},
+		Health: healthconfig.Default(),
 		Limits: Limits{
 			TokenizeQueue:        64,
 			TokenizeQueueTimeout: Duration(10 * time.Second),
