@@ -1,6 +1,11 @@
 package configs
 
-import "time"
+import (
+	"time"
+
+	"github.com/kvgate/kvgate/router/routerconfig"
+	"github.com/kvgate/kvgate/workers/healthconfig"
+)
 
 // Config is the whole kvgate configuration. Zero values are replaced by Default's values only
 // where Default sets them; Load applies file, then KVGATE_* environment, then flags.
@@ -93,8 +98,9 @@ func Policies() []string {
 // KVAware reports whether policy is one of the KV-aware policies (they need the tokenizer).
 func KVAware(policy string) bool { return policy == "kv" || policy == "kv_no_load" }
 
-// Router selects the routing policy and holds the knobs of the KV-aware policies (kv,
-// kv_no_load), mirrored from router.KVConfig; costs are in KV blocks.
+// Router selects the routing policy; the knobs of the KV-aware policies (kv, kv_no_load) are
+// the router package's own type, routerconfig.KV, inlined under the same router: keys (costs
+// are in KV blocks; routerconfig.KV documents what each one trades).
 type Router struct {
 	// Policy is one of Policies(), or "auto"/"" (kv with kv_events, else round_robin); Load
 	// resolves auto, so after Load it is always a concrete name.
@@ -102,33 +108,11 @@ type Router struct {
 	// Seed seeds the random policy; 0 draws a seed at start.
 	Seed uint64 `yaml:"seed"`
 
-	// The knobs below mirror router.KVConfig field by field (same names, same defaults, checked
-	// by a test in cmd/kvgate); router.KVConfig documents what each one trades.
-
-	PrefillWeight       float64     `yaml:"prefill_weight"`
-	G2Credit            float64     `yaml:"g2_credit"`
-	G3Credit            float64     `yaml:"g3_credit"`
-	PrefillLoadWeight   float64     `yaml:"prefill_load_weight"`
-	DecodeWeight        float64     `yaml:"decode_weight"`
-	RequestWeight       float64     `yaml:"request_weight"`
-	WaitingWeight       float64     `yaml:"waiting_weight"`
-	Temperature         float64     `yaml:"temperature"`
-	BusyWaitingRequests int         `yaml:"busy_waiting_requests"`
-	BusyKVUsage         float64     `yaml:"busy_kv_usage"`
-	BusyPrefillTokens   int         `yaml:"busy_prefill_tokens"`
-	MetricsInterval     Duration    `yaml:"metrics_interval"`
-	MetricsMaxAge       Duration    `yaml:"metrics_max_age"`
-	LoadExpiry          Duration    `yaml:"load_expiry"`
-	Approximate         Approximate `yaml:"approximate"`
+	routerconfig.KV `yaml:",inline"`
 }
 
 // Approximate configures the cache prediction for workers without (healthy) KV events.
-type Approximate struct {
-	// TTL is how long routed blocks are assumed cached after their last use.
-	TTL Duration `yaml:"ttl"`
-	// BlockBudget is how many blocks per worker+rank are assumed cached at most.
-	BlockBudget int `yaml:"block_budget"`
-}
+type Approximate = routerconfig.Approx
 
 // Proxy bounds how requests are forwarded to workers.
 type Proxy struct {
@@ -144,20 +128,9 @@ type Proxy struct {
 	ExposeRoutingHeaders bool `yaml:"expose_routing_headers"`
 }
 
-// Health configures active /health probing of workers.
-type Health struct {
-	Interval         Duration `yaml:"interval"`
-	Timeout          Duration `yaml:"timeout"`
-	FailureThreshold int      `yaml:"failure_threshold"`
-	SuccessThreshold int      `yaml:"success_threshold"`
-	// HoldDown is how long a worker ejected soon after its readmission waits before it may be
-	// readmitted again; each further flap doubles it up to HoldDownMax. 0 disables hold-down.
-	HoldDown    Duration `yaml:"hold_down"`
-	HoldDownMax Duration `yaml:"hold_down_max"`
-	// HoldDownReset is how long a readmitted worker must stay healthy for its hold-down to be
-	// forgotten (one halving per such period).
-	HoldDownReset Duration `yaml:"hold_down_reset"`
-}
+// Health configures active /health probing of workers; its owner is the workers package
+// (healthconfig.Config, which documents each key).
+type Health = healthconfig.Config
 
 // Limits bound what one client can make the gateway spend.
 type Limits struct {
@@ -211,22 +184,8 @@ func Default() Config {
 		Listen:    "127.0.0.1:8000",
 		BlockSize: 16,
 		Router: Router{
-			Policy:              PolicyAuto,
-			PrefillWeight:       1,
-			G2Credit:            0.75,
-			G3Credit:            0.25,
-			PrefillLoadWeight:   1,
-			DecodeWeight:        1,
-			RequestWeight:       0,
-			WaitingWeight:       32,
-			Temperature:         0,
-			BusyWaitingRequests: 16,
-			BusyKVUsage:         0.95,
-			BusyPrefillTokens:   0,
-			MetricsInterval:     Duration(time.Second),
-			MetricsMaxAge:       Duration(5 * time.Second),
-			LoadExpiry:          Duration(time.Hour),
-			Approximate:         Approximate{TTL: Duration(120 * time.Second), BlockBudget: 16384},
+			Policy: PolicyAuto,
+			KV:     routerconfig.Default(),
 		},
 		Proxy: Proxy{
 			MaxRetries:            2,
@@ -237,15 +196,7 @@ func Default() Config {
 			IdleConnTimeout:       Duration(90 * time.Second),
 			MaxIdleConnsPerWorker: 128,
 		},
-		Health: Health{
-			Interval:         Duration(5 * time.Second),
-			Timeout:          Duration(2 * time.Second),
-			FailureThreshold: 3,
-			SuccessThreshold: 1,
-			HoldDown:         Duration(10 * time.Second),
-			HoldDownMax:      Duration(5 * time.Minute),
-			HoldDownReset:    Duration(2 * time.Minute),
-		},
+		Health: healthconfig.Default(),
 		Limits: Limits{
 			TokenizeQueue:        64,
 			TokenizeQueueTimeout: Duration(10 * time.Second),

@@ -10,6 +10,8 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+
+	"github.com/kvgate/kvgate/confval"
 )
 
 // normalize fills implied values: dp_size 0 means 1, worker URLs lose a trailing slash, a
@@ -117,6 +119,7 @@ func (c *Config) Validate() error {
 
 	c.validateKVEvents(bad)
 	c.validateRouter(bad)
+	errs = append(errs, confval.Split(confval.Prefix("router.", c.Router.KV.Validate()))...)
 	if c.Proxy.MaxRetries < 0 || c.Proxy.MaxRetries > 16 {
 		bad("proxy.max_retries", "must be between 0 and 16, got %d", c.Proxy.MaxRetries)
 	}
@@ -138,27 +141,7 @@ func (c *Config) Validate() error {
 	if c.Proxy.MaxIdleConnsPerWorker < 1 {
 		bad("proxy.max_idle_conns_per_worker", "must be at least 1, got %d", c.Proxy.MaxIdleConnsPerWorker)
 	}
-	if c.Health.Interval <= 0 {
-		bad("health.interval", "must be positive, got %s", c.Health.Interval)
-	}
-	if c.Health.Timeout <= 0 {
-		bad("health.timeout", "must be positive, got %s", c.Health.Timeout)
-	}
-	if c.Health.FailureThreshold < 1 {
-		bad("health.failure_threshold", "must be at least 1, got %d", c.Health.FailureThreshold)
-	}
-	if c.Health.SuccessThreshold < 1 {
-		bad("health.success_threshold", "must be at least 1, got %d", c.Health.SuccessThreshold)
-	}
-	if c.Health.HoldDown < 0 {
-		bad("health.hold_down", "must not be negative, got %s", c.Health.HoldDown)
-	}
-	if c.Health.HoldDown > 0 && c.Health.HoldDownMax < c.Health.HoldDown {
-		bad("health.hold_down_max", "must be at least health.hold_down (%s), got %s", c.Health.HoldDown, c.Health.HoldDownMax)
-	}
-	if c.Health.HoldDown > 0 && c.Health.HoldDownReset <= 0 {
-		bad("health.hold_down_reset", "must be positive, got %s", c.Health.HoldDownReset)
-	}
+	errs = append(errs, confval.Split(confval.Prefix("health.", c.Health.Validate()))...)
 	if c.Limits.MaxModelLen < 0 {
 		bad("limits.max_model_len", "must not be negative, got %d", c.Limits.MaxModelLen)
 	}

@@ -23,61 +23,7 @@ func (c *Config) validateRouter(bad func(key, format string, args ...any)) {
 		bad("tokenizer", "is required by router.policy %s%s: the gateway must tokenize prompts to match them against the workers' caches; set tokenizer, or router.policy round_robin", r.Policy, why)
 	}
 
-	weights := []struct {
-		key string
-		v   float64
-	}{
-		{"router.prefill_weight", r.PrefillWeight},
-		{"router.prefill_load_weight", r.PrefillLoadWeight},
-		{"router.decode_weight", r.DecodeWeight},
-		{"router.request_weight", r.RequestWeight},
-		{"router.waiting_weight", r.WaitingWeight},
-		{"router.temperature", r.Temperature},
-	}
-	for _, w := range weights {
-		if !(w.v >= 0) || math.IsInf(w.v, 0) {
-			bad(w.key, "must be a finite number >= 0, got %v", w.v)
-		}
-	}
-	fractions := []struct {
-		key string
-		v   float64
-	}{
-		{"router.g2_credit", r.G2Credit},
-		{"router.g3_credit", r.G3Credit},
-		{"router.busy_kv_usage", r.BusyKVUsage},
-	}
-	for _, f := range fractions {
-		if !(f.v >= 0 && f.v <= 1) {
-			bad(f.key, "must be between 0 and 1, got %v", f.v)
-		}
-	}
-	if r.BusyWaitingRequests < 0 {
-		bad("router.busy_waiting_requests", "must be >= 0 (0 turns it off), got %d", r.BusyWaitingRequests)
-	}
-	if r.BusyPrefillTokens < 0 {
-		bad("router.busy_prefill_tokens", "must be >= 0 (0 turns it off), got %d", r.BusyPrefillTokens)
-	}
-	durations := []struct {
-		key string
-		v   Duration
-	}{
-		{"router.metrics_interval", r.MetricsInterval},
-		{"router.metrics_max_age", r.MetricsMaxAge},
-		{"router.load_expiry", r.LoadExpiry},
-		{"router.approximate.ttl", r.Approximate.TTL},
-	}
-	for _, d := range durations {
-		if d.v <= 0 {
-			bad(d.key, "must be a positive duration, got %s", d.v)
-		}
-	}
-	if r.MetricsMaxAge > 0 && r.MetricsInterval > 0 && r.MetricsMaxAge < r.MetricsInterval {
-		bad("router.metrics_max_age", "(%s) must be at least router.metrics_interval (%s), or every reading is stale before the next scrape", r.MetricsMaxAge, r.MetricsInterval)
-	}
-	if r.Approximate.BlockBudget < 1 {
-		bad("router.approximate.block_budget", "must be at least 1 block, got %d", r.Approximate.BlockBudget)
-	}
+	// The KV-aware policies' knobs are validated by their owner, routerconfig.KV (see Validate).
 }
 
 // validateSessions checks the session-tracking knobs.

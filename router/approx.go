@@ -49,7 +49,7 @@ type approxBlock struct {
 // NewApproxIndex returns an empty index with the given TTL and per-target block budget.
 func NewApproxIndex(cfg ApproxConfig) *ApproxIndex {
 	return &ApproxIndex{
-		ttl:    cfg.TTL,
+		ttl:    cfg.TTL.D(),
 		budget: cfg.BlockBudget,
 		now:    time.Now,
 		bit:    make(map[workers.Target]int),

@@ -5,11 +5,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvgate/kvgate/confval"
 	"github.com/kvgate/kvgate/workers"
 )
 
 func newTestApprox(ttl time.Duration, budget int, clk *fakeClock) *ApproxIndex {
-	a := NewApproxIndex(ApproxConfig{TTL: ttl, BlockBudget: budget})
+	a := NewApproxIndex(ApproxConfig{TTL: confval.Duration(ttl), BlockBudget: budget})
 	a.now = clk.now
 	return a
 }

@@ -69,11 +69,11 @@ func NewEngine(o EngineOptions) (*Engine, error) {
 		e.load = kv.Load()
 		e.approx = kv.Approx()
 		if interval == 0 {
-			interval = kv.Config().MetricsInterval
+			interval = kv.Config().MetricsInterval.D()
 		}
 	}
 	if e.load == nil {
-		e.load = NewLoadTracker(DefaultKVConfig().LoadExpiry)
+		e.load = NewLoadTracker(DefaultKVConfig().LoadExpiry.D())
 	}
 	if interval <= 0 {
 		interval = time.Second

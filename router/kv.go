@@ -93,7 +93,7 @@ func newKV(name string, noLoad bool, cfg KVConfig, deps KVDeps) (*KVPolicy, erro
 	if cfg == (KVConfig{}) {
 		cfg = DefaultKVConfig()
 	}
-	if err := cfg.Validate(); err != nil {
+	if err := validateKV(cfg); err != nil {
 		return nil, fmt.Errorf("%s policy: %w", name, err)
 	}
 	p := &KVPolicy{
@@ -102,7 +102,7 @@ func newKV(name string, noLoad bool, cfg KVConfig, deps KVDeps) (*KVPolicy, erro
 		now: time.Now, float: rand.Float64,
 	}
 	if p.load == nil {
-		p.load = NewLoadTracker(cfg.LoadExpiry)
+		p.load = NewLoadTracker(cfg.LoadExpiry.D())
 	}
 	p.routed, _ = deps.Matcher.(RoutedRecorder)
 	p.scratch.New = func() any { return &kvScratch{} }
@@ -246,7 +246,7 @@ func (p *KVPolicy) loadOf(r *kvRow, c Candidate, hashes []uint64, bs float64, no
 		if snap.ActiveBlocks > 0 {
 			shared = tl.sharedActive(hashes)
 		}
-		m, fresh = tl.freshMetrics(now, p.cfg.MetricsMaxAge)
+		m, fresh = tl.freshMetrics(now, p.cfg.MetricsMaxAge.D())
 	}
 	active := float64(snap.ActiveBlocks)
 	requests := float64(max(snap.Requests, c.InFlight))

@@ -10,6 +10,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/kvgate/kvgate/confval"
 	"github.com/kvgate/kvgate/indexers"
 	"github.com/kvgate/kvgate/tokenize"
 	"github.com/kvgate/kvgate/workers"
@@ -154,7 +155,7 @@ func BenchmarkKVDecision(b *testing.B) {
 		storeBlocks(b, realIx, t, indexers.MediumCPU, tokens, g1, g2, ext)
 		storeBlocks(b, realIx, t, indexers.MediumGPU, other, 0, 4096, func(b int) uint64 { return 1<<63 | ext(b) })
 	}
-	approx := NewApproxIndex(ApproxConfig{TTL: time.Hour, BlockBudget: 1 << 20})
+	approx := NewApproxIndex(ApproxConfig{TTL: confval.Duration(time.Hour), BlockBudget: 1 << 20})
 	for i, t := range targets {
 		approx.Record(t, chain(uint64(100+i), 4096))
 		approx.Record(t, prompt[:512+i*24])

@@ -323,17 +323,20 @@ func TestKVConfigValidate(t *testing.T) {
 		{"negative weight", func(c *KVConfig) { c.DecodeWeight = -1 }, "router.decode_weight"},
 		{"zero ttl", func(c *KVConfig) { c.Approximate.TTL = 0 }, "router.approximate.ttl"},
 		{"zero budget", func(c *KVConfig) { c.Approximate.BlockBudget = 0 }, "router.approximate.block_budget"},
+		{"max age below interval", func(c *KVConfig) { c.MetricsInterval = c.MetricsMaxAge * 2 }, "router.metrics_max_age"},
+		// Every problem is reported at once, not only the first.
+		{"all problems", func(c *KVConfig) { c.G2Credit, c.Approximate.BlockBudget = 2, 0 }, "router.g2_credit: must be between 0 and 1, got 2\nrouter.approximate.block_budget"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			c := DefaultKVConfig()
 			tc.mod(&c)
-			err := c.Validate()
+			err := validateKV(c)
 			if (err == nil) != (tc.want == "") || (err != nil && !strings.Contains(err.Error(), tc.want)) {
 				t.Fatalf("Validate() = %v, want error mentioning %q", err, tc.want)
 			}
-			if _, err := NewKV(c, KVDeps{}); (err == nil) != (tc.want == "") {
-				t.Fatalf("NewKV accepted an invalid config")
+			if _, err := NewKV(c, KVDeps{}); (err == nil) != (tc.want == "") || (err != nil && !strings.Contains(err.Error(), tc.want)) {
+				t.Fatalf("NewKV error %v, want one mentioning %q", err, tc.want)
 			}
 		})
 	}

@@ -52,7 +52,7 @@ func buildRouting(ctx context.Context, cfg configs.Config, reg *workers.Registry
 		}
 	}()
 
-	kvcfg := kvConfig(cfg.Router)
+	kvcfg := cfg.Router.KV
 	opts := router.Options{Seed: cfg.Router.Seed, KV: kvcfg}
 	engOpts := router.EngineOptions{Registerer: prom, Log: log}
 	if configs.KVAware(cfg.Router.Policy) {
@@ -65,7 +65,7 @@ func buildRouting(ctx context.Context, cfg configs.Config, reg *workers.Registry
 		opts.KVDeps = k.deps
 		engOpts.Targets = func() []workers.Target { return allTargets(reg) }
 		engOpts.MetricsClient = scrapeClient(cfg, reg)
-		engOpts.MetricsInterval = kvcfg.MetricsInterval
+		engOpts.MetricsInterval = kvcfg.MetricsInterval.D()
 	}
 	policy, err := router.New(cfg.Router.Policy, opts)
 	if err != nil {
@@ -93,30 +93,6 @@ func buildRouting(ctx context.Context, cfg configs.Config, reg *workers.Registry
 	go func() { defer close(done); eng.Run(bg) }()
 	closers = append(closers, func() { <-done })
 	return rt, nil
-}
-
-// kvConfig maps the router config keys onto router.KVConfig (configs cannot import router).
-func kvConfig(r configs.Router) router.KVConfig {
-	return router.KVConfig{
-		PrefillWeight:       r.PrefillWeight,
-		G2Credit:            r.G2Credit,
-		G3Credit:            r.G3Credit,
-		PrefillLoadWeight:   r.PrefillLoadWeight,
-		DecodeWeight:        r.DecodeWeight,
-		RequestWeight:       r.RequestWeight,
-		WaitingWeight:       r.WaitingWeight,
-		Temperature:         r.Temperature,
-		BusyWaitingRequests: r.BusyWaitingRequests,
-		BusyKVUsage:         r.BusyKVUsage,
-		BusyPrefillTokens:   r.BusyPrefillTokens,
-		MetricsInterval:     r.MetricsInterval.D(),
-		MetricsMaxAge:       r.MetricsMaxAge.D(),
-		LoadExpiry:          r.LoadExpiry.D(),
-		Approximate: router.ApproxConfig{
-			TTL:         r.Approximate.TTL.D(),
-			BlockBudget: r.Approximate.BlockBudget,
-		},
-	}
 }
 
 // sessionsConfig maps the sessions config keys onto sessions.Config. The config says 0 for
@@ -254,7 +230,7 @@ func buildKV(ctx context.Context, cfg configs.Config, kvcfg router.KVConfig, reg
 	parts.deps = router.KVDeps{
 		Events: router.ManagerHealth(mgr),
 		Approx: router.NewApproxIndex(kvcfg.Approximate),
-		Load:   router.NewLoadTracker(kvcfg.LoadExpiry),
+		Load:   router.NewLoadTracker(kvcfg.LoadExpiry.D()),
 		Hints:  sm,
 	}
 	if subscribed > 0 {

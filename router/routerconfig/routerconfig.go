@@ -1,0 +1,166 @@
+// Package routerconfig holds the router package's configuration types (the knobs of the
+// KV-aware policies, load accounting, metrics scraping and approximate mode) with their
+// defaults and validation. It is a leaf: configs composes these types into the kvgate YAML
+// schema without importing the router itself; router re-exports them as KVConfig and
+// ApproxConfig.
+package routerconfig
+
+import (
+	"math"
+	"time"
+
+	"github.com/kvgate/kvgate/confval"
+)
+
+// KV holds every knob of the KV-aware policies (kv, kv_no_load), the gateway's load
+// accounting, the metrics scraper and the approximate (no-events) mode. Costs are measured in
+// KV blocks: one block of prompt the target would have to prefill weighs the same as one block
+// of load it already carries, scaled by the weights below. Default documents the defaults;
+// zero is a meaningful value of every field (Validate says which ones it rejects), never
+// "use the default": start from Default.
+type KV struct {
+	// PrefillWeight scales the uncached prompt blocks a target would have to prefill (default 1).
+	// Higher favours cache hits over balance; lower favours balance over cache hits.
+	PrefillWeight float64 `yaml:"prefill_weight"`
+	// G2Credit is the credit for a block resident in host memory beyond the GPU match (default
+	// 0.75): loading from host is cheaper than recomputing, not free. 1 treats it like a GPU hit.
+	G2Credit float64 `yaml:"g2_credit"`
+	// G3Credit is the credit for a block on disk beyond the GPU and host match (default 0.25).
+	// Higher trusts disk loads to be fast; lower treats them almost like a miss.
+	G3Credit float64 `yaml:"g3_credit"`
+	// PrefillLoadWeight scales the prompt tokens (in blocks) in flight on a target before their
+	// first token (default 1). Higher steers new prompts away from targets busy prefilling (TTFT);
+	// lower tolerates prefill queues for the sake of cache hits.
+	PrefillLoadWeight float64 `yaml:"prefill_load_weight"`
+	// DecodeWeight scales the KV blocks held by requests active on a target, counting the new
+	// request's own blocks not already held there (default 1). Higher balances KV memory and
+	// decode batch size; lower lets hot targets accumulate more sequences.
+	DecodeWeight float64 `yaml:"decode_weight"`
+	// RequestWeight is a cost in blocks per active request on a target (default 0). Raise it to
+	// balance request counts when requests are short and block counts say little.
+	RequestWeight float64 `yaml:"request_weight"`
+	// WaitingWeight is the cost in blocks of each request the worker reports waiting that the
+	// gateway did not send itself (other clients or gateways; default 32, a 512-token prompt at
+	// block size 16). Higher reacts more strongly to queues the gateway cannot see.
+	WaitingWeight float64 `yaml:"waiting_weight"`
+	// Temperature turns costs into a softmax draw over min-max normalised costs (default 0: always
+	// the lowest cost). Higher spreads load and explores at the price of some cache hits.
+	Temperature float64 `yaml:"temperature"`
+	// BusyWaitingRequests marks a target busy when its worker reports at least this many waiting
+	// requests (default 16; 0 disables). Busy targets are avoided while any other is not busy.
+	BusyWaitingRequests int `yaml:"busy_waiting_requests"`
+	// BusyKVUsage marks a target busy when its worker reports KV cache usage at or above this
+	// fraction (default 0.95; 0 disables). Lower keeps headroom against preemption.
+	BusyKVUsage float64 `yaml:"busy_kv_usage"`
+	// BusyPrefillTokens marks a target busy when the gateway has at least this many prompt tokens
+	// in flight to it before their first token (default 0: disabled). Bounds TTFT under bursts.
+	BusyPrefillTokens int `yaml:"busy_prefill_tokens"`
+	// MetricsInterval is how often each worker's /metrics is scraped to correct the gateway's own
+	// load view (default 1s). Shorter is fresher and costs more scrapes.
+	MetricsInterval confval.Duration `yaml:"metrics_interval"`
+	// MetricsMaxAge is how old a scrape may be and still count (default 5s); older readings are
+	// ignored so a dead scrape never pins a target as busy.
+	MetricsMaxAge confval.Duration `yaml:"metrics_max_age"`
+	// LoadExpiry force-releases load a request still holds after this long (default 1h): a safety
+	// net against a caller that never ends a handle. Must exceed the longest expected stream.
+	LoadExpiry confval.Duration `yaml:"load_expiry"`
+	// Approximate configures the cache prediction used for targets without a healthy event stream.
+	Approximate Approx `yaml:"approximate"`
+}
+
+// Approx configures approximate mode: the gateway assumes that the blocks it routed to a
+// target are resident there, until they expire or the target's block budget pushes them out.
+type Approx struct {
+	// TTL is how long routed blocks are assumed resident after their last use (default 120s, as
+	// Dynamo). Longer keeps affinity across idle gaps; shorter forgets evicted prefixes sooner.
+	TTL confval.Duration `yaml:"ttl"`
+	// BlockBudget is how many blocks per target are assumed resident at most, least recently used
+	// out first (default 16384). Set it near the worker's GPU block count (vllm:cache_config_info).
+	BlockBudget int `yaml:"block_budget"`
+}
+
+// Default returns the documented defaults.
+func Default() KV {
+	return KV{
+		PrefillWeight:       1,
+		G2Credit:            0.75,
+		G3Credit:            0.25,
+		PrefillLoadWeight:   1,
+		DecodeWeight:        1,
+		RequestWeight:       0,
+		WaitingWeight:       32,
+		Temperature:         0,
+		BusyWaitingRequests: 16,
+		BusyKVUsage:         0.95,
+		BusyPrefillTokens:   0,
+		MetricsInterval:     confval.Duration(time.Second),
+		MetricsMaxAge:       confval.Duration(5 * time.Second),
+		LoadExpiry:          confval.Duration(time.Hour),
+		Approximate: Approx{
+			TTL:         confval.Duration(120 * time.Second),
+			BlockBudget: 16384,
+		},
+	}
+}
+
+// Validate returns every invalid knob, each naming its YAML key relative to the section
+// ("decode_weight", "approximate.ttl"); configs prefixes them with "router.".
+func (c KV) Validate() error {
+	var p confval.Problems
+	weights := []struct {
+		key string
+		v   float64
+	}{
+		{"prefill_weight", c.PrefillWeight},
+		{"prefill_load_weight", c.PrefillLoadWeight},
+		{"decode_weight", c.DecodeWeight},
+		{"request_weight", c.RequestWeight},
+		{"waiting_weight", c.WaitingWeight},
+		{"temperature", c.Temperature},
+	}
+	for _, w := range weights {
+		if !(w.v >= 0) || math.IsInf(w.v, 0) {
+			p.Addf(w.key, "must be a finite number >= 0, got %v", w.v)
+		}
+	}
+	fractions := []struct {
+		key string
+		v   float64
+	}{
+		{"g2_credit", c.G2Credit},
+		{"g3_credit", c.G3Credit},
+		{"busy_kv_usage", c.BusyKVUsage},
+	}
+	for _, f := range fractions {
+		if !(f.v >= 0 && f.v <= 1) {
+			p.Addf(f.key, "must be between 0 and 1, got %v", f.v)
+		}
+	}
+	if c.BusyWaitingRequests < 0 {
+		p.Addf("busy_waiting_requests", "must be >= 0 (0 turns it off), got %d", c.BusyWaitingRequests)
+	}
+	if c.BusyPrefillTokens < 0 {
+		p.Addf("busy_prefill_tokens", "must be >= 0 (0 turns it off), got %d", c.BusyPrefillTokens)
+	}
+	durations := []struct {
+		key string
+		v   confval.Duration
+	}{
+		{"metrics_interval", c.MetricsInterval},
+		{"metrics_max_age", c.MetricsMaxAge},
+		{"load_expiry", c.LoadExpiry},
+		{"approximate.ttl", c.Approximate.TTL},
+	}
+	for _, d := range durations {
+		if d.v <= 0 {
+			p.Addf(d.key, "must be a positive duration, got %s", d.v)
+		}
+	}
+	if c.MetricsMaxAge > 0 && c.MetricsInterval > 0 && c.MetricsMaxAge < c.MetricsInterval {
+		p.Addf("metrics_max_age", "(%s) must be at least router.metrics_interval (%s), or every reading is stale before the next scrape", c.MetricsMaxAge, c.MetricsInterval)
+	}
+	if c.Approximate.BlockBudget < 1 {
+		p.Addf("approximate.block_budget", "must be at least 1 block, got %d", c.Approximate.BlockBudget)
+	}
+	return p.Err()
+}
