@@ -164,4 +164,3 @@ func (m *Manager) revDel(t workers.Target, n NodeRef, r sessRef) {
 	l.n--
 	byNode[n] = l
 }
-

@@ -160,4 +160,3 @@ func (m *Manager) lineageRoot(s *session) *session {
 	}
 	return s
 }
-

@@ -105,4 +105,3 @@ func (m *Manager) End(sessionID string) {
 		m.stats.closed.Add(1)
 	}
 }
-

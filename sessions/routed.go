@@ -174,4 +174,3 @@ func (m *Manager) reject(op, sessionID string, err error) {
 		m.log.Warn("session prefix update rejected", "op", op, "session", sessionID, "err", err, "rejected_total", n)
 	}
 }
-
