@@ -94,12 +94,13 @@ func BenchmarkMatchBeforeAfter(b *testing.B) {
 			var wg sync.WaitGroup
 			for range writers {
 				wg.Go(func() {
+					var cs ChangeSet
 					for {
 						select {
 						case <-stop:
 							return
 						default:
-							f.applyCycle(b)
+							f.applyCycle(b, &cs)
 						}
 					}
 				})

@@ -120,12 +120,13 @@ func newBenchFleetDepths(tb testing.TB, workersN int, depthOf func(int) int) *be
 	return f
 }
 
-// applyCycle applies one cycle of every worker's churn and returns the blocks in it.
-func (f *benchFleet) applyCycle(tb testing.TB) int {
+// applyCycle applies one cycle of every worker's churn, recording change sets into cs as the
+// subscribers do (nil: not recorded), and returns the blocks in it.
+func (f *benchFleet) applyCycle(tb testing.TB, cs *ChangeSet) int {
 	n := 0
 	for _, c := range f.churns {
 		for _, b := range c.batches {
-			if err := f.ix.Apply(c.target, b); err != nil {
+			if err := f.ix.ApplyTo(c.target, b, cs); err != nil {
 				tb.Error(err) // may run on a helper goroutine: no Fatal
 				return n
 			}
@@ -138,6 +139,7 @@ func (f *benchFleet) applyCycle(tb testing.TB) int {
 // BenchmarkApply: single-goroutine event application (blocks stored + removed per second),
 // alone and while another goroutine runs 8,192-block Matches.
 func BenchmarkApply(b *testing.B) {
+	b.ReportAllocs()
 	for _, tc := range benchCases() {
 		if tc.grouped {
 			continue // the query depths do not matter for application
@@ -160,9 +162,10 @@ func BenchmarkApply(b *testing.B) {
 				})
 			}
 			blocks := 0
+			var cs ChangeSet // reused, as each subscriber reuses its own
 			start := time.Now()
 			for b.Loop() {
-				blocks += f.applyCycle(b)
+				blocks += f.applyCycle(b, &cs)
 			}
 			el := time.Since(start)
 			close(stop)
@@ -191,12 +194,13 @@ func BenchmarkMatch(b *testing.B) {
 			var applied atomic.Int64
 			for range writers {
 				wg.Go(func() {
+					var cs ChangeSet
 					for {
 						select {
 						case <-stop:
 							return
 						default:
-							applied.Add(int64(f.applyCycle(b)))
+							applied.Add(int64(f.applyCycle(b, &cs)))
 						}
 					}
 				})

@@ -187,13 +187,13 @@ func TestRecoveredPrefixIsRemovable(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			l := &recListener{}
-			ix := NewIndex(Options{BlockSize: 4, Listener: l})
+			l := &recChanges{}
+			ix := NewIndex(Options{BlockSize: 4})
 			if err := ix.AddTarget(tg); err != nil {
 				t.Fatal(err)
 			}
 			noteRouted(ix, tg, p)
-			apply(t, ix, tg, &BlockStored{BlockHashes: exts(8003, 8004), ParentBlockHash: Some(IntHash(8002)),
+			l.apply(t, ix, tg, &BlockStored{BlockHashes: exts(8003, 8004), ParentBlockHash: Some(IntHash(8002)),
 				TokenIDs: p[12:20], BlockSize: 4, Medium: Some(MediumGPU)})
 			ts := ix.reg.Load().byTarget[tg]
 			if got := overlapOf(ix, tg, seq); got.G1 != 5 {
@@ -203,7 +203,7 @@ func TestRecoveredPrefixIsRemovable(t *testing.T) {
 				t.Fatalf("%d resident blocks after recovery, want 5", n)
 			}
 			if got := l.log[0]; got != "stored G1 5" {
-				t.Fatalf("listener heard %q, want the prefix, the parent and the run stored", got)
+				t.Fatalf("change set held %q, want the prefix, the parent and the run stored", got)
 			}
 			tc.remove(ix)
 			if got := overlapOf(ix, tg, seq); got.G1 != tc.wantG1 {

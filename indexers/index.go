@@ -62,32 +62,6 @@ type Options struct {
 	// remembers, whole prompts least recently routed out first, to recover the chain of a store
 	// whose parent is unknown. Default DefaultRoutedBlocks; negative disables.
 	RoutedBlocks int
-	// Listener, if set, hears every residency change after the index applied it (the sessions
-	// layer uses it to move session frontiers strictly after the physical index).
-	Listener Listener
-}
-
-// Listener hears residency changes of one target, in our block hashes, synchronously on the
-// applying goroutine; it must be quick.
-type Listener interface {
-	// BlocksStored reports blocks that became resident in tier t.
-	BlocksStored(target workers.Target, t Tier, hashes []uint64)
-	// BlocksRemoved reports blocks that stopped being resident in tier t.
-	BlocksRemoved(target workers.Target, t Tier, hashes []uint64)
-	// Cleared reports that the target's tiers were dropped (G1 only for AllBlocksCleared, all
-	// tiers for a reset).
-	Cleared(target workers.Target, allTiers bool)
-}
-
-// AttributedListener is a Listener that also hears each token-carrying store as a whole run:
-// all of its blocks in chain order (our hashes, whether or not they were already resident), our
-// hash of the run's parent (hasParent false when the run starts a prompt) and the session the
-// worker attributed it to (vLLM's BlockStored.session_id, "" when absent). The index calls it
-// right after BlocksStored, on the same goroutine; the sessions layer uses it to advance and
-// graft session frontiers strictly after the physical index applied the event.
-type AttributedListener interface {
-	Listener
-	BlocksStoredFrom(target workers.Target, t Tier, hashes []uint64, parent uint64, hasParent bool, sessionID string)
 }
 
 // Index is the tiered block index over all targets. Reads (Match, IsResidentG1, DeepestG1)
@@ -171,7 +145,14 @@ func (ix *Index) AddTarget(t workers.Target) error {
 }
 
 // RemoveTarget drops every block of t and frees its slot.
-func (ix *Index) RemoveTarget(t workers.Target) {
+func (ix *Index) RemoveTarget(t workers.Target) { ix.RemoveTargetTo(t, nil) }
+
+// RemoveTargetTo is RemoveTarget recording the change (an all-tier clear, if t was known) in cs
+// (nil: not recorded).
+func (ix *Index) RemoveTargetTo(t workers.Target, cs *ChangeSet) {
+	if cs != nil {
+		cs.reset(t)
+	}
 	ix.regMu.Lock()
 	defer ix.regMu.Unlock()
 	old := ix.reg.Load()
@@ -180,7 +161,9 @@ func (ix *Index) RemoveTarget(t workers.Target) {
 		return
 	}
 	ts.mu.Lock()
-	ts.resetLocked(true)
+	ts.cs = cs
+	ts.resetLocked()
+	ts.cs = nil
 	ts.mu.Unlock()
 	nr := &registry{byTarget: make(map[workers.Target]*targetState, len(old.byTarget)), bySlot: old.bySlot, live: old.live}
 	for k, v := range old.byTarget {
@@ -194,13 +177,26 @@ func (ix *Index) RemoveTarget(t workers.Target) {
 }
 
 // Apply applies one decoded batch to target t's state.
-func (ix *Index) Apply(t workers.Target, b *EventBatch) error {
+func (ix *Index) Apply(t workers.Target, b *EventBatch) error { return ix.ApplyTo(t, b, nil) }
+
+// ApplyTo applies one decoded batch to target t's state and records in cs (reset first; nil:
+// not recorded) every residency change it made, in order. The index calls nobody: the caller
+// hands cs on once ApplyTo returned (see ChangeConsumer).
+func (ix *Index) ApplyTo(t workers.Target, b *EventBatch, cs *ChangeSet) error {
+	if cs != nil {
+		cs.reset(t)
+	}
 	ts, err := ix.target(t)
 	if err != nil {
 		return err
 	}
 	ts.mu.Lock()
 	defer ts.mu.Unlock()
+	ts.cs = cs
+	defer func() { ts.cs = nil }()
+	if cs != nil {
+		defer cs.seal()
+	}
 	for _, ev := range b.Events {
 		switch e := ev.(type) {
 		case *BlockStored:
@@ -217,13 +213,21 @@ func (ix *Index) Apply(t workers.Target, b *EventBatch) error {
 
 // Reset drops everything the index holds for t (all tiers) and bumps its residency version:
 // used when the event stream can no longer be trusted (unrecoverable gap, restart).
-func (ix *Index) Reset(t workers.Target) {
+func (ix *Index) Reset(t workers.Target) { ix.ResetTo(t, nil) }
+
+// ResetTo is Reset recording the change (an all-tier clear) in cs (nil: not recorded).
+func (ix *Index) ResetTo(t workers.Target, cs *ChangeSet) {
+	if cs != nil {
+		cs.reset(t)
+	}
 	ts, err := ix.target(t)
 	if err != nil {
 		return
 	}
 	ts.mu.Lock()
-	ts.resetLocked(true)
+	ts.cs = cs
+	ts.resetLocked()
+	ts.cs = nil
 	ts.mu.Unlock()
 }
 

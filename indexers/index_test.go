@@ -96,22 +96,57 @@ func sliceOrNil(x [][]any, a, b int) [][]any {
 	return x[a:b]
 }
 
-type recListener struct{ log []string }
+// recChanges records the change sets of the index calls it makes, one line per change (runs
+// only as attrRun).
+type recChanges struct {
+	log  []string
+	runs []attrRun
+	cs   ChangeSet
+}
 
-func (r *recListener) BlocksStored(t workers.Target, tier Tier, h []uint64) {
-	r.log = append(r.log, "stored "+tier.String()+" "+itoa(len(h)))
+// attrRun is one ChangeStoredRun.
+type attrRun struct {
+	hashes    []uint64
+	parent    uint64
+	hasParent bool
+	session   string
 }
-func (r *recListener) BlocksRemoved(t workers.Target, tier Tier, h []uint64) {
-	r.log = append(r.log, "removed "+tier.String()+" "+itoa(len(h)))
+
+func (r *recChanges) IndexChanged(cs *ChangeSet) {
+	for _, c := range cs.Changes {
+		switch c.Kind {
+		case ChangeStored:
+			r.log = append(r.log, "stored "+c.Tier.String()+" "+itoa(len(c.Hashes)))
+		case ChangeRemoved:
+			r.log = append(r.log, "removed "+c.Tier.String()+" "+itoa(len(c.Hashes)))
+		case ChangeCleared:
+			r.log = append(r.log, map[bool]string{true: "reset", false: "cleared G1"}[c.AllTiers])
+		case ChangeStoredRun:
+			r.runs = append(r.runs, attrRun{append([]uint64(nil), c.Hashes...), c.Parent, c.HasParent, c.SessionID})
+		}
+	}
 }
-func (r *recListener) Cleared(t workers.Target, all bool) {
-	r.log = append(r.log, map[bool]string{true: "reset", false: "cleared G1"}[all])
+
+// apply applies evs through ApplyTo and records the change set.
+func (r *recChanges) apply(t *testing.T, ix *Index, tg workers.Target, evs ...Event) {
+	t.Helper()
+	if err := ix.ApplyTo(tg, &EventBatch{Events: evs}, &r.cs); err != nil {
+		t.Fatal(err)
+	}
+	r.IndexChanged(&r.cs)
 }
+
+// reset resets tg through ResetTo and records the change set.
+func (r *recChanges) reset(ix *Index, tg workers.Target) {
+	ix.ResetTo(tg, &r.cs)
+	r.IndexChanged(&r.cs)
+}
+
 func itoa(n int) string { return string(rune('0' + n)) }
 
 func TestTiersAndLifecycle(t *testing.T) {
-	rec := &recListener{}
-	ix := NewIndex(Options{BlockSize: 4, Listener: rec})
+	rec := &recChanges{}
+	ix := NewIndex(Options{BlockSize: 4})
 	a, b := workers.Target{Worker: "a"}, workers.Target{Worker: "b", DPRank: 1}
 	toks := seqTokens(16, 1)
 	q := tokenize.BlockHashes(toks, 4, tokenize.HashOptions{})
@@ -119,11 +154,11 @@ func TestTiersAndLifecycle(t *testing.T) {
 		return &BlockStored{BlockHashes: exts(hs...), TokenIDs: toks[:4*len(hs)], BlockSize: 4, Medium: Some(MediumGPU)}
 	}
 	// a: blocks 0-3 on GPU; b: the same prefix with its own opaque hashes.
-	apply(t, ix, a, gpu(a, 1, 2, 3, 4))
-	apply(t, ix, b, gpu(b, 91, 92))
+	rec.apply(t, ix, a, gpu(a, 1, 2, 3, 4))
+	rec.apply(t, ix, b, gpu(b, 91, 92))
 	// a offloads blocks 2,3 to CPU (token-less placeholders resolved through the GPU stores)
 	// and then evicts them from GPU; block 3 also goes to disk.
-	apply(t, ix, a, &BlockStored{BlockHashes: exts(3, 4), TokenIDs: []uint32{}, Medium: Some(MediumCPU)},
+	rec.apply(t, ix, a, &BlockStored{BlockHashes: exts(3, 4), TokenIDs: []uint32{}, Medium: Some(MediumCPU)},
 		&BlockRemoved{BlockHashes: exts(4), Medium: Some(MediumGPU)},
 		&BlockRemoved{BlockHashes: exts(3), Medium: Some(MediumGPU)},
 		&BlockStored{BlockHashes: exts(4), TokenIDs: []uint32{}, Medium: Some(MediumDisk)},
@@ -135,23 +170,23 @@ func TestTiersAndLifecycle(t *testing.T) {
 		t.Fatalf("b: %+v", o)
 	}
 	// Unknown media and remote locality are dropped (fail closed).
-	apply(t, ix, b, &BlockStored{BlockHashes: exts(93), ParentBlockHash: Some(IntHash(92)), TokenIDs: toks[8:12],
+	rec.apply(t, ix, b, &BlockStored{BlockHashes: exts(93), ParentBlockHash: Some(IntHash(92)), TokenIDs: toks[8:12],
 		BlockSize: 4, Medium: Some("OBJ")})
-	apply(t, ix, b, &BlockStored{BlockHashes: exts(93), ParentBlockHash: Some(IntHash(92)), TokenIDs: toks[8:12],
+	rec.apply(t, ix, b, &BlockStored{BlockHashes: exts(93), ParentBlockHash: Some(IntHash(92)), TokenIDs: toks[8:12],
 		BlockSize: 4, Medium: Some(MediumDisk), Locality: Some("REMOTE")})
 	// Duplicate store of the same hash: one removal keeps it resident.
-	apply(t, ix, b, gpu(b, 91))
-	apply(t, ix, b, &BlockRemoved{BlockHashes: exts(91), Medium: Some(MediumGPU)})
+	rec.apply(t, ix, b, gpu(b, 91))
+	rec.apply(t, ix, b, &BlockRemoved{BlockHashes: exts(91), Medium: Some(MediumGPU)})
 	if !ix.IsResidentG1(b, q[0]) {
 		t.Fatal("ref-counted block dropped after one of two removals")
 	}
 	// A store whose parent was never seen is dropped and counted.
-	apply(t, ix, b, &BlockStored{BlockHashes: exts(99), ParentBlockHash: Some(IntHash(4242)), TokenIDs: toks[:4],
+	rec.apply(t, ix, b, &BlockStored{BlockHashes: exts(99), ParentBlockHash: Some(IntHash(4242)), TokenIDs: toks[:4],
 		BlockSize: 4, Medium: Some(MediumGPU)})
 	// Sliding-window group stores are ignored, and so are that group's removals.
-	apply(t, ix, b, &BlockStored{BlockHashes: exts(91), TokenIDs: toks[:4], BlockSize: 4, Medium: Some(MediumGPU),
+	rec.apply(t, ix, b, &BlockStored{BlockHashes: exts(91), TokenIDs: toks[:4], BlockSize: 4, Medium: Some(MediumGPU),
 		GroupIdx: Some[int64](1), KVCacheSpecKind: Some("sliding_window")})
-	apply(t, ix, b, &BlockRemoved{BlockHashes: exts(91), Medium: Some(MediumGPU), GroupIdx: Some[int64](1)})
+	rec.apply(t, ix, b, &BlockRemoved{BlockHashes: exts(91), Medium: Some(MediumGPU), GroupIdx: Some[int64](1)})
 	if !ix.IsResidentG1(b, q[0]) {
 		t.Fatal("a sliding-window removal evicted an attention block")
 	}
@@ -163,7 +198,7 @@ func TestTiersAndLifecycle(t *testing.T) {
 	}
 	// AllBlocksCleared drops a's GPU tier only; b is untouched.
 	v := ix.ResidencyVersion(a)
-	apply(t, ix, a, &AllBlocksCleared{})
+	rec.apply(t, ix, a, &AllBlocksCleared{})
 	if o := overlapOf(ix, a, q); o.G1 != 0 || o.G2 != 0 || o.G3 != 0 {
 		// block 0 left GPU, so nothing leads from block 0 any more
 		t.Fatalf("a after clear: %+v", o)
@@ -175,12 +210,13 @@ func TestTiersAndLifecycle(t *testing.T) {
 	if tsA.resident[G2].Load() != 1 || tsA.resident[G3].Load() != 1 || tsA.resident[G1].Load() != 0 {
 		t.Fatalf("a resident per tier after clear: %d %d %d", tsA.resident[G1].Load(), tsA.resident[G2].Load(), tsA.resident[G3].Load())
 	}
-	ix.Reset(a)
+	rec.reset(ix, a)
 	if tsA.blocks() != 0 || len(tsA.ext) != 0 {
 		t.Fatal("reset left state behind")
 	}
 	// Removing b frees its slot; a new target reusing the slot starts empty.
-	ix.RemoveTarget(b)
+	ix.RemoveTargetTo(b, &rec.cs)
+	rec.IndexChanged(&rec.cs)
 	c := workers.Target{Worker: "c"}
 	if err := ix.AddTarget(c); err != nil {
 		t.Fatal(err)
@@ -191,7 +227,7 @@ func TestTiersAndLifecycle(t *testing.T) {
 	want := []string{"stored G1 4", "stored G1 2", "stored G2 2", "removed G1 1", "removed G1 1", "stored G3 1",
 		"removed G2 1", "cleared G1", "reset", "reset"}
 	if !slices.Equal(rec.log, want) {
-		t.Fatalf("listener saw %q\nwant %q", rec.log, want)
+		t.Fatalf("change sets held %q\nwant %q", rec.log, want)
 	}
 }
 
@@ -366,33 +402,16 @@ func TestPlaceholderAfterEviction(t *testing.T) {
 	}
 }
 
-// attrListener records the attributed form of each store.
-type attrListener struct {
-	recListener
-	runs []attrRun
-}
-
-type attrRun struct {
-	hashes    []uint64
-	parent    uint64
-	hasParent bool
-	session   string
-}
-
-func (r *attrListener) BlocksStoredFrom(_ workers.Target, _ Tier, h []uint64, parent uint64, hasParent bool, s string) {
-	r.runs = append(r.runs, attrRun{append([]uint64(nil), h...), parent, hasParent, s})
-}
-
-// Every token-carrying store reaches an AttributedListener as its whole run in our chained
-// hashes, with our parent hash and the worker's session_id — also when the blocks were already
+// Every token-carrying store reaches the change set as its whole run in our chained hashes,
+// with our parent hash and the worker's session_id — also when the blocks were already
 // resident (a second session storing the same prefix still advances its own frontier).
-func TestAttributedListener(t *testing.T) {
-	rec := &attrListener{}
-	ix := NewIndex(Options{BlockSize: 4, Listener: rec})
+func TestStoredRuns(t *testing.T) {
+	rec := &recChanges{}
+	ix := NewIndex(Options{BlockSize: 4})
 	a := workers.Target{Worker: "a"}
 	toks := seqTokens(16, 1)
 	q := tokenize.BlockHashes(toks, 4, tokenize.HashOptions{})
-	apply(t, ix, a,
+	rec.apply(t, ix, a,
 		&BlockStored{BlockHashes: exts(1, 2), TokenIDs: toks[:8], BlockSize: 4, Medium: Some(MediumGPU), SessionID: Some("root")},
 		&BlockStored{BlockHashes: exts(3, 4), ParentBlockHash: Some(IntHash(2)), TokenIDs: toks[8:16], BlockSize: 4,
 			Medium: Some(MediumGPU), SessionID: Some("kid")},

@@ -109,7 +109,11 @@ func (m *Manager) StartCollector(ctx context.Context, cfg CollectorConfig) error
 	c := &collectorFeed{cfg: cfg, byTopic: map[string]map[int]*Subscriber{}, done: make(chan struct{})}
 	c.state.Store(StateConnecting)
 	subs := make([]*Subscriber, 0, len(cfg.Targets))
+	consumer := m.getConsumer()
 	for _, tc := range cfg.Targets {
+		if tc.Consumer == nil {
+			tc.Consumer = consumer
+		}
 		if err := m.ix.AddTarget(tc.Target); err != nil {
 			return err
 		}

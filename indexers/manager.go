@@ -23,6 +23,7 @@ type Manager struct {
 	log  *slog.Logger
 
 	mu         sync.Mutex
+	consumer   ChangeConsumer // set by SetConsumer, copied into every subscription
 	subs       map[workers.Target]*running
 	collectors []*collectorFeed
 	wg         sync.WaitGroup
@@ -70,6 +71,21 @@ func NewManager(ix *Index, log *slog.Logger) (*Manager, error) {
 		log = slog.Default()
 	}
 	return &Manager{ix: ix, zctx: zctx, log: log, subs: map[workers.Target]*running{}}, nil
+}
+
+// SetConsumer makes c hear every change the subscriptions (and Stop with forget) make to the
+// index, after the index released its lock. Call it before the first Start: subscriptions
+// started earlier keep the consumer they had.
+func (m *Manager) SetConsumer(c ChangeConsumer) {
+	m.mu.Lock()
+	m.consumer = c
+	m.mu.Unlock()
+}
+
+func (m *Manager) getConsumer() ChangeConsumer {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.consumer
 }
 
 // Index returns the index the subscriptions feed.
@@ -128,6 +144,9 @@ func (m *Manager) Start(ctx context.Context, cfg SubscriberConfig) error {
 		return err
 	}
 	m.Stop(cfg.Target, false)
+	if cfg.Consumer == nil {
+		cfg.Consumer = m.getConsumer()
+	}
 	sctx, cancel := context.WithCancel(ctx)
 	r := &running{sub: NewSubscriber(m.zctx, m.ix, cfg, m.log), cancel: cancel, done: make(chan struct{})}
 	m.mu.Lock()
@@ -159,7 +178,15 @@ func (m *Manager) Stop(t workers.Target, forget bool) {
 		<-r.done
 	}
 	if forget {
-		m.ix.RemoveTarget(t)
+		if c := m.getConsumer(); c != nil {
+			var cs ChangeSet
+			m.ix.RemoveTargetTo(t, &cs)
+			if !cs.Empty() {
+				c.IndexChanged(&cs)
+			}
+		} else {
+			m.ix.RemoveTarget(t)
+		}
 	}
 }
 

@@ -52,6 +52,9 @@ type SubscriberConfig struct {
 	SettleTime time.Duration
 	// SettleBatches, when > 0, also leaves approximate mode after that many applied batches.
 	SettleBatches uint64
+	// Consumer, if set, hears every change set the subscriber's index updates made, after the
+	// index released its lock (Manager sets it from Manager.SetConsumer).
+	Consumer ChangeConsumer
 }
 
 // DefaultMaxMsgSize is the default ZMQ_MAXMSGSIZE of the KV-event sockets (64 MiB).
@@ -138,6 +141,7 @@ type Subscriber struct {
 	seq            *Sequencer
 	dealer         *zmq.Socket
 	replayDeadline time.Time // of the replay request in flight; zero = none
+	changes        ChangeSet // reused for every apply and reset, handed to cfg.Consumer
 	join           joinState
 	monitors       int // monitor sockets opened, for unique inproc addresses
 }
@@ -401,7 +405,8 @@ func (s *Subscriber) sendReplay(from uint64) {
 }
 
 func (s *Subscriber) resetTarget(reason string) {
-	s.ix.Reset(s.cfg.Target)
+	s.ix.ResetTo(s.cfg.Target, s.changeSet())
+	s.handChanges()
 	switch reason {
 	case ResetGap:
 		s.stats.resetsGap.Add(1)
@@ -439,15 +444,32 @@ func (s *Subscriber) apply(seq uint64, payload []byte) (cleared bool) {
 	if b.DPRank.Set && b.DPRank.V != int64(s.cfg.Target.DPRank) {
 		s.stats.rankMismatch.Add(1)
 	}
-	if err := s.ix.Apply(s.cfg.Target, b); err != nil {
+	if err := s.ix.ApplyTo(s.cfg.Target, b, s.changeSet()); err != nil {
 		s.limiter.log(s.log, "apply", err)
 	}
+	s.handChanges()
 	for _, ev := range b.Events {
 		if _, ok := ev.(*AllBlocksCleared); ok {
 			cleared = true
 		}
 	}
 	return cleared
+}
+
+// changeSet returns the scratch change set to record into, nil when nobody consumes it.
+func (s *Subscriber) changeSet() *ChangeSet {
+	if s.cfg.Consumer == nil {
+		return nil
+	}
+	return &s.changes
+}
+
+// handChanges passes the last recorded change set to the consumer; the index lock is released
+// by now, so the consumer may take its own locks and read (or even write) the index.
+func (s *Subscriber) handChanges() {
+	if s.cfg.Consumer != nil && !s.changes.Empty() {
+		s.cfg.Consumer.IndexChanged(&s.changes)
+	}
 }
 
 // logLimiter logs a kind of problem at most once per interval, with the suppressed count.

@@ -65,9 +65,11 @@ type targetState struct {
 	lowerTiers bool
 	buf        []byte
 	keys       []uint64
-	out        [numTiers][]uint64 // listener scratch
-	run        []uint64           // listener scratch: a store's whole run in chain order
-	locals     []uint64           // scratch: a store's local block hashes
+	out        [numTiers][]uint64 // scratch: blocks that became resident or left, per tier
+	run        []uint64           // scratch: a store's whole run in chain order
+	// cs records the changes of the ApplyTo/ResetTo in progress (nil: none), under mu.
+	cs     *ChangeSet
+	locals []uint64 // scratch: a store's local block hashes
 
 	// routedQ (own lock, written by request goroutines) and routed (under mu) remember recently
 	// routed prompts for chain recovery; anchors are the parents placed by recovery (see
@@ -228,13 +230,12 @@ func (ts *targetState) applyStored(e *BlockStored) {
 	}
 	ts.out[tier], ts.run = stored, run
 	ts.stats.blocks[kindStored][tier].Add(int64(len(e.BlockHashes)))
-	if l := ts.ix.opt.Listener; l != nil {
+	if cs := ts.cs; cs != nil {
 		if len(stored) > 0 {
-			l.BlocksStored(ts.target, tier, stored)
+			cs.add(Change{Kind: ChangeStored, Tier: tier}, stored)
 		}
-		if al, ok := l.(AttributedListener); ok {
-			al.BlocksStoredFrom(ts.target, tier, run, runParent, hasParent, e.SessionID.V)
-		}
+		cs.add(Change{Kind: ChangeStoredRun, Tier: tier, Parent: runParent, HasParent: hasParent,
+			SessionID: e.SessionID.V}, run)
 	}
 }
 
@@ -345,8 +346,8 @@ func (ts *targetState) storeTokenless(e *BlockStored, tier Tier) {
 	}
 	ts.out[tier] = stored
 	ts.stats.blocks[kindStored][tier].Add(int64(len(e.BlockHashes)))
-	if l := ts.ix.opt.Listener; l != nil && len(stored) > 0 {
-		l.BlocksStored(ts.target, tier, stored)
+	if cs := ts.cs; cs != nil && len(stored) > 0 {
+		cs.add(Change{Kind: ChangeStored, Tier: tier}, stored)
 	}
 }
 
@@ -523,8 +524,8 @@ func (ts *targetState) applyRemoved(e *BlockRemoved) {
 	}
 	ts.out[tier] = removed
 	ts.version.Add(1)
-	if l := ts.ix.opt.Listener; l != nil && len(removed) > 0 {
-		l.BlocksRemoved(ts.target, tier, removed)
+	if cs := ts.cs; cs != nil && len(removed) > 0 {
+		cs.add(Change{Kind: ChangeRemoved, Tier: tier}, removed)
 	}
 }
 
@@ -553,13 +554,13 @@ func (ts *targetState) clearTier(tier Tier) {
 		}
 	}
 	ts.version.Add(1)
-	if l := ts.ix.opt.Listener; l != nil {
-		l.Cleared(ts.target, false)
+	if cs := ts.cs; cs != nil {
+		cs.add(Change{Kind: ChangeCleared, Tier: tier}, nil)
 	}
 }
 
 // resetLocked forgets the target entirely (all tiers).
-func (ts *targetState) resetLocked(notify bool) {
+func (ts *targetState) resetLocked() {
 	for _, i := range ts.byOur {
 		if m := ts.slab[i].memberMask(); m != 0 {
 			ts.ix.setBits(ts.slab[i].our, ts.slot, m, false)
@@ -574,7 +575,8 @@ func (ts *targetState) resetLocked(notify bool) {
 	}
 	ts.version.Add(1)
 	ts.stats.resets.Add(1)
-	if l := ts.ix.opt.Listener; l != nil && notify {
-		l.Cleared(ts.target, true)
+	if cs := ts.cs; cs != nil {
+		cs.add(Change{Kind: ChangeCleared, AllTiers: true}, nil)
+		cs.seal()
 	}
 }

@@ -130,7 +130,10 @@ func (m *Manager) Debug(sessionID string, withLineage bool) (SessionView, bool) 
 		}
 	}
 	v.Hints = []HintView{}
-	for _, h := range m.hintsLocked(s.id, s.parent) {
+	m.hints.mu.RLock() // the lock order allows it: m.mu, then the hint table's
+	hs := m.hintsLocked(s.id, s.parent)
+	m.hints.mu.RUnlock()
+	for _, h := range hs {
 		v.Hints = append(v.Hints, HintView(h))
 	}
 	return v, true

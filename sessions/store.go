@@ -118,7 +118,8 @@ func (m *Manager) getOrCreate(id string, implicit bool, protect sessRef) (*sessi
 		created: now, lastSeen: now}
 	m.byID[id] = slot
 	m.pushFront(slot)
-	m.stats.SessionsCreated++
+	m.markDirty(sessRef{slot: slot, gen: gen})
+	m.stats.created.Add(1)
 	return s, sessRef{slot: slot, gen: gen}
 }
 
@@ -168,7 +169,7 @@ func (m *Manager) evictLRU(protect sessRef) bool {
 		return false
 	}
 	m.release(slot)
-	m.stats.SessionsEvicted++
+	m.stats.evicted.Add(1)
 	return true
 }
 
@@ -182,6 +183,7 @@ func (m *Manager) release(slot uint32) {
 	m.clearPending(s)
 	m.unlink(slot)
 	delete(m.byID, s.id)
+	m.gone = append(m.gone, s.id)
 	gen := s.gen + 1
 	*s = session{gen: gen, prev: nilSlot, next: nilSlot}
 	m.freeSess = append(m.freeSess, slot)

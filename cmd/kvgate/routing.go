@@ -149,20 +149,20 @@ func buildKV(ctx context.Context, cfg configs.Config, kvcfg router.KVConfig, reg
 	}
 	log.Info("tokenizer loaded", "dir", cfg.Tokenizer, "took", time.Since(start).Round(time.Millisecond))
 
-	// The index tells the sessions layer about every applied event, strictly after applying it;
-	// the sessions layer reads the index for its route-time updates. The feed is wired before
-	// any subscription starts, so no event can miss it.
-	feed := &sessionFeed{}
-	ix := indexers.NewIndex(indexers.Options{BlockSize: cfg.BlockSize, Listener: feed})
+	// The subscriptions hand the sessions layer every change set the index applied, strictly
+	// after applying it and after releasing the index's lock; the sessions layer reads the index
+	// for its route-time updates. The feed is wired before any subscription starts, so no event
+	// can miss it.
+	ix := indexers.NewIndex(indexers.Options{BlockSize: cfg.BlockSize})
 	sm, err := sessions.New(sessionsConfig(cfg.Sessions), ix, log)
 	if err != nil {
 		return nil, fmt.Errorf("sessions: %w", err)
 	}
-	feed.m = sm
 	mgr, err := indexers.NewManager(ix, log)
 	if err != nil {
 		return nil, err
 	}
+	mgr.SetConsumer(&sessionFeed{m: sm})
 	parts := &kvParts{sessions: sm, events: mgr, close: func() {
 		if err := mgr.Close(); err != nil {
 			log.Warn("closing KV-event subscriptions", "err", err)
@@ -277,15 +277,28 @@ func scrapeClient(cfg configs.Config, reg *workers.Registry) *http.Client {
 }
 
 // sessionFeed passes the index's residency changes to the session manager. It runs on the
-// subscriber goroutine that applied the event, after the index applied it
-// (indexers.AttributedListener).
+// subscriber goroutine that applied the event, after the index applied it and released its
+// lock (indexers.ChangeConsumer).
 type sessionFeed struct{ m *sessions.Manager }
 
-var _ indexers.AttributedListener = (*sessionFeed)(nil)
+var _ indexers.ChangeConsumer = (*sessionFeed)(nil)
 
-// BlocksStored is not forwarded: BlocksStoredFrom, called right after it for the same event,
-// carries the whole run with its parent and session, which the session manager needs.
-func (f *sessionFeed) BlocksStored(workers.Target, indexers.Tier, []uint64) {}
+// IndexChanged replays one change set, in order, into the session manager.
+func (f *sessionFeed) IndexChanged(cs *indexers.ChangeSet) {
+	for i := range cs.Changes {
+		c := &cs.Changes[i]
+		switch c.Kind {
+		case indexers.ChangeStoredRun:
+			f.BlocksStoredFrom(cs.Target, c.Tier, c.Hashes, c.Parent, c.HasParent, c.SessionID)
+		case indexers.ChangeRemoved:
+			f.BlocksRemoved(cs.Target, c.Tier, c.Hashes)
+		case indexers.ChangeCleared:
+			f.Cleared(cs.Target, c.AllTiers)
+		}
+		// ChangeStored is not forwarded: the ChangeStoredRun that follows it for the same event
+		// carries the whole run with its parent and session, which the session manager needs.
+	}
+}
 
 // BlocksStoredFrom hears each token-carrying store as a whole run: the blocks in chain order
 // (our hashes), our hash of the parent block (hasParent false for block 0 of a prompt) and the

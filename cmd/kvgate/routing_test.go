@@ -110,5 +110,32 @@ func TestSessionFeed(t *testing.T) {
 			t.Fatalf("%s: frontier depth %d, want %d", st.name, got, st.want)
 		}
 	}
-	feed.BlocksStored(tgt, indexers.G1, []uint64{1}) // unattributed: not forwarded, must not panic
+}
+
+// The feed replays a real change set of the index in order: a session's GPU store advances its
+// frontier, the reset that follows drops it.
+func TestSessionFeedChangeSet(t *testing.T) {
+	ix := indexers.NewIndex(indexers.Options{BlockSize: 4})
+	sm, err := sessions.New(sessions.Config{}, ix, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	feed := &sessionFeed{m: sm}
+	tgt := workers.Target{Worker: "http://w:1"}
+	sm.Observe(sessions.Identity{SessionID: "s"})
+	var cs indexers.ChangeSet
+	store := &indexers.BlockStored{BlockHashes: []indexers.BlockHash{indexers.IntHash(1), indexers.IntHash(2)},
+		TokenIDs: []uint32{1, 2, 3, 4, 5, 6, 7, 8}, BlockSize: 4, SessionID: indexers.Some("s")}
+	if err := ix.ApplyTo(tgt, &indexers.EventBatch{Events: []indexers.Event{store}}, &cs); err != nil {
+		t.Fatal(err)
+	}
+	feed.IndexChanged(&cs)
+	if fr := sm.Frontiers("s"); len(fr) != 1 || fr[0].Depth != 2 {
+		t.Fatalf("after the store: frontiers %+v, want one of depth 2", fr)
+	}
+	ix.ResetTo(tgt, &cs)
+	feed.IndexChanged(&cs)
+	if fr := sm.Frontiers("s"); len(fr) != 0 {
+		t.Fatalf("after the reset: frontiers %+v, want none", fr)
+	}
 }
