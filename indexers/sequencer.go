@@ -1,8 +1,9 @@
 package indexers
 
 import (
-	"hash/fnv"
 	"time"
+
+	"github.com/zeebo/xxh3"
 )
 
 // The sequencer is the pure part of following one worker+rank's event stream: it decides, from
@@ -199,11 +200,10 @@ func (q *Sequencer) Mode() (string, string) { return q.mode, q.modeReason }
 // Replaying reports whether a replay exchange is under way.
 func (q *Sequencer) Replaying() bool { return q.x.active }
 
-func digest(p []byte) uint64 {
-	h := fnv.New64a()
-	_, _ = h.Write(p)
-	return h.Sum64()
-}
+// digest fingerprints a batch's payload, to tell the same engine's batch from a restarted
+// engine's batch under the same number. It runs on every applied batch: xxh3, not a
+// byte-at-a-time hash.
+func digest(p []byte) uint64 { return xxh3.Hash(p) }
 
 // after reports a > b in sequence space (modulo 2^64: a is less than 2^63 ahead of b).
 func after(a, b uint64) bool { return a != b && a-b < 1<<63 }
