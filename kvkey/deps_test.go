@@ -33,8 +33,9 @@ func moduleDeps(t *testing.T, root, dir string) map[string]bool {
 	return seen
 }
 
-// The package table in docs/ARCHITECTURE.md: kvkey is a leaf, and the event index depends on
-// it instead of the tokenizer (whose Jinja engine it has no use for) or the worker registry.
+// The package table in docs/ARCHITECTURE.md: kvkey is a leaf; the event index and the sessions
+// layer depend on it instead of the tokenizer (whose Jinja engine they have no use for) or the
+// worker registry, and sessions does not import the index (it declares Residency).
 func TestImportBoundaries(t *testing.T) {
 	tests := []struct {
 		pkg       string
@@ -42,6 +43,7 @@ func TestImportBoundaries(t *testing.T) {
 	}{
 		{"kvkey", []string{""}},
 		{"indexers", []string{"tokenize", "workers", "configs"}},
+		{"sessions", []string{"indexers", "tokenize", "workers", "configs"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.pkg, func(t *testing.T) {
