@@ -6,12 +6,14 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/kvgate/kvgate/kvkey"
 )
 
 // matchBefore is Match as it was before the word-wise bisection rewrite (sets passed and
 // compared by value) and the reusable result slice, kept only so BenchmarkMatchBeforeAfter can
 // measure both in one run.
-func matchBefore(ix *Index, hashes []uint64) []Overlap {
+func matchBefore(ix *Index, hashes []kvkey.BlockHash) []Overlap {
 	reg := ix.reg.Load()
 	depth := matchBeforeDepths(ix, hashes)
 	var out []Overlap
@@ -27,7 +29,7 @@ func matchBefore(ix *Index, hashes []uint64) []Overlap {
 	return out
 }
 
-func matchBeforeDepths(ix *Index, hashes []uint64) *[numTiers][MaxTargets]int32 {
+func matchBeforeDepths(ix *Index, hashes []kvkey.BlockHash) *[numTiers][MaxTargets]int32 {
 	reg := ix.reg.Load()
 	var m beforeMatcher
 	m.ix, m.h = ix, hashes
@@ -49,13 +51,13 @@ func matchBeforeDepths(ix *Index, hashes []uint64) *[numTiers][MaxTargets]int32 
 
 type beforeMatcher struct {
 	ix    *Index
-	h     []uint64
+	h     []kvkey.BlockHash
 	all   [numTiers]tset
 	depth [numTiers][MaxTargets]int32
 }
 
 func (m *beforeMatcher) f(i int) [numTiers]tset {
-	e := m.ix.lookup(m.h[i])
+	e := m.ix.lookup(uint64(m.h[i]))
 	return [numTiers]tset{e.in[0].and(m.all[0]), e.in[1].and(m.all[1]), e.in[2].and(m.all[2])}
 }
 

@@ -12,8 +12,7 @@ import (
 
 	"github.com/vmihailenco/msgpack/v5"
 
-	"github.com/kvgate/kvgate/tokenize"
-	"github.com/kvgate/kvgate/workers"
+	"github.com/kvgate/kvgate/kvkey"
 )
 
 const benchBS = 16
@@ -23,7 +22,7 @@ const benchBS = 16
 // evicts them one BlockRemoved per block, like vLLM (vllm/v1/core/block_pool.py). Cycling the
 // stream returns the index to the same state, so it can be replayed for any b.N.
 type churn struct {
-	target  workers.Target
+	target  kvkey.Target
 	batches []*EventBatch
 	blocks  int // blocks per cycle (stored + removed)
 }
@@ -36,15 +35,15 @@ func randTokens(r *rand.Rand, n int) []uint32 {
 	return t
 }
 
-func extHashes(r *rand.Rand, n int) []BlockHash {
-	out := make([]BlockHash, n)
+func extHashes(r *rand.Rand, n int) []WireHash {
+	out := make([]WireHash, n)
 	for i := range out {
 		out[i] = IntHash(r.Uint64())
 	}
 	return out
 }
 
-func newChurn(r *rand.Rand, t workers.Target, system []uint32, requests, uniqueBlocks, decodeBlocks int) (*churn, []*EventBatch) {
+func newChurn(r *rand.Rand, t kvkey.Target, system []uint32, requests, uniqueBlocks, decodeBlocks int) (*churn, []*EventBatch) {
 	c := &churn{target: t}
 	sysHashes := extHashes(r, len(system)/benchBS)
 	setup := []*EventBatch{{Events: []Event{&BlockStored{BlockHashes: sysHashes, TokenIDs: system,
@@ -76,7 +75,7 @@ func newChurn(r *rand.Rand, t workers.Target, system []uint32, requests, uniqueB
 // 8,192-block (128k-token) query at a different depth, plus a churn stream each.
 type benchFleet struct {
 	ix     *Index
-	query  []uint64
+	query  []kvkey.BlockHash
 	churns []*churn
 }
 
@@ -91,10 +90,10 @@ func newBenchFleetDepths(tb testing.TB, workersN int, depthOf func(int) int) *be
 	f := &benchFleet{ix: NewIndex(Options{BlockSize: benchBS})}
 	system := randTokens(r, 128*benchBS)
 	qtoks := append(slices.Clone(system), randTokens(r, (8192-128)*benchBS)...)
-	f.query = tokenize.BlockHashes(qtoks, benchBS, tokenize.HashOptions{})
+	f.query = kvkey.BlockHashes(qtoks, benchBS, kvkey.HashOptions{})
 	qext := extHashes(r, 8192)
 	for w := range workersN {
-		t := workers.Target{Worker: fmt.Sprintf("http://worker-%02d:8000", w/2), DPRank: w % 2}
+		t := kvkey.Target{Worker: fmt.Sprintf("http://worker-%02d:8000", w/2), DPRank: w % 2}
 		c, setup := newChurn(r, t, system, 8, 32, 4)
 		// Query prefix: depth from 0 to 8192 in steps; stored as prefill chunks of 512 blocks.
 		depth := depthOf(w)
@@ -240,8 +239,8 @@ func BenchmarkMemoryPerBlock(b *testing.B) {
 		var m0, m1 runtime.MemStats
 		runtime.ReadMemStats(&m0)
 		ix := NewIndex(Options{BlockSize: benchBS})
-		t := workers.Target{Worker: "w"}
-		var parent Opt[BlockHash]
+		t := kvkey.Target{Worker: "w"}
+		var parent Opt[WireHash]
 		for s := 0; s < n; s += 1000 {
 			_ = ix.Apply(t, &EventBatch{Events: []Event{&BlockStored{BlockHashes: hs[s : s+1000], ParentBlockHash: parent,
 				TokenIDs: toks[s*benchBS : (s+1000)*benchBS], BlockSize: benchBS}}})

@@ -6,8 +6,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/kvgate/kvgate/tokenize"
-	"github.com/kvgate/kvgate/workers"
+	"github.com/kvgate/kvgate/kvkey"
 )
 
 // TestParentZeroIsRoot: llm-d-inference-sim writes the root block's parent_block_hash as integer
@@ -45,7 +44,7 @@ func TestParentZeroIsRoot(t *testing.T) {
 				t.Fatalf("parent 0 decoded as set (%d)", p.V.U)
 			}
 			ix := NewIndex(Options{BlockSize: 4})
-			tg := workers.Target{Worker: "sim"}
+			tg := kvkey.Target{Worker: "sim"}
 			if err := ix.Apply(tg, b); err != nil {
 				t.Fatal(err)
 			}
@@ -53,7 +52,7 @@ func TestParentZeroIsRoot(t *testing.T) {
 			if n := ts.stats.drops[dropParentNotFound].Load(); n != 0 {
 				t.Fatalf("%d blocks dropped as parent_not_found", n)
 			}
-			if got := overlapOf(ix, tg, tokenize.BlockHashes(toks, 4, tokenize.HashOptions{})); got.G1 != 3 {
+			if got := overlapOf(ix, tg, kvkey.BlockHashes(toks, 4, kvkey.HashOptions{})); got.G1 != 3 {
 				t.Fatalf("matched %d of 3 blocks", got.G1)
 			}
 		})
@@ -61,12 +60,12 @@ func TestParentZeroIsRoot(t *testing.T) {
 }
 
 // routedPromptOf returns the local and sequence hashes of toks in blocks of 4.
-func routedPromptOf(toks []uint32) (local, seq []uint64) {
-	local = tokenize.LocalHashes(toks, 4, tokenize.HashOptions{})
-	return local, tokenize.SequenceHashes(local)
+func routedPromptOf(toks []uint32) (local []uint64, seq []kvkey.BlockHash) {
+	local = kvkey.LocalHashes(toks, 4, kvkey.HashOptions{})
+	return local, kvkey.SequenceHashes(local)
 }
 
-func noteRouted(ix *Index, tg workers.Target, toks []uint32) {
+func noteRouted(ix *Index, tg kvkey.Target, toks []uint32) {
 	local, seq := routedPromptOf(toks)
 	ix.NoteRouted(tg, local, seq)
 }
@@ -87,8 +86,8 @@ func TestChainRecovery(t *testing.T) {
 	sys := seqTokens(4, 5000)
 	a := append(append(seqTokens(4, 7000), sys...), seqTokens(4, 100)...) // [A0, sys, p0]
 	b := append(append(seqTokens(4, 8000), sys...), seqTokens(4, 200)...) // [B0, sys, x]
-	tg := workers.Target{Worker: "w"}
-	other := workers.Target{Worker: "other"}
+	tg := kvkey.Target{Worker: "w"}
+	other := kvkey.Target{Worker: "other"}
 	// The store: blocks 3 and 4 of p, parent = block 2 under a worker hash the index never saw.
 	storeP34 := &BlockStored{BlockHashes: exts(9003, 9004), ParentBlockHash: Some(IntHash(9002)),
 		TokenIDs: p[12:20], BlockSize: 4, Medium: Some(MediumGPU)}
@@ -118,7 +117,7 @@ func TestChainRecovery(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			ix := NewIndex(Options{BlockSize: 4})
-			for _, x := range []workers.Target{tg, other} {
+			for _, x := range []kvkey.Target{tg, other} {
 				if err := ix.AddTarget(x); err != nil {
 					t.Fatal(err)
 				}
@@ -165,7 +164,7 @@ func TestChainRecovery(t *testing.T) {
 func TestRecoveredPrefixIsRemovable(t *testing.T) {
 	p := seqTokens(5*4, 300)
 	_, seq := routedPromptOf(p)
-	tg := workers.Target{Worker: "w"}
+	tg := kvkey.Target{Worker: "w"}
 	tests := []struct {
 		name           string
 		remove         func(ix *Index)
@@ -244,7 +243,7 @@ func checkOrphans(t *testing.T, ts *targetState) {
 // map entry per remembered block at most; a prompt routed again is kept.
 func TestRoutedMemoryBound(t *testing.T) {
 	const budget = 12 // three prompts of 4 blocks
-	tg := workers.Target{Worker: "w"}
+	tg := kvkey.Target{Worker: "w"}
 	prompts := make([][]uint32, 10)
 	for i := range prompts {
 		prompts[i] = seqTokens(4*4, uint32(1000*(i+1)))
@@ -304,7 +303,7 @@ func TestRoutedMemoryBound(t *testing.T) {
 // TestNoteRoutedConcurrentWithApply: request goroutines note routed prompts while the event
 // goroutine applies stores that need recovery and removals (run with -race).
 func TestNoteRoutedConcurrentWithApply(t *testing.T) {
-	tg := workers.Target{Worker: "w"}
+	tg := kvkey.Target{Worker: "w"}
 	ix := NewIndex(Options{BlockSize: 4, RoutedBlocks: 256})
 	if err := ix.AddTarget(tg); err != nil {
 		t.Fatal(err)
@@ -364,7 +363,7 @@ func TestRecoveryMetrics(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer m.Close()
-	tg := workers.Target{Worker: "http://w:8000"}
+	tg := kvkey.Target{Worker: "http://w:8000"}
 	if err := ix.AddTarget(tg); err != nil {
 		t.Fatal(err)
 	}
@@ -403,19 +402,23 @@ func TestRecoveryMetrics(t *testing.T) {
 // BenchmarkNoteRouted measures the request-side cost of remembering a routed 2,048-block prompt.
 func BenchmarkNoteRouted(b *testing.B) {
 	ix := NewIndex(Options{BlockSize: 16})
-	tg := workers.Target{Worker: "w"}
+	tg := kvkey.Target{Worker: "w"}
 	if err := ix.AddTarget(tg); err != nil {
 		b.Fatal(err)
 	}
-	prompts := make([][2][]uint64, 16)
+	type prompt struct {
+		local []uint64
+		seq   []kvkey.BlockHash
+	}
+	prompts := make([]prompt, 16)
 	for i := range prompts {
-		l := tokenize.LocalHashes(seqTokens(2048*16, uint32(i)<<20), 16, tokenize.HashOptions{})
-		prompts[i] = [2][]uint64{l, tokenize.SequenceHashes(l)}
+		l := kvkey.LocalHashes(seqTokens(2048*16, uint32(i)<<20), 16, kvkey.HashOptions{})
+		prompts[i] = prompt{l, kvkey.SequenceHashes(l)}
 	}
 	b.ReportAllocs()
 	b.ResetTimer()
 	for i := range b.N {
 		p := prompts[i%len(prompts)]
-		ix.NoteRouted(tg, p[0], p[1])
+		ix.NoteRouted(tg, p.local, p.seq)
 	}
 }

@@ -1,6 +1,6 @@
 package indexers
 
-import "github.com/kvgate/kvgate/workers"
+import "github.com/kvgate/kvgate/kvkey"
 
 // ChangeKind says what one Change reports.
 type ChangeKind uint8
@@ -41,7 +41,7 @@ type Change struct {
 // index's lock. Reusing one ChangeSet per goroutine keeps recording allocation-free once its
 // buffers have grown.
 type ChangeSet struct {
-	Target  workers.Target
+	Target  kvkey.Target
 	Changes []Change
 	hashes  []uint64
 }
@@ -58,7 +58,7 @@ type ChangeConsumer interface {
 const maxRetainedHashes = 1 << 16
 
 // reset empties the set for target t, keeping its buffers.
-func (cs *ChangeSet) reset(t workers.Target) {
+func (cs *ChangeSet) reset(t kvkey.Target) {
 	cs.Target = t
 	clear(cs.Changes) // drop session id strings
 	cs.Changes = cs.Changes[:0]

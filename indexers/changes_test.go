@@ -5,15 +5,14 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvgate/kvgate/tokenize"
-	"github.com/kvgate/kvgate/workers"
+	"github.com/kvgate/kvgate/kvkey"
 )
 
 // reentrantConsumer reads and writes the index it hears from, from inside IndexChanged: that
 // deadlocks if the index still holds the target's lock while the consumer runs.
 type reentrantConsumer struct {
 	ix    *Index
-	q     []uint64
+	q     []kvkey.BlockHash
 	calls int
 	kinds []ChangeKind
 }
@@ -24,7 +23,7 @@ func (c *reentrantConsumer) IndexChanged(cs *ChangeSet) {
 		c.kinds = append(c.kinds, ch.Kind)
 	}
 	_ = c.ix.Match(c.q)
-	_ = c.ix.DeepestG1(cs.Target, c.q)
+	_ = c.ix.DeepestG1(cs.Target, raw(c.q))
 	// A write on the same target takes its lock; an empty batch changes nothing.
 	_ = c.ix.Apply(cs.Target, &EventBatch{})
 }
@@ -34,9 +33,9 @@ func (c *reentrantConsumer) IndexChanged(cs *ChangeSet) {
 // batches and resets alike.
 func TestConsumerCalledOutsideIndexLock(t *testing.T) {
 	ix := NewIndex(Options{BlockSize: 4})
-	tg := workers.Target{Worker: "http://w1"}
+	tg := kvkey.Target{Worker: "http://w1"}
 	toks := seqTokens(8, 1)
-	c := &reentrantConsumer{ix: ix, q: tokenize.BlockHashes(toks, 4, tokenize.HashOptions{})}
+	c := &reentrantConsumer{ix: ix, q: kvkey.BlockHashes(toks, 4, kvkey.HashOptions{})}
 	s := NewSubscriber(nil, ix, SubscriberConfig{Target: tg, Consumer: c}, quietLog())
 	payload := func(evs ...Event) []byte {
 		p, err := EncodeBatch(&EventBatch{TS: 1, Events: evs}, EncodeOptions{})
@@ -81,18 +80,18 @@ func TestConsumerCalledOutsideIndexLock(t *testing.T) {
 // A ChangeSet reused for many batches keeps each batch's hashes apart, and an unrecorded apply
 // (nil set) changes the index exactly like a recorded one.
 func TestChangeSetReuse(t *testing.T) {
-	tg := workers.Target{Worker: "a"}
+	tg := kvkey.Target{Worker: "a"}
 	toks := seqTokens(16, 3)
-	q := tokenize.BlockHashes(toks, 4, tokenize.HashOptions{})
+	q := kvkey.BlockHashes(toks, 4, kvkey.HashOptions{})
 	batches := []*EventBatch{
 		{Events: []Event{&BlockStored{BlockHashes: exts(1, 2), TokenIDs: toks[:8], BlockSize: 4, SessionID: Some("s")}}},
 		{Events: []Event{&BlockStored{BlockHashes: exts(3, 4), ParentBlockHash: Some(IntHash(2)), TokenIDs: toks[8:], BlockSize: 4},
 			&BlockRemoved{BlockHashes: exts(4, 3)}}},
 	}
 	want := [][]Change{
-		{{Kind: ChangeStored, Hashes: q[:2]}, {Kind: ChangeStoredRun, Hashes: q[:2], SessionID: "s"}},
-		{{Kind: ChangeStored, Hashes: q[2:]}, {Kind: ChangeStoredRun, Hashes: q[2:], Parent: q[1], HasParent: true},
-			{Kind: ChangeRemoved, Hashes: []uint64{q[3], q[2]}}},
+		{{Kind: ChangeStored, Hashes: raw(q[:2])}, {Kind: ChangeStoredRun, Hashes: raw(q[:2]), SessionID: "s"}},
+		{{Kind: ChangeStored, Hashes: raw(q[2:])}, {Kind: ChangeStoredRun, Hashes: raw(q[2:]), Parent: uint64(q[1]), HasParent: true},
+			{Kind: ChangeRemoved, Hashes: raw([]kvkey.BlockHash{q[3], q[2]})}},
 	}
 	recorded, plain := NewIndex(Options{BlockSize: 4}), NewIndex(Options{BlockSize: 4})
 	var cs ChangeSet
@@ -134,9 +133,9 @@ func equalU64(a, b []uint64) bool {
 // Recording change sets while routers match concurrently is race-free.
 func TestApplyToConcurrentMatch(t *testing.T) {
 	ix := NewIndex(Options{BlockSize: 4})
-	tg := workers.Target{Worker: "a"}
+	tg := kvkey.Target{Worker: "a"}
 	toks := seqTokens(16, 5)
-	q := tokenize.BlockHashes(toks, 4, tokenize.HashOptions{})
+	q := kvkey.BlockHashes(toks, 4, kvkey.HashOptions{})
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	for range 2 {
@@ -149,7 +148,7 @@ func TestApplyToConcurrentMatch(t *testing.T) {
 					return
 				default:
 					_ = ix.Match(q)
-					_ = ix.DeepestG1(tg, q)
+					_ = ix.DeepestG1(tg, raw(q))
 				}
 			}
 		}()

@@ -197,29 +197,29 @@ func (r *reader) optStr() (Opt[string], error) {
 }
 
 // hash reads an int (any width or sign) or a bytes/str hash; ok is false for other types.
-func (r *reader) hash() (BlockHash, bool, error) {
+func (r *reader) hash() (WireHash, bool, error) {
 	switch r.kind() {
 	case kInt:
 		u, neg, err := r.intVal()
-		return BlockHash{U: u, Neg: neg}, true, err
+		return WireHash{U: u, Neg: neg}, true, err
 	case kBin, kStr:
 		b, err := r.bytesVal()
 		return BytesHash(append([]byte(nil), b...)), true, err
 	}
-	return BlockHash{}, false, r.skip(1)
+	return WireHash{}, false, r.skip(1)
 }
 
-func (r *reader) optHash() (Opt[BlockHash], bool, error) {
+func (r *reader) optHash() (Opt[WireHash], bool, error) {
 	if r.kind() == kNil {
 		r.p++
-		return Opt[BlockHash]{}, true, nil
+		return Opt[WireHash]{}, true, nil
 	}
 	h, ok, err := r.hash()
-	return Opt[BlockHash]{V: h, Set: ok}, ok, err
+	return Opt[WireHash]{V: h, Set: ok}, ok, err
 }
 
 // hashList reads an array of hashes; nil reads as empty. ok is false on any non-hash element.
-func (r *reader) hashList() ([]BlockHash, bool, error) {
+func (r *reader) hashList() ([]WireHash, bool, error) {
 	switch r.kind() {
 	case kNil:
 		r.p++
@@ -232,11 +232,11 @@ func (r *reader) hashList() ([]BlockHash, bool, error) {
 	if err != nil {
 		return nil, false, err
 	}
-	out := make([]BlockHash, n)
+	out := make([]WireHash, n)
 	ok := true
 	for i := range out {
 		if b := r.b[r.p:]; len(b) >= 9 && b[0] == 0xcf { // the common 64-bit hash
-			out[i] = BlockHash{U: binary.BigEndian.Uint64(b[1:9])}
+			out[i] = WireHash{U: binary.BigEndian.Uint64(b[1:9])}
 			r.p += 9
 			continue
 		}
@@ -474,7 +474,7 @@ func (s *BlockStored) readField(r *reader, k string, ok *bool) error {
 			// Integer 0 means "no parent": llm-d-inference-sim writes the root block's parent as
 			// 0 rather than nil, and llm-d's kvcache indexer reads it so
 			// (llm-d-kv-cache pkg/kvevents/pool.go, processEventBatch: ParentHash != 0).
-			s.ParentBlockHash = Opt[BlockHash]{}
+			s.ParentBlockHash = Opt[WireHash]{}
 		}
 	case "token_ids":
 		s.TokenIDs, *ok, err = r.tokenList()

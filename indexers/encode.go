@@ -193,7 +193,7 @@ func (w *writer) arrayHdr(n int) {
 	}
 }
 
-func (w *writer) hash(h BlockHash) {
+func (w *writer) hash(h WireHash) {
 	switch {
 	case h.Raw != nil:
 		w.bin(h.Raw)
@@ -208,14 +208,14 @@ func (w *writer) hash(h BlockHash) {
 	}
 }
 
-func (w *writer) hashes(hs []BlockHash) {
+func (w *writer) hashes(hs []WireHash) {
 	w.arrayHdr(len(hs))
 	for _, h := range hs {
 		w.hash(h)
 	}
 }
 
-func (w *writer) optHash(o Opt[BlockHash]) {
+func (w *writer) optHash(o Opt[WireHash]) {
 	if !o.Set {
 		w.nil()
 		return

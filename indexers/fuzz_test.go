@@ -32,7 +32,7 @@ func FuzzDecodeBatch(f *testing.F) {
 }
 
 func TestEncodeBytesHashes(t *testing.T) {
-	b := oneEvent(&BlockRemoved{BlockHashes: []BlockHash{IntHash(0x0102030405060708)}, Medium: Some(MediumGPU)}, Some[int64](0))
+	b := oneEvent(&BlockRemoved{BlockHashes: []WireHash{IntHash(0x0102030405060708)}, Medium: Some(MediumGPU)}, Some[int64](0))
 	enc, err := EncodeBatch(b, EncodeOptions{BytesHashes: true})
 	if err != nil {
 		t.Fatal(err)

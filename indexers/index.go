@@ -7,7 +7,7 @@ import (
 	"sync"
 	"sync/atomic"
 
-	"github.com/kvgate/kvgate/workers"
+	"github.com/kvgate/kvgate/kvkey"
 )
 
 // MaxTargets is how many worker+rank targets one Index can hold (a fixed-width bitset per block
@@ -75,7 +75,7 @@ type Index struct {
 }
 
 type registry struct {
-	byTarget map[workers.Target]*targetState
+	byTarget map[kvkey.Target]*targetState
 	bySlot   [MaxTargets]*targetState
 	live     tset
 }
@@ -95,7 +95,7 @@ func NewIndex(opt Options) *Index {
 		opt.RoutedBlocks = DefaultRoutedBlocks
 	}
 	ix := &Index{opt: opt, table: newRWTable()}
-	ix.reg.Store(&registry{byTarget: map[workers.Target]*targetState{}})
+	ix.reg.Store(&registry{byTarget: map[kvkey.Target]*targetState{}})
 	return ix
 }
 
@@ -106,7 +106,7 @@ func (ix *Index) lookup(h uint64) gentry { return ix.table.get(h) }
 func (ix *Index) setBits(h uint64, slot int, mask uint8, on bool) { ix.table.update(h, slot, mask, on) }
 
 // target returns (registering if needed) the state of t.
-func (ix *Index) target(t workers.Target) (*targetState, error) {
+func (ix *Index) target(t kvkey.Target) (*targetState, error) {
 	if ts := ix.reg.Load().byTarget[t]; ts != nil {
 		return ts, nil
 	}
@@ -127,7 +127,7 @@ func (ix *Index) target(t workers.Target) (*targetState, error) {
 		return nil, fmt.Errorf("%w: %s would exceed %d", ErrTooManyTargets, t, MaxTargets)
 	}
 	ts := newTargetState(ix, t, slot)
-	nr := &registry{byTarget: make(map[workers.Target]*targetState, len(old.byTarget)+1), bySlot: old.bySlot, live: old.live}
+	nr := &registry{byTarget: make(map[kvkey.Target]*targetState, len(old.byTarget)+1), bySlot: old.bySlot, live: old.live}
 	for k, v := range old.byTarget {
 		nr.byTarget[k] = v
 	}
@@ -139,17 +139,17 @@ func (ix *Index) target(t workers.Target) (*targetState, error) {
 }
 
 // AddTarget registers a target ahead of its first event (so it shows up in Snapshot).
-func (ix *Index) AddTarget(t workers.Target) error {
+func (ix *Index) AddTarget(t kvkey.Target) error {
 	_, err := ix.target(t)
 	return err
 }
 
 // RemoveTarget drops every block of t and frees its slot.
-func (ix *Index) RemoveTarget(t workers.Target) { ix.RemoveTargetTo(t, nil) }
+func (ix *Index) RemoveTarget(t kvkey.Target) { ix.RemoveTargetTo(t, nil) }
 
 // RemoveTargetTo is RemoveTarget recording the change (an all-tier clear, if t was known) in cs
 // (nil: not recorded).
-func (ix *Index) RemoveTargetTo(t workers.Target, cs *ChangeSet) {
+func (ix *Index) RemoveTargetTo(t kvkey.Target, cs *ChangeSet) {
 	if cs != nil {
 		cs.reset(t)
 	}
@@ -165,7 +165,7 @@ func (ix *Index) RemoveTargetTo(t workers.Target, cs *ChangeSet) {
 	ts.resetLocked()
 	ts.cs = nil
 	ts.mu.Unlock()
-	nr := &registry{byTarget: make(map[workers.Target]*targetState, len(old.byTarget)), bySlot: old.bySlot, live: old.live}
+	nr := &registry{byTarget: make(map[kvkey.Target]*targetState, len(old.byTarget)), bySlot: old.bySlot, live: old.live}
 	for k, v := range old.byTarget {
 		if k != t {
 			nr.byTarget[k] = v
@@ -177,12 +177,12 @@ func (ix *Index) RemoveTargetTo(t workers.Target, cs *ChangeSet) {
 }
 
 // Apply applies one decoded batch to target t's state.
-func (ix *Index) Apply(t workers.Target, b *EventBatch) error { return ix.ApplyTo(t, b, nil) }
+func (ix *Index) Apply(t kvkey.Target, b *EventBatch) error { return ix.ApplyTo(t, b, nil) }
 
 // ApplyTo applies one decoded batch to target t's state and records in cs (reset first; nil:
 // not recorded) every residency change it made, in order. The index calls nobody: the caller
 // hands cs on once ApplyTo returned (see ChangeConsumer).
-func (ix *Index) ApplyTo(t workers.Target, b *EventBatch, cs *ChangeSet) error {
+func (ix *Index) ApplyTo(t kvkey.Target, b *EventBatch, cs *ChangeSet) error {
 	if cs != nil {
 		cs.reset(t)
 	}
@@ -213,10 +213,10 @@ func (ix *Index) ApplyTo(t workers.Target, b *EventBatch, cs *ChangeSet) error {
 
 // Reset drops everything the index holds for t (all tiers) and bumps its residency version:
 // used when the event stream can no longer be trusted (unrecoverable gap, restart).
-func (ix *Index) Reset(t workers.Target) { ix.ResetTo(t, nil) }
+func (ix *Index) Reset(t kvkey.Target) { ix.ResetTo(t, nil) }
 
 // ResetTo is Reset recording the change (an all-tier clear) in cs (nil: not recorded).
-func (ix *Index) ResetTo(t workers.Target, cs *ChangeSet) {
+func (ix *Index) ResetTo(t kvkey.Target, cs *ChangeSet) {
 	if cs != nil {
 		cs.reset(t)
 	}
@@ -233,7 +233,7 @@ func (ix *Index) ResetTo(t workers.Target, cs *ChangeSet) {
 
 // ResidencyVersion returns t's residency version, which increases on every applied removal,
 // clear and reset (0 for an unknown target).
-func (ix *Index) ResidencyVersion(t workers.Target) uint64 {
+func (ix *Index) ResidencyVersion(t kvkey.Target) uint64 {
 	if ts := ix.reg.Load().byTarget[t]; ts != nil {
 		return ts.version.Load()
 	}

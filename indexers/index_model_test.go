@@ -6,8 +6,7 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/kvgate/kvgate/tokenize"
-	"github.com/kvgate/kvgate/workers"
+	"github.com/kvgate/kvgate/kvkey"
 )
 
 const modelBS = 4
@@ -16,8 +15,8 @@ const modelBS = 4
 // reference counts per tier, and a naive linear Match.
 type modelWorld struct {
 	docs    [][]uint32 // token sequences sharing prefixes
-	hashes  [][]uint64 // request-side chained hashes of each doc
-	targets []workers.Target
+	hashes  [][]uint64 // request-side chained hashes of each doc (bare, as the model keys them)
+	targets []kvkey.Target
 	ext     []map[uint64]*modelExt
 	// removed: worker hashes whose last reference went away → our hash, once the target has
 	// shown a lower tier (lower); the index remembers far more than a walk removes, so the model
@@ -43,10 +42,10 @@ func newModelWorld(r *rand.Rand, nTargets int) *modelWorld {
 			toks = append(toks, uint32(r.IntN(50)))
 		}
 		w.docs = append(w.docs, toks)
-		w.hashes = append(w.hashes, tokenize.BlockHashes(toks, modelBS, tokenize.HashOptions{}))
+		w.hashes = append(w.hashes, raw(kvkey.BlockHashes(toks, modelBS, kvkey.HashOptions{})))
 	}
 	for i := range nTargets {
-		w.targets = append(w.targets, workers.Target{Worker: fmt.Sprintf("http://w%d", i/2), DPRank: i % 2})
+		w.targets = append(w.targets, kvkey.Target{Worker: fmt.Sprintf("http://w%d", i/2), DPRank: i % 2})
 		w.ext = append(w.ext, map[uint64]*modelExt{})
 		w.removed = append(w.removed, map[uint64]uint64{})
 		w.lower = append(w.lower, false)
@@ -130,11 +129,11 @@ func (w *modelWorld) step(r *rand.Rand, ti int) Event {
 							w.removed[ti][x] = e.our
 						}
 					}
-					return &BlockRemoved{BlockHashes: []BlockHash{IntHash(x)}, Medium: Some(tierMedium[t])}
+					return &BlockRemoved{BlockHashes: []WireHash{IntHash(x)}, Medium: Some(tierMedium[t])}
 				}
 			}
 		}
-		return &BlockRemoved{BlockHashes: []BlockHash{IntHash(12345)}}
+		return &BlockRemoved{BlockHashes: []WireHash{IntHash(12345)}}
 	case op < 19:
 		for x, e := range m {
 			if w.lower[ti] && e.refs[G1] > 0 && e.refs == [numTiers]int{G1: e.refs[G1]} {
@@ -221,8 +220,8 @@ func (w *modelWorld) check(t *testing.T, ix *Index, step int, r *rand.Rand) {
 	t.Helper()
 	for d, hs := range w.hashes {
 		q := hs[:1+r.IntN(len(hs))]
-		got := map[workers.Target]Overlap{}
-		for _, o := range ix.Match(q) {
+		got := map[kvkey.Target]Overlap{}
+		for _, o := range ix.Match(typed(q)) {
 			got[o.Target] = o
 		}
 		for ti, tg := range w.targets {
@@ -301,7 +300,7 @@ func TestConcurrentReadersUnderWrites(t *testing.T) {
 		default:
 		}
 		for _, hs := range w.hashes {
-			for _, o := range ix.Match(hs) {
+			for _, o := range ix.Match(typed(hs)) {
 				if o.G1 < 0 || o.G2 < 0 || o.G3 < 0 || o.G1+o.G2+o.G3 > len(hs) {
 					t.Fatalf("malformed overlap %+v for %d blocks", o, len(hs))
 				}

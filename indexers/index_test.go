@@ -9,8 +9,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/kvgate/kvgate/tokenize"
-	"github.com/kvgate/kvgate/workers"
+	"github.com/kvgate/kvgate/kvkey"
 )
 
 func seqTokens(n int, base uint32) []uint32 {
@@ -21,22 +20,40 @@ func seqTokens(n int, base uint32) []uint32 {
 	return t
 }
 
-func exts(vs ...uint64) []BlockHash {
-	out := make([]BlockHash, len(vs))
+func exts(vs ...uint64) []WireHash {
+	out := make([]WireHash, len(vs))
 	for i, v := range vs {
 		out[i] = IntHash(v)
 	}
 	return out
 }
 
-func apply(t *testing.T, ix *Index, tg workers.Target, evs ...Event) {
+func apply(t *testing.T, ix *Index, tg kvkey.Target, evs ...Event) {
 	t.Helper()
 	if err := ix.Apply(tg, &EventBatch{Events: evs}); err != nil {
 		t.Fatal(err)
 	}
 }
 
-func overlapOf(ix *Index, tg workers.Target, q []uint64) Overlap {
+// raw returns block hashes as the bare uint64s that DeepestG1, IsResidentG1 and ChangeSets use.
+func raw(q []kvkey.BlockHash) []uint64 {
+	out := make([]uint64, len(q))
+	for i, h := range q {
+		out[i] = uint64(h)
+	}
+	return out
+}
+
+// typed returns bare uint64 hashes as the block hashes Match takes.
+func typed(q []uint64) []kvkey.BlockHash {
+	out := make([]kvkey.BlockHash, len(q))
+	for i, h := range q {
+		out[i] = kvkey.BlockHash(h)
+	}
+	return out
+}
+
+func overlapOf(ix *Index, tg kvkey.Target, q []kvkey.BlockHash) Overlap {
 	for _, o := range ix.Match(q) {
 		if o.Target == tg {
 			return o
@@ -45,7 +62,7 @@ func overlapOf(ix *Index, tg workers.Target, q []uint64) Overlap {
 	return Overlap{Target: tg}
 }
 
-// Event-side hashes must equal request-side tokenize.BlockHashes for the same request options
+// Event-side hashes must equal request-side kvkey.BlockHashes for the same request options
 // (docs/ARCHITECTURE.md, "Block hashes"): LoRA via the seed (its name also leads extra_keys,
 // vllm/v1/core/kv_cache_utils.py generate_block_hash_extra_keys), cache_salt as an
 // extra key of block 0, multimodal identifiers as extra keys of the blocks they cover.
@@ -54,34 +71,34 @@ func TestEventHashesMeetRequestHashes(t *testing.T) {
 	salt := strings.Repeat("ab", 32) // 64 hex digits
 	tests := []struct {
 		name  string
-		opt   tokenize.HashOptions
+		opt   kvkey.HashOptions
 		lora  Opt[string]
 		extra [][]any
 	}{
-		{"plain text", tokenize.HashOptions{}, Opt[string]{}, [][]any{nil, nil, nil, nil}},
-		{"no extra_keys field", tokenize.HashOptions{}, Opt[string]{}, nil},
-		{"cache salt", tokenize.HashOptions{CacheSalt: "tenant-a"}, Opt[string]{}, [][]any{{"tenant-a"}, nil, nil, nil}},
-		{"hex salt", tokenize.HashOptions{CacheSalt: salt}, Opt[string]{}, [][]any{{salt}, nil, nil, nil}},
-		{"lora + salt", tokenize.HashOptions{LoRAName: "sql-lora", CacheSalt: "tenant-a"}, Some("sql-lora"),
+		{"plain text", kvkey.HashOptions{}, Opt[string]{}, [][]any{nil, nil, nil, nil}},
+		{"no extra_keys field", kvkey.HashOptions{}, Opt[string]{}, nil},
+		{"cache salt", kvkey.HashOptions{CacheSalt: "tenant-a"}, Opt[string]{}, [][]any{{"tenant-a"}, nil, nil, nil}},
+		{"hex salt", kvkey.HashOptions{CacheSalt: salt}, Opt[string]{}, [][]any{{salt}, nil, nil, nil}},
+		{"lora + salt", kvkey.HashOptions{LoRAName: "sql-lora", CacheSalt: "tenant-a"}, Some("sql-lora"),
 			[][]any{{"sql-lora", "tenant-a"}, {"sql-lora"}, {"sql-lora"}, {"sql-lora"}}},
-		{"multimodal (id, offset) on blocks 1-2", tokenize.HashOptions{ExtraKeys: map[int][]uint64{
-			1: {tokenize.ExtraKeyHash("mm-hash-abc")}, 2: {tokenize.ExtraKeyHash("mm-hash-abc")}}}, Opt[string]{},
+		{"multimodal (id, offset) on blocks 1-2", kvkey.HashOptions{ExtraKeys: map[int][]uint64{
+			1: {kvkey.ExtraKeyHash("mm-hash-abc")}, 2: {kvkey.ExtraKeyHash("mm-hash-abc")}}}, Opt[string]{},
 			[][]any{nil, {[]any{"mm-hash-abc", int64(5)}}, {[]any{"mm-hash-abc", int64(-11)}}, nil}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			ix := NewIndex(Options{BlockSize: 16})
-			tg := workers.Target{Worker: "w"}
+			tg := kvkey.Target{Worker: "w"}
 			apply(t, ix, tg, &BlockStored{BlockHashes: exts(11, 12), TokenIDs: toks[:32], BlockSize: 16,
 				LoRAName: tc.lora, ExtraKeys: sliceOrNil(tc.extra, 0, 2), Medium: Some(MediumGPU)})
 			apply(t, ix, tg, &BlockStored{BlockHashes: exts(13, 14), ParentBlockHash: Some(IntHash(12)),
 				TokenIDs: toks[32:], BlockSize: 16, LoRAName: tc.lora, ExtraKeys: sliceOrNil(tc.extra, 2, 4),
 				Medium: Some(MediumGPU)})
-			want := tokenize.BlockHashes(toks, 16, tc.opt)
+			want := kvkey.BlockHashes(toks, 16, tc.opt)
 			if got := overlapOf(ix, tg, want); got.G1 != 4 {
 				t.Fatalf("request-side hashes matched %d of 4 blocks", got.G1)
 			}
-			other := tokenize.BlockHashes(toks, 16, tokenize.HashOptions{CacheSalt: "someone-else"})
+			other := kvkey.BlockHashes(toks, 16, kvkey.HashOptions{CacheSalt: "someone-else"})
 			if got := overlapOf(ix, tg, other); got.G1 != 0 {
 				t.Fatalf("a differently salted request matched %d blocks", got.G1)
 			}
@@ -128,7 +145,7 @@ func (r *recChanges) IndexChanged(cs *ChangeSet) {
 }
 
 // apply applies evs through ApplyTo and records the change set.
-func (r *recChanges) apply(t *testing.T, ix *Index, tg workers.Target, evs ...Event) {
+func (r *recChanges) apply(t *testing.T, ix *Index, tg kvkey.Target, evs ...Event) {
 	t.Helper()
 	if err := ix.ApplyTo(tg, &EventBatch{Events: evs}, &r.cs); err != nil {
 		t.Fatal(err)
@@ -137,7 +154,7 @@ func (r *recChanges) apply(t *testing.T, ix *Index, tg workers.Target, evs ...Ev
 }
 
 // reset resets tg through ResetTo and records the change set.
-func (r *recChanges) reset(ix *Index, tg workers.Target) {
+func (r *recChanges) reset(ix *Index, tg kvkey.Target) {
 	ix.ResetTo(tg, &r.cs)
 	r.IndexChanged(&r.cs)
 }
@@ -147,10 +164,10 @@ func itoa(n int) string { return string(rune('0' + n)) }
 func TestTiersAndLifecycle(t *testing.T) {
 	rec := &recChanges{}
 	ix := NewIndex(Options{BlockSize: 4})
-	a, b := workers.Target{Worker: "a"}, workers.Target{Worker: "b", DPRank: 1}
+	a, b := kvkey.Target{Worker: "a"}, kvkey.Target{Worker: "b", DPRank: 1}
 	toks := seqTokens(16, 1)
-	q := tokenize.BlockHashes(toks, 4, tokenize.HashOptions{})
-	gpu := func(tg workers.Target, hs ...uint64) Event {
+	q := kvkey.BlockHashes(toks, 4, kvkey.HashOptions{})
+	gpu := func(tg kvkey.Target, hs ...uint64) Event {
 		return &BlockStored{BlockHashes: exts(hs...), TokenIDs: toks[:4*len(hs)], BlockSize: 4, Medium: Some(MediumGPU)}
 	}
 	// a: blocks 0-3 on GPU; b: the same prefix with its own opaque hashes.
@@ -177,7 +194,7 @@ func TestTiersAndLifecycle(t *testing.T) {
 	// Duplicate store of the same hash: one removal keeps it resident.
 	rec.apply(t, ix, b, gpu(b, 91))
 	rec.apply(t, ix, b, &BlockRemoved{BlockHashes: exts(91), Medium: Some(MediumGPU)})
-	if !ix.IsResidentG1(b, q[0]) {
+	if !ix.IsResidentG1(b, uint64(q[0])) {
 		t.Fatal("ref-counted block dropped after one of two removals")
 	}
 	// A store whose parent was never seen is dropped and counted.
@@ -187,7 +204,7 @@ func TestTiersAndLifecycle(t *testing.T) {
 	rec.apply(t, ix, b, &BlockStored{BlockHashes: exts(91), TokenIDs: toks[:4], BlockSize: 4, Medium: Some(MediumGPU),
 		GroupIdx: Some[int64](1), KVCacheSpecKind: Some("sliding_window")})
 	rec.apply(t, ix, b, &BlockRemoved{BlockHashes: exts(91), Medium: Some(MediumGPU), GroupIdx: Some[int64](1)})
-	if !ix.IsResidentG1(b, q[0]) {
+	if !ix.IsResidentG1(b, uint64(q[0])) {
 		t.Fatal("a sliding-window removal evicted an attention block")
 	}
 	tsB := ix.reg.Load().byTarget[b]
@@ -203,7 +220,7 @@ func TestTiersAndLifecycle(t *testing.T) {
 		// block 0 left GPU, so nothing leads from block 0 any more
 		t.Fatalf("a after clear: %+v", o)
 	}
-	if !ix.IsResidentG1(b, q[1]) || ix.ResidencyVersion(a) <= v {
+	if !ix.IsResidentG1(b, uint64(q[1])) || ix.ResidencyVersion(a) <= v {
 		t.Fatal("clear leaked to b or did not bump a's version")
 	}
 	tsA := ix.reg.Load().byTarget[a]
@@ -217,11 +234,11 @@ func TestTiersAndLifecycle(t *testing.T) {
 	// Removing b frees its slot; a new target reusing the slot starts empty.
 	ix.RemoveTargetTo(b, &rec.cs)
 	rec.IndexChanged(&rec.cs)
-	c := workers.Target{Worker: "c"}
+	c := kvkey.Target{Worker: "c"}
 	if err := ix.AddTarget(c); err != nil {
 		t.Fatal(err)
 	}
-	if got := ix.Match(q); len(got) != 0 || ix.IsResidentG1(c, q[0]) || ix.IsResidentG1(b, q[0]) {
+	if got := ix.Match(q); len(got) != 0 || ix.IsResidentG1(c, uint64(q[0])) || ix.IsResidentG1(b, uint64(q[0])) {
 		t.Fatalf("stale residency after RemoveTarget: %+v", got)
 	}
 	want := []string{"stored G1 4", "stored G1 2", "stored G2 2", "removed G1 1", "removed G1 1", "stored G3 1",
@@ -238,7 +255,7 @@ func TestMetricsAndSnapshot(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer m.Close()
-	tg := workers.Target{Worker: "http://w:8000", DPRank: 0}
+	tg := kvkey.Target{Worker: "http://w:8000", DPRank: 0}
 	apply(t, ix, tg, &BlockStored{BlockHashes: exts(1, 2), TokenIDs: seqTokens(8, 1), BlockSize: 4, Medium: Some(MediumGPU)},
 		&BlockStored{BlockHashes: exts(7), TokenIDs: []uint32{}, Medium: Some("NVME_REMOTE")})
 	reg := prometheus.NewPedanticRegistry()
@@ -315,8 +332,8 @@ func TestTargetConfigs(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := []SubscriberConfig{
-		{Target: workers.Target{Worker: "http://w", DPRank: 0}, Endpoint: "tcp://w:5557", ReplayEndpoint: "tcp://w:5560", Topic: "kv"},
-		{Target: workers.Target{Worker: "http://w", DPRank: 1}, Endpoint: "tcp://w:5558", ReplayEndpoint: "tcp://w:5561", Topic: "kv"},
+		{Target: kvkey.Target{Worker: "http://w", DPRank: 0}, Endpoint: "tcp://w:5557", ReplayEndpoint: "tcp://w:5560", Topic: "kv"},
+		{Target: kvkey.Target{Worker: "http://w", DPRank: 1}, Endpoint: "tcp://w:5558", ReplayEndpoint: "tcp://w:5561", Topic: "kv"},
 	}
 	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("TargetConfigs = %+v", got)
@@ -335,7 +352,7 @@ func TestTargetConfigs(t *testing.T) {
 // worker's first lower-tier store, they are dropped as unresolved_hash.
 func TestPlaceholderAfterEviction(t *testing.T) {
 	toks := seqTokens(4*16, 500)
-	q := tokenize.BlockHashes(toks, 16, tokenize.HashOptions{})
+	q := kvkey.BlockHashes(toks, 16, kvkey.HashOptions{})
 	cpu := func(hs ...uint64) *BlockStored {
 		return &BlockStored{BlockHashes: exts(hs...), TokenIDs: []uint32{}, Medium: Some(MediumCPU)}
 	}
@@ -361,7 +378,7 @@ func TestPlaceholderAfterEviction(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			ix := NewIndex(Options{BlockSize: 16, RecentlyRemoved: tc.remember})
-			tg := workers.Target{Worker: "w"}
+			tg := kvkey.Target{Worker: "w"}
 			apply(t, ix, tg, &BlockStored{BlockHashes: exts(1, 2, 3, 4), TokenIDs: toks, BlockSize: 16, Medium: Some(MediumGPU)})
 			if tc.name != "no lower tier seen yet" {
 				// The worker offloads: an unrelated block on disk shows it.
@@ -375,7 +392,7 @@ func TestPlaceholderAfterEviction(t *testing.T) {
 				apply(t, ix, tg, ev)
 			}
 			got := overlapOf(ix, tg, q)
-			got.Target = workers.Target{}
+			got.Target = kvkey.Target{}
 			if got != tc.want {
 				t.Fatalf("overlap %+v, want %+v", got, tc.want)
 			}
@@ -390,7 +407,7 @@ func TestPlaceholderAfterEviction(t *testing.T) {
 			for k := range numTiers {
 				want := int64(0)
 				for i := 1; i < len(q); i++ {
-					if ix.lookup(q[i]).in[k].has(ts.slot) && !ix.lookup(q[i-1]).in[k].has(ts.slot) {
+					if ix.lookup(uint64(q[i])).in[k].has(ts.slot) && !ix.lookup(uint64(q[i-1])).in[k].has(ts.slot) {
 						want++
 					}
 				}
@@ -408,18 +425,18 @@ func TestPlaceholderAfterEviction(t *testing.T) {
 func TestStoredRuns(t *testing.T) {
 	rec := &recChanges{}
 	ix := NewIndex(Options{BlockSize: 4})
-	a := workers.Target{Worker: "a"}
+	a := kvkey.Target{Worker: "a"}
 	toks := seqTokens(16, 1)
-	q := tokenize.BlockHashes(toks, 4, tokenize.HashOptions{})
+	q := kvkey.BlockHashes(toks, 4, kvkey.HashOptions{})
 	rec.apply(t, ix, a,
 		&BlockStored{BlockHashes: exts(1, 2), TokenIDs: toks[:8], BlockSize: 4, Medium: Some(MediumGPU), SessionID: Some("root")},
 		&BlockStored{BlockHashes: exts(3, 4), ParentBlockHash: Some(IntHash(2)), TokenIDs: toks[8:16], BlockSize: 4,
 			Medium: Some(MediumGPU), SessionID: Some("kid")},
 		&BlockStored{BlockHashes: exts(1), TokenIDs: toks[:4], BlockSize: 4, Medium: Some(MediumGPU)})
 	want := []attrRun{
-		{q[:2], 0, false, "root"},
-		{q[2:4], q[1], true, "kid"},
-		{q[:1], 0, false, ""},
+		{raw(q[:2]), 0, false, "root"},
+		{raw(q[2:4]), uint64(q[1]), true, "kid"},
+		{raw(q[:1]), 0, false, ""},
 	}
 	if len(rec.runs) != len(want) {
 		t.Fatalf("got %d runs, want %d", len(rec.runs), len(want))

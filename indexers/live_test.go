@@ -13,7 +13,7 @@ import (
 	zmq "github.com/pebbe/zmq4"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/kvgate/kvgate/workers"
+	"github.com/kvgate/kvgate/kvkey"
 )
 
 // scenario is a deterministic stream of encoded batches for one target.
@@ -44,7 +44,7 @@ func newScenario(t testing.TB, seed uint64, n int, layout Layout) scenario {
 }
 
 // groundTruth applies batches [from, to) directly to a fresh index.
-func (sc scenario) groundTruth(t testing.TB, tg workers.Target, from, to int) map[uint64][numTiers]int32 {
+func (sc scenario) groundTruth(t testing.TB, tg kvkey.Target, from, to int) map[uint64][numTiers]int32 {
 	ix := NewIndex(Options{BlockSize: modelBS})
 	if err := ix.AddTarget(tg); err != nil {
 		t.Fatal(err)
@@ -62,7 +62,7 @@ func (sc scenario) groundTruth(t testing.TB, tg workers.Target, from, to int) ma
 }
 
 // dumpTarget is a target's residency: our hash → references per tier.
-func dumpTarget(ix *Index, tg workers.Target) map[uint64][numTiers]int32 {
+func dumpTarget(ix *Index, tg kvkey.Target) map[uint64][numTiers]int32 {
 	ts := ix.reg.Load().byTarget[tg]
 	out := map[uint64][numTiers]int32{}
 	if ts == nil {
@@ -108,7 +108,7 @@ func newLiveRig(t *testing.T) *liveRig {
 	return &liveRig{m: m, ix: ix, ctx: ctx}
 }
 
-func (r *liveRig) follow(t *testing.T, tg workers.Target, p *testPub, withReplay bool) *Subscriber {
+func (r *liveRig) follow(t *testing.T, tg kvkey.Target, p *testPub, withReplay bool) *Subscriber {
 	cfg := SubscriberConfig{Target: tg, Endpoint: p.pubEP, Topic: p.topic, ReplayTimeout: time.Second}
 	if withReplay {
 		cfg.ReplayEndpoint = p.repEP
@@ -131,7 +131,7 @@ func TestLiveGapRecoveredByReplay(t *testing.T) {
 	for _, f := range []ReplayFormat{ReplayWithTopic, ReplayNoTopic} {
 		t.Run(map[ReplayFormat]string{ReplayWithTopic: "v0.26 replay", ReplayNoTopic: "old replay"}[f], func(t *testing.T) {
 			rig := newLiveRig(t)
-			tg := workers.Target{Worker: "http://w1", DPRank: 0}
+			tg := kvkey.Target{Worker: "http://w1", DPRank: 0}
 			sc := newScenario(t, 1, 60, LayoutMap)
 			p := newTestPub(t, rig.m.zctx, "kv-events", DefaultReplayBufferSteps, f)
 			s := rig.follow(t, tg, p, true)
@@ -151,8 +151,8 @@ func TestLiveGapRecoveredByReplay(t *testing.T) {
 
 func TestLiveUnrecoverableGapResetsOnlyThatTarget(t *testing.T) {
 	rig := newLiveRig(t)
-	ta := workers.Target{Worker: "http://a", DPRank: 0}
-	tb := workers.Target{Worker: "http://b", DPRank: 1}
+	ta := kvkey.Target{Worker: "http://a", DPRank: 0}
+	tb := kvkey.Target{Worker: "http://b", DPRank: 1}
 	sa, sb := newScenario(t, 2, 40, LayoutMap), newScenario(t, 3, 40, LayoutArray)
 	pa := newTestPub(t, rig.m.zctx, "", 3, ReplayWithTopic) // ring of 3: too short for the gap
 	pb := newTestPub(t, rig.m.zctx, "", 100, ReplayWithTopic)
@@ -185,7 +185,7 @@ func TestLiveUnrecoverableGapResetsOnlyThatTarget(t *testing.T) {
 
 func TestLiveRestartDetected(t *testing.T) {
 	rig := newLiveRig(t)
-	tg := workers.Target{Worker: "http://r", DPRank: 0}
+	tg := kvkey.Target{Worker: "http://r", DPRank: 0}
 	before, after := newScenario(t, 4, 15, LayoutMap), newScenario(t, 5, 10, LayoutMap)
 	p := newTestPub(t, rig.m.zctx, "kv-events", 100, ReplayWithTopic)
 	s := rig.follow(t, tg, p, true)
@@ -242,7 +242,7 @@ func TestLiveRestartDetected(t *testing.T) {
 
 func TestLiveGarbageSurvived(t *testing.T) {
 	rig := newLiveRig(t)
-	tg := workers.Target{Worker: "http://g", DPRank: 0}
+	tg := kvkey.Target{Worker: "http://g", DPRank: 0}
 	sc := newScenario(t, 6, 12, LayoutMap)
 	p := newTestPub(t, rig.m.zctx, "", 100, ReplayWithTopic)
 	s := rig.follow(t, tg, p, true)
@@ -285,7 +285,7 @@ func freePort(t *testing.T) int {
 // Workers configured with a non-wildcard endpoint connect out (vLLM binds only endpoints with "*"): the gateway binds.
 func TestLiveBindModeAndBackoff(t *testing.T) {
 	rig := newLiveRig(t)
-	tg := workers.Target{Worker: "http://out", DPRank: 0}
+	tg := kvkey.Target{Worker: "http://out", DPRank: 0}
 	ep := fmt.Sprintf("tcp://127.0.0.1:%d", freePort(t))
 	if err := rig.m.Start(rig.ctx, SubscriberConfig{Target: tg, Endpoint: ep, Bind: true}); err != nil {
 		t.Fatal(err)
@@ -318,7 +318,7 @@ func TestLiveBindModeAndBackoff(t *testing.T) {
 		t.Fatal("bind-mode stream not applied")
 	}
 	// A second subscriber binding the same port fails and backs off, retrying.
-	tg2 := workers.Target{Worker: "http://clash", DPRank: 0}
+	tg2 := kvkey.Target{Worker: "http://clash", DPRank: 0}
 	if err := rig.m.Start(rig.ctx, SubscriberConfig{Target: tg2, Endpoint: ep, Bind: true,
 		ReconnectMin: 10 * time.Millisecond, ReconnectMax: 20 * time.Millisecond}); err != nil {
 		t.Fatal(err)
@@ -342,7 +342,7 @@ func TestLiveJoinReplaysEarlierBatches(t *testing.T) {
 	for _, f := range []ReplayFormat{ReplayWithTopic, ReplayNoTopic} {
 		t.Run(map[ReplayFormat]string{ReplayWithTopic: "v0.26 replay", ReplayNoTopic: "old replay"}[f], func(t *testing.T) {
 			rig := newLiveRig(t)
-			tg := workers.Target{Worker: "http://early", DPRank: 0}
+			tg := kvkey.Target{Worker: "http://early", DPRank: 0}
 			sc := newScenario(t, 11, 30, LayoutMap)
 			p := newTestPub(t, rig.m.zctx, "kv-events", DefaultReplayBufferSteps, f)
 			for _, pl := range sc.payloads[:25] {
@@ -403,7 +403,7 @@ func TestLiveJoinReplaysEarlierBatches(t *testing.T) {
 // below the previous live one is checked against the replay ring before anything is reset.
 func TestLiveLateDuplicateIsNotARestart(t *testing.T) {
 	rig := newLiveRig(t)
-	tg := workers.Target{Worker: "http://dup", DPRank: 0}
+	tg := kvkey.Target{Worker: "http://dup", DPRank: 0}
 	sc := newScenario(t, 12, 10, LayoutMap)
 	p := newTestPub(t, rig.m.zctx, "kv-events", 100, ReplayWithTopic)
 	s := rig.follow(t, tg, p, true)

@@ -11,7 +11,7 @@ import (
 
 	zmq "github.com/pebbe/zmq4"
 
-	"github.com/kvgate/kvgate/workers"
+	"github.com/kvgate/kvgate/kvkey"
 )
 
 // Manager runs one Subscriber per worker+rank into a shared Index and reports on them. The
@@ -24,17 +24,17 @@ type Manager struct {
 
 	mu         sync.Mutex
 	consumer   ChangeConsumer // set by SetConsumer, copied into every subscription
-	subs       map[workers.Target]*running
+	subs       map[kvkey.Target]*running
 	collectors []*collectorFeed
 	wg         sync.WaitGroup
 	// bySub is a copy of subs' subscribers, replaced under mu on every change, so that
 	// EventsHealthy (called per routing decision) takes no lock.
-	bySub atomic.Pointer[map[workers.Target]*Subscriber]
+	bySub atomic.Pointer[map[kvkey.Target]*Subscriber]
 }
 
 // publishLocked refreshes bySub from subs; m.mu must be held.
 func (m *Manager) publishLocked() {
-	cp := make(map[workers.Target]*Subscriber, len(m.subs))
+	cp := make(map[kvkey.Target]*Subscriber, len(m.subs))
 	for t, r := range m.subs {
 		cp[t] = r.sub
 	}
@@ -45,7 +45,7 @@ func (m *Manager) publishLocked() {
 // is live or replaying and its index is exact (not approximate after lost batches, see
 // Sequencer). Targets without a subscription, or one that is connecting or backing off, are
 // not. It is three atomic loads and a map lookup, cheap enough for every request.
-func (m *Manager) EventsHealthy(t workers.Target) bool {
+func (m *Manager) EventsHealthy(t kvkey.Target) bool {
 	p := m.bySub.Load()
 	if p == nil {
 		return false
@@ -70,7 +70,7 @@ func NewManager(ix *Index, log *slog.Logger) (*Manager, error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	return &Manager{ix: ix, zctx: zctx, log: log, subs: map[workers.Target]*running{}}, nil
+	return &Manager{ix: ix, zctx: zctx, log: log, subs: map[kvkey.Target]*running{}}, nil
 }
 
 // SetConsumer makes c hear every change the subscriptions (and Stop with forget) make to the
@@ -112,7 +112,7 @@ func TargetConfigs(worker string, dpSize int, endpoint, replayEndpoint, topic st
 		if err != nil {
 			return nil, err
 		}
-		out = append(out, SubscriberConfig{Target: workers.Target{Worker: worker, DPRank: r},
+		out = append(out, SubscriberConfig{Target: kvkey.Target{Worker: worker, DPRank: r},
 			Endpoint: ep, ReplayEndpoint: rep, Topic: topic})
 	}
 	return out, nil
@@ -132,7 +132,7 @@ func CollectorTargets(worker string, dpSize int, replayEndpoint, topic string) (
 		if err != nil {
 			return nil, err
 		}
-		out = append(out, SubscriberConfig{Target: workers.Target{Worker: worker, DPRank: r}, ReplayEndpoint: rep, Topic: topic})
+		out = append(out, SubscriberConfig{Target: kvkey.Target{Worker: worker, DPRank: r}, ReplayEndpoint: rep, Topic: topic})
 	}
 	return out, nil
 }
@@ -165,7 +165,7 @@ func (m *Manager) Start(ctx context.Context, cfg SubscriberConfig) error {
 }
 
 // Stop ends a target's subscription and waits for it; with forget, its blocks leave the index.
-func (m *Manager) Stop(t workers.Target, forget bool) {
+func (m *Manager) Stop(t kvkey.Target, forget bool) {
 	m.mu.Lock()
 	r := m.subs[t]
 	delete(m.subs, t)
@@ -212,7 +212,7 @@ func (m *Manager) Close() error {
 	for _, c := range m.collectors {
 		c.cancel()
 	}
-	m.subs = map[workers.Target]*running{}
+	m.subs = map[kvkey.Target]*running{}
 	m.publishLocked()
 	m.mu.Unlock()
 	m.wg.Wait()
@@ -259,7 +259,7 @@ const BytesPerBlock = 190
 // Snapshot returns every known target's subscription state and index size, sorted by target.
 func (m *Manager) Snapshot() []TargetDebug {
 	m.mu.Lock()
-	subs := make(map[workers.Target]*Subscriber, len(m.subs))
+	subs := make(map[kvkey.Target]*Subscriber, len(m.subs))
 	for t, r := range m.subs {
 		subs[t] = r.sub
 	}

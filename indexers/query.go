@@ -3,7 +3,7 @@ package indexers
 import (
 	"math/bits"
 
-	"github.com/kvgate/kvgate/workers"
+	"github.com/kvgate/kvgate/kvkey"
 )
 
 // Overlap is one target's match for a query of chained block hashes.
@@ -14,14 +14,14 @@ import (
 // host memory can supply, possibly interleaved with GPU blocks), and G3 = D3 − D2 (the further
 // blocks disk can supply). G1+G2+G3 is the prefix the worker can serve without recompute.
 type Overlap struct {
-	Target workers.Target `json:"target"`
-	G1     int            `json:"g1"`
-	G2     int            `json:"g2"`
-	G3     int            `json:"g3"`
+	Target kvkey.Target `json:"target"`
+	G1     int          `json:"g1"`
+	G2     int          `json:"g2"`
+	G3     int          `json:"g3"`
 }
 
 // Match returns, for every target with at least one leading block resident in some tier, its
-// Overlap with hashes (tokenize.BlockHashes of the request). Targets absent from the result
+// Overlap with hashes (kvkey.BlockHashes of the request). Targets absent from the result
 // have no overlap. Each table read takes one shard's read lock, which a writer holds only for
 // a single entry update.
 //
@@ -29,11 +29,11 @@ type Overlap struct {
 // state), membership along the query is monotone, so all such targets are resolved together by
 // bisection: O(distinct depths × log n) lookups, and one lookup when nobody holds block 0.
 // Targets with orphans (a middle block evicted, or events lost) are scanned linearly.
-func (ix *Index) Match(hashes []uint64) []Overlap { return ix.MatchInto(hashes, nil) }
+func (ix *Index) Match(hashes []kvkey.BlockHash) []Overlap { return ix.MatchInto(hashes, nil) }
 
 // MatchInto is Match appending to out[:0], so that a caller reusing the slice makes queries
 // allocation-free (a Match of many targets otherwise allocates its result).
-func (ix *Index) MatchInto(hashes []uint64, out []Overlap) []Overlap {
+func (ix *Index) MatchInto(hashes []kvkey.BlockHash, out []Overlap) []Overlap {
 	out = out[:0]
 	reg := ix.reg.Load()
 	n := len(hashes)
@@ -83,7 +83,7 @@ func (ix *Index) MatchInto(hashes []uint64, out []Overlap) []Overlap {
 
 type matcher struct {
 	ix    *Index
-	h     []uint64
+	h     []kvkey.BlockHash
 	all   tiers // clean targets per set
 	depth [numTiers][MaxTargets]int32
 }
@@ -105,7 +105,7 @@ func (a *tiers) eq(b *tiers) bool {
 // f sets out to the clean targets holding block i, per nested set, restricted to within (the
 // members at an earlier position: monotonicity, enforced against racing writers).
 func (m *matcher) f(i int, within, out *tiers) {
-	e := m.ix.lookup(m.h[i])
+	e := m.ix.lookup(uint64(m.h[i]))
 	for k := range numTiers {
 		for w := range len(tset{}) {
 			out[k][w] = e.in[k][w] & m.all[k][w] & within[k][w]
@@ -152,7 +152,7 @@ func (m *matcher) scan(reg *registry, dirty tset) {
 		if alive[0].empty() && alive[1].empty() && alive[2].empty() {
 			return
 		}
-		e := m.ix.lookup(m.h[i])
+		e := m.ix.lookup(uint64(m.h[i]))
 		for k := range numTiers {
 			alive[k] = alive[k].and(e.in[k])
 			alive[k].each(func(s int) { m.depth[k][s] = int32(i + 1) })
@@ -161,13 +161,13 @@ func (m *matcher) scan(reg *registry, dirty tset) {
 }
 
 // IsResidentG1 reports whether block hash h is resident on t's GPU.
-func (ix *Index) IsResidentG1(t workers.Target, h uint64) bool {
+func (ix *Index) IsResidentG1(t kvkey.Target, h uint64) bool {
 	ts := ix.reg.Load().byTarget[t]
 	return ts != nil && ix.lookup(h).in[0].has(ts.slot)
 }
 
 // DeepestG1 returns how many leading blocks of hashes are resident on t's GPU.
-func (ix *Index) DeepestG1(t workers.Target, hashes []uint64) int {
+func (ix *Index) DeepestG1(t kvkey.Target, hashes []uint64) int {
 	ts := ix.reg.Load().byTarget[t]
 	if ts == nil || len(hashes) == 0 {
 		return 0

@@ -1,5 +1,7 @@
 package indexers
 
+import "github.com/kvgate/kvgate/kvkey"
+
 // DefaultRecentlyRemoved is how many removed worker block hashes each target remembers by
 // default (Options.RecentlyRemoved): 128 KiB per target that has seen removals.
 const DefaultRecentlyRemoved = 4096
@@ -29,12 +31,13 @@ type recentRemoved struct {
 }
 
 type removedSlot struct {
-	ext, our, parentOur uint64
-	tag                 uint64 // generation<<1 | hasParent; 0 = empty
+	ext            kvkey.EngineHash
+	our, parentOur uint64
+	tag            uint64 // generation<<1 | hasParent; 0 = empty
 }
 
 // record remembers ext (capacity > 0), evicting the older entry of its pair when both are used.
-func (r *recentRemoved) record(capacity int, ext uint64, b removedBlock) {
+func (r *recentRemoved) record(capacity int, ext kvkey.EngineHash, b removedBlock) {
 	if capacity <= 0 {
 		return
 	}
@@ -69,7 +72,7 @@ func (r *recentRemoved) record(capacity int, ext uint64, b removedBlock) {
 
 // pair returns the index of ext's first slot (Fibonacci hashing: vLLM's hashes are random, but
 // tests and other producers use small integers).
-func (r *recentRemoved) pair(ext uint64) int {
+func (r *recentRemoved) pair(ext kvkey.EngineHash) int {
 	if r.shift == 64 {
 		return 0
 	}
@@ -77,7 +80,7 @@ func (r *recentRemoved) pair(ext uint64) int {
 }
 
 // take returns and forgets ext's entry.
-func (r *recentRemoved) take(ext uint64) (removedBlock, bool) {
+func (r *recentRemoved) take(ext kvkey.EngineHash) (removedBlock, bool) {
 	if r.slots == nil {
 		return removedBlock{}, false
 	}

@@ -1,6 +1,10 @@
 package indexers
 
-import "testing"
+import (
+	"testing"
+
+	"github.com/kvgate/kvgate/kvkey"
+)
 
 // TestRecentRemoved: with one slot pair the memory is an exact LRU of two; larger memories keep
 // at most their capacity (rounded up to a power of two), always keep the newest entry of every
@@ -28,13 +32,13 @@ func TestRecentRemoved(t *testing.T) {
 	for _, tc := range tests {
 		var r recentRemoved
 		for h := range uint64(3 * tc.slots) {
-			r.record(tc.capacity, h*7919, removedBlock{our: h, parentOur: h - 1, hasParent: h > 0})
+			r.record(tc.capacity, kvkey.EngineHash(h*7919), removedBlock{our: h, parentOur: h - 1, hasParent: h > 0})
 		}
 		if len(r.slots) != tc.slots || r.len() > tc.slots {
 			t.Fatalf("capacity %d: %d slots, %d remembered; want %d slots", tc.capacity, len(r.slots), r.len(), tc.slots)
 		}
 		last := uint64(3*tc.slots - 1)
-		if b, ok := r.take(last * 7919); !ok || b.our != last || b.parentOur != last-1 || !b.hasParent {
+		if b, ok := r.take(kvkey.EngineHash(last * 7919)); !ok || b.our != last || b.parentOur != last-1 || !b.hasParent {
 			t.Fatalf("capacity %d: newest entry %+v %v", tc.capacity, b, ok)
 		}
 		r.reset()

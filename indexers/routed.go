@@ -3,7 +3,7 @@ package indexers
 import (
 	"sync"
 
-	"github.com/kvgate/kvgate/workers"
+	"github.com/kvgate/kvgate/kvkey"
 )
 
 // DefaultRoutedBlocks is how many blocks of recently routed prompts each target remembers by
@@ -15,8 +15,8 @@ const DefaultRoutedBlocks = 16384
 const maxRecoveryWalk = 64
 
 // NoteRouted tells the index that a prompt was routed to target t: local are the local hashes
-// of its full blocks and seq their chained sequence hashes (tokenize.LocalHashes and
-// tokenize.SequenceHashes; seq is what Match takes). The index keeps the most recent
+// of its full blocks and seq their chained sequence hashes (kvkey.LocalHashes and
+// kvkey.SequenceHashes; seq is what Match takes). The index keeps the most recent
 // Options.RoutedBlocks blocks of such prompts per target so that a BlockStored whose parent it
 // does not know (lost with a reset whose replay no longer reaches back) can be placed under
 // the prompt that produced it instead of being dropped.
@@ -24,7 +24,7 @@ const maxRecoveryWalk = 64
 // It is cheap (one short critical section, no hashing, no map operation): the prompts are
 // indexed only when a store needs them. The index keeps references to local and seq; the
 // caller must not modify them afterwards. Unknown targets and malformed input are ignored.
-func (ix *Index) NoteRouted(t workers.Target, local, seq []uint64) {
+func (ix *Index) NoteRouted(t kvkey.Target, local []uint64, seq []kvkey.BlockHash) {
 	budget := ix.opt.RoutedBlocks
 	if budget <= 0 || len(local) == 0 || len(local) != len(seq) {
 		return
@@ -42,14 +42,17 @@ func (ix *Index) NoteRouted(t workers.Target, local, seq []uint64) {
 // ChainRecoveries returns how many stores with an unknown parent target t had placed under a
 // recently routed prompt (recovered) and how many it could not place and dropped as
 // parent_not_found (failed).
-func (ix *Index) ChainRecoveries(t workers.Target) (recovered, failed int64) {
+func (ix *Index) ChainRecoveries(t kvkey.Target) (recovered, failed int64) {
 	if ts := ix.reg.Load().byTarget[t]; ts != nil {
 		return ts.stats.recovered.Load(), ts.stats.unrecovered.Load()
 	}
 	return 0, 0
 }
 
-type routedPrompt struct{ local, seq []uint64 }
+type routedPrompt struct {
+	local []uint64
+	seq   []kvkey.BlockHash
+}
 
 // routedQueue holds prompts routed since the last recovery, written by request goroutines. It is
 // bounded by the block budget (oldest out first) and has its own lock, so routing never waits
@@ -108,13 +111,14 @@ type occ struct {
 type routedRec struct {
 	id         uint64
 	used       uint64 // recency stamp
-	local, seq []uint64
+	local      []uint64
+	seq        []kvkey.BlockHash
 	links      []occ
 	prev, next *routedRec // LRU list, newest first
 }
 
 type routedKey struct {
-	last uint64
+	last kvkey.BlockHash
 	n    int
 }
 
@@ -226,7 +230,7 @@ func (m *routedMemory) evict(r *routedRec) {
 // find returns the sequence hashes of the blocks before the one with local hash local[0] in the
 // most recently routed remembered prompt that holds local[0] at some block k > 0 followed by
 // local[1:] (as far as both go): S_0..S_{k-1}, so the last is the parent's.
-func (m *routedMemory) find(local []uint64) ([]uint64, bool) {
+func (m *routedMemory) find(local []uint64) ([]kvkey.BlockHash, bool) {
 	if len(local) == 0 || m.byLocal == nil {
 		return nil, false
 	}

@@ -4,8 +4,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kvgate/kvgate/tokenize"
-	"github.com/kvgate/kvgate/workers"
+	"github.com/kvgate/kvgate/kvkey"
 )
 
 // An index fed with one tenant's salted stores (the salt string on block 0's extra_keys, as
@@ -20,27 +19,27 @@ func TestSaltIsolationEventSide(t *testing.T) {
 	tests := []struct {
 		name   string
 		extra  [][]any
-		own    tokenize.HashOptions
-		others []tokenize.HashOptions
+		own    kvkey.HashOptions
+		others []kvkey.HashOptions
 	}{
 		{"cache salt", [][]any{{saltA}, nil},
-			tokenize.HashOptions{CacheSalt: saltA},
-			[]tokenize.HashOptions{{CacheSalt: saltB}, {}}},
+			kvkey.HashOptions{CacheSalt: saltA},
+			[]kvkey.HashOptions{{CacheSalt: saltB}, {}}},
 		{"multimodal id", [][]any{{[]any{mmA, int64(0)}}, nil},
-			tokenize.HashOptions{ExtraKeys: map[int][]uint64{0: {tokenize.ExtraKeyHash(mmA)}}},
-			[]tokenize.HashOptions{{ExtraKeys: map[int][]uint64{0: {tokenize.ExtraKeyHash(mmB)}}}, {}}},
+			kvkey.HashOptions{ExtraKeys: map[int][]uint64{0: {kvkey.ExtraKeyHash(mmA)}}},
+			[]kvkey.HashOptions{{ExtraKeys: map[int][]uint64{0: {kvkey.ExtraKeyHash(mmB)}}}, {}}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			ix := NewIndex(Options{BlockSize: 16})
-			tg := workers.Target{Worker: "w"}
+			tg := kvkey.Target{Worker: "w"}
 			apply(t, ix, tg, &BlockStored{BlockHashes: exts(21, 22), TokenIDs: toks, BlockSize: 16,
 				ExtraKeys: tc.extra, Medium: Some(MediumGPU)})
-			if got := overlapOf(ix, tg, tokenize.BlockHashes(toks, 16, tc.own)); got.G1 != 2 {
+			if got := overlapOf(ix, tg, kvkey.BlockHashes(toks, 16, tc.own)); got.G1 != 2 {
 				t.Fatalf("the owner's prompt matched %d of 2 blocks", got.G1)
 			}
 			for _, o := range tc.others {
-				if got := overlapOf(ix, tg, tokenize.BlockHashes(toks, 16, o)); got.G1 != 0 {
+				if got := overlapOf(ix, tg, kvkey.BlockHashes(toks, 16, o)); got.G1 != 0 {
 					t.Errorf("another tenant's prompt (%+v) matched %d blocks", o, got.G1)
 				}
 			}

@@ -9,16 +9,16 @@ import (
 	zmq "github.com/pebbe/zmq4"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/kvgate/kvgate/workers"
+	"github.com/kvgate/kvgate/kvkey"
 )
 
-func (r *liveRig) sub(t workers.Target) *Subscriber {
+func (r *liveRig) sub(t kvkey.Target) *Subscriber {
 	r.m.mu.Lock()
 	defer r.m.mu.Unlock()
 	return r.m.subs[t].sub
 }
 
-func (r *liveRig) debug(t *testing.T, tg workers.Target) TargetDebug {
+func (r *liveRig) debug(t *testing.T, tg kvkey.Target) TargetDebug {
 	t.Helper()
 	for _, d := range r.m.Snapshot() {
 		if d.Worker == tg.Worker && d.DPRank == tg.DPRank {
@@ -34,7 +34,7 @@ func (r *liveRig) debug(t *testing.T, tg workers.Target) TargetDebug {
 // reset and follows the new engine.
 func TestLiveRestartRightAfterJoin(t *testing.T) {
 	rig := newLiveRig(t)
-	tg := workers.Target{Worker: "http://rj", DPRank: 0}
+	tg := kvkey.Target{Worker: "http://rj", DPRank: 0}
 	before, after := newScenario(t, 21, 10, LayoutMap), newScenario(t, 22, 5, LayoutMap)
 	p := newTestPub(t, rig.m.zctx, "", 100, ReplayWithTopic)
 	for _, pl := range before.payloads {
@@ -62,7 +62,7 @@ func TestLiveBogusSeqDropped(t *testing.T) {
 	for _, withReplay := range []bool{true, false} {
 		t.Run(fmt.Sprintf("replay=%v", withReplay), func(t *testing.T) {
 			rig := newLiveRig(t)
-			tg := workers.Target{Worker: "http://bogus", DPRank: 0}
+			tg := kvkey.Target{Worker: "http://bogus", DPRank: 0}
 			sc := newScenario(t, 23, 10, LayoutMap)
 			p := newTestPub(t, rig.m.zctx, "", 100, ReplayWithTopic)
 			s := rig.follow(t, tg, p, withReplay)
@@ -104,7 +104,7 @@ func TestLiveReplayWithHole(t *testing.T) {
 	}{{"hole once", 1, 0}, {"hole on every attempt", 3, 0}} {
 		t.Run(tc.name, func(t *testing.T) {
 			rig := newLiveRig(t)
-			tg := workers.Target{Worker: "http://hole", DPRank: 0}
+			tg := kvkey.Target{Worker: "http://hole", DPRank: 0}
 			sc := newScenario(t, 24, 10, LayoutMap)
 			p := newTestPub(t, rig.m.zctx, "", 100, ReplayWithTopic)
 			s := rig.follow(t, tg, p, true)
@@ -134,7 +134,7 @@ func TestLiveReplayWithHole(t *testing.T) {
 // the batch before it, shows nothing was lost, so the index stays exact and nothing is reset.
 func TestLiveSkippedSeqIsNotALoss(t *testing.T) {
 	rig := newLiveRig(t)
-	tg := workers.Target{Worker: "http://skip", DPRank: 0}
+	tg := kvkey.Target{Worker: "http://skip", DPRank: 0}
 	sc := newScenario(t, 25, 10, LayoutMap)
 	p := newTestPub(t, rig.m.zctx, "", 100, ReplayWithTopic)
 	s := rig.follow(t, tg, p, true)
@@ -159,7 +159,7 @@ func TestLiveSkippedSeqIsNotALoss(t *testing.T) {
 // stream, not a failed replay.
 func TestLiveSeqFromOne(t *testing.T) {
 	rig := newLiveRig(t)
-	tg := workers.Target{Worker: "http://one", DPRank: 0}
+	tg := kvkey.Target{Worker: "http://one", DPRank: 0}
 	sc := newScenario(t, 25, 8, LayoutMap)
 	p := newTestPub(t, rig.m.zctx, "", 100, ReplayWithTopic)
 	p.do(func(_, _ *zmq.Socket) { p.seq = 1 })
@@ -179,7 +179,7 @@ func TestLiveSeqFromOne(t *testing.T) {
 // last_seq is unsigned: a counter above 2^63 is reported as is, not negative.
 func TestLiveLastSeqAbove2To63(t *testing.T) {
 	rig := newLiveRig(t)
-	tg := workers.Target{Worker: "http://big", DPRank: 0}
+	tg := kvkey.Target{Worker: "http://big", DPRank: 0}
 	sc := newScenario(t, 26, 3, LayoutMap)
 	p := newTestPub(t, rig.m.zctx, "", 100, ReplayWithTopic)
 	const base = uint64(1)<<63 + 5
@@ -211,7 +211,7 @@ func TestLiveMaxMsgSize(t *testing.T) {
 	}{{"default limit", 0, 1}, {"1 KiB limit", 1024, 0}} {
 		t.Run(tc.name, func(t *testing.T) {
 			rig := newLiveRig(t)
-			tg := workers.Target{Worker: "http://max", DPRank: 0}
+			tg := kvkey.Target{Worker: "http://max", DPRank: 0}
 			p := newTestPub(t, rig.m.zctx, "", 100, ReplayWithTopic)
 			cfg := SubscriberConfig{Target: tg, Endpoint: p.pubEP, MaxMsgSize: tc.limit,
 				ReconnectMin: 10 * time.Millisecond, ReconnectMax: 20 * time.Millisecond}
@@ -246,15 +246,15 @@ func TestLiveCollectorTwoWorkers(t *testing.T) {
 	rig := newLiveRig(t)
 	listen := fmt.Sprintf("tcp://127.0.0.1:%d", freePort(t))
 	type wk struct {
-		tg    workers.Target
+		tg    kvkey.Target
 		topic string
 		sc    scenario
 		p     *testPub
 	}
 	ws := []*wk{
-		{tg: workers.Target{Worker: "http://10.0.0.1:8000", DPRank: 0}, topic: "kv@10.0.0.1:8000@m"},
-		{tg: workers.Target{Worker: "http://10.0.0.1:8000", DPRank: 1}, topic: "kv@10.0.0.1:8000@m"},
-		{tg: workers.Target{Worker: "http://10.0.0.2:8000", DPRank: 0}, topic: "kv@10.0.0.2:8000@m"},
+		{tg: kvkey.Target{Worker: "http://10.0.0.1:8000", DPRank: 0}, topic: "kv@10.0.0.1:8000@m"},
+		{tg: kvkey.Target{Worker: "http://10.0.0.1:8000", DPRank: 1}, topic: "kv@10.0.0.1:8000@m"},
+		{tg: kvkey.Target{Worker: "http://10.0.0.2:8000", DPRank: 0}, topic: "kv@10.0.0.2:8000@m"},
 	}
 	var targets []SubscriberConfig
 	for i, w := range ws {

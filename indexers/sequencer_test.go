@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvgate/kvgate/workers"
+	"github.com/kvgate/kvgate/kvkey"
 )
 
 // in is one input of a sequencer table: op live|rb (replay batch)|end|fail|hint|join|clear|tick.
@@ -302,8 +302,8 @@ func TestCollectorTargets(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := []SubscriberConfig{
-		{Target: workers.Target{Worker: "http://w:8000", DPRank: 0}, ReplayEndpoint: "tcp://w:5558", Topic: "kv@w:8000@m"},
-		{Target: workers.Target{Worker: "http://w:8000", DPRank: 1}, ReplayEndpoint: "tcp://w:5559", Topic: "kv@w:8000@m"},
+		{Target: kvkey.Target{Worker: "http://w:8000", DPRank: 0}, ReplayEndpoint: "tcp://w:5558", Topic: "kv@w:8000@m"},
+		{Target: kvkey.Target{Worker: "http://w:8000", DPRank: 1}, ReplayEndpoint: "tcp://w:5559", Topic: "kv@w:8000@m"},
 	}
 	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("got %+v", got)

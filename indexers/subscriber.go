@@ -10,12 +10,12 @@ import (
 
 	zmq "github.com/pebbe/zmq4"
 
-	"github.com/kvgate/kvgate/workers"
+	"github.com/kvgate/kvgate/kvkey"
 )
 
 // SubscriberConfig describes one worker+rank's event stream.
 type SubscriberConfig struct {
-	Target workers.Target
+	Target kvkey.Target
 	// Endpoint is the PUB address to connect to (already offset for the rank, see
 	// OffsetEndpoint), or the address to bind when Bind is set (workers that connect out).
 	Endpoint string
@@ -168,7 +168,7 @@ func (s *Subscriber) live() *Subscriber {
 }
 
 // Target returns the worker+rank this subscriber follows.
-func (s *Subscriber) Target() workers.Target { return s.cfg.Target }
+func (s *Subscriber) Target() kvkey.Target { return s.cfg.Target }
 
 // MarkRestarted tells the subscriber that its worker may have restarted (the gateway's health
 // prober saw /health flap). It is a hint: the subscriber asks the worker's replay ring whether

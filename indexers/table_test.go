@@ -3,8 +3,7 @@ package indexers
 import (
 	"testing"
 
-	"github.com/kvgate/kvgate/tokenize"
-	"github.com/kvgate/kvgate/workers"
+	"github.com/kvgate/kvgate/kvkey"
 )
 
 // countingTable counts the lookups Match makes.
@@ -22,9 +21,9 @@ func TestMatchLookupBudget(t *testing.T) {
 	ct := &countingTable{blockTable: ix.table}
 	ix.table = ct
 	toks := seqTokens(4*8192, 7)
-	q := tokenize.BlockHashes(toks, 4, tokenize.HashOptions{})
-	a, b := workers.Target{Worker: "a"}, workers.Target{Worker: "b"}
-	store := func(tg workers.Target, n int, base uint64) {
+	q := kvkey.BlockHashes(toks, 4, kvkey.HashOptions{})
+	a, b := kvkey.Target{Worker: "a"}, kvkey.Target{Worker: "b"}
+	store := func(tg kvkey.Target, n int, base uint64) {
 		hs := make([]uint64, n)
 		for i := range hs {
 			hs[i] = base + uint64(i)
@@ -42,7 +41,7 @@ func TestMatchLookupBudget(t *testing.T) {
 		t.Fatalf("match %+v", got)
 	}
 	ct.gets = 0
-	other := tokenize.BlockHashes(seqTokens(4*8192, 9999), 4, tokenize.HashOptions{})
+	other := kvkey.BlockHashes(seqTokens(4*8192, 9999), 4, kvkey.HashOptions{})
 	if got := ix.Match(other); len(got) != 0 || ct.gets != 1 {
 		t.Fatalf("no-overlap query: %d results, %d lookups (want 0, 1)", len(got), ct.gets)
 	}

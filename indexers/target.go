@@ -4,8 +4,7 @@ import (
 	"sync"
 	"sync/atomic"
 
-	"github.com/kvgate/kvgate/tokenize"
-	"github.com/kvgate/kvgate/workers"
+	"github.com/kvgate/kvgate/kvkey"
 )
 
 // extEntry maps one of the worker's opaque block hashes to our node, with the worker's own
@@ -50,11 +49,11 @@ func (n *node) dead() bool { return n.res == [numTiers]int32{} && n.kids == [num
 // atomics are read by queries and metrics without it.
 type targetState struct {
 	ix     *Index
-	target workers.Target
+	target kvkey.Target
 	slot   int
 
 	mu     sync.Mutex
-	ext    map[uint64]extEntry
+	ext    map[kvkey.EngineHash]extEntry
 	byOur  map[uint64]int32
 	slab   []node
 	free   []int32
@@ -76,7 +75,7 @@ type targetState struct {
 	// recoverParent). All three survive a reset: that is when they are needed.
 	routedQ routedQueue
 	routed  routedMemory
-	anchors map[uint64]anchor
+	anchors map[kvkey.EngineHash]anchor
 
 	// orphans[k] counts members of nested set k whose parent is not a member. While it is zero,
 	// membership of block i of a query implies membership of blocks 0..i-1, which lets Match
@@ -87,15 +86,15 @@ type targetState struct {
 	stats    targetStats
 }
 
-func newTargetState(ix *Index, t workers.Target, slot int) *targetState {
+func newTargetState(ix *Index, t kvkey.Target, slot int) *targetState {
 	ts := &targetState{ix: ix, target: t, slot: slot, buf: make([]byte, 0, 4*ix.opt.BlockSize+8*16)}
 	ts.clearMaps()
 	return ts
 }
 
 func (ts *targetState) clearMaps() {
-	ts.ext = map[uint64]extEntry{}
-	ts.anchors = map[uint64]anchor{}
+	ts.ext = map[kvkey.EngineHash]extEntry{}
+	ts.anchors = map[kvkey.EngineHash]anchor{}
 	ts.byOur = map[uint64]int32{}
 	ts.slab = ts.slab[:0]
 	ts.free = ts.free[:0]
@@ -173,25 +172,25 @@ func (ts *targetState) applyStored(e *BlockStored) {
 		ts.stats.drop(dropInvalid, len(e.BlockHashes))
 		return
 	}
-	seed := tokenize.LocalSeed(e.LoRAName.V)
+	seed := kvkey.LocalSeed(e.LoRAName.V)
 	locals := ts.locals[:0]
 	for i := range e.BlockHashes {
 		ts.keys = ts.keys[:0]
 		if i < len(e.ExtraKeys) && e.ExtraKeys[i] != nil {
 			ts.keys = foldExtraKeys(e.ExtraKeys[i], e.LoRAName.V, ts.keys)
 		}
-		locals = append(locals, tokenize.LocalBlockHash(e.TokenIDs[i*bs:(i+1)*bs], ts.keys, seed, ts.buf[:0]))
+		locals = append(locals, kvkey.LocalBlockHash(e.TokenIDs[i*bs:(i+1)*bs], ts.keys, seed, ts.buf[:0]))
 	}
 	ts.locals = locals
 	var parentOur uint64
 	parent := int32(-1)
 	hasParent := false
-	var prefix []uint64 // set when the parent was recovered: our hashes of blocks 0..k-1
+	var prefix []kvkey.BlockHash // set when the parent was recovered: our hashes of blocks 0..k-1
 	if e.ParentBlockHash.Set {
-		if pe, ok := ts.ext[e.ParentBlockHash.V.U]; ok {
+		if pe, ok := ts.ext[e.ParentBlockHash.V.Engine()]; ok {
 			parent, parentOur = pe.node, ts.slab[pe.node].our
 		} else if prefix, ok = ts.recoverParent(locals); ok {
-			parentOur = prefix[len(prefix)-1]
+			parentOur = uint64(prefix[len(prefix)-1])
 			ts.stats.recovered.Add(1)
 		} else {
 			// Without the parent's hash of ours the chain cannot be computed; indexing the run
@@ -211,17 +210,17 @@ func (ts *targetState) applyStored(e *BlockStored) {
 	}
 	stored := ts.out[tier][:0]
 	if prefix != nil {
-		parent, stored = ts.anchor(e.ParentBlockHash.V.U, prefix, tier, stored)
+		parent, stored = ts.anchor(e.ParentBlockHash.V.Engine(), prefix, tier, stored)
 	}
 	run := ts.run[:0]
 	for i, h := range e.BlockHashes {
 		local := locals[i]
 		our := local
 		if parent >= 0 {
-			our = tokenize.ChainHash(parentOur, local)
+			our = uint64(kvkey.ChainHash(kvkey.BlockHash(parentOur), local))
 		}
 		var became bool
-		parent, became = ts.storeOne(h.U, our, parent, tier)
+		parent, became = ts.storeOne(h.Engine(), our, parent, tier)
 		if became {
 			stored = append(stored, our)
 		}
@@ -249,7 +248,7 @@ type anchor struct {
 
 // recoverParent finds where a store whose parent is unknown sits, from the prompts recently
 // routed to this target: our hashes of every block before its first (see routedMemory.find).
-func (ts *targetState) recoverParent(locals []uint64) ([]uint64, bool) {
+func (ts *targetState) recoverParent(locals []uint64) ([]kvkey.BlockHash, bool) {
 	budget := ts.ix.opt.RoutedBlocks
 	if budget <= 0 {
 		return nil, false
@@ -264,13 +263,14 @@ func (ts *targetState) recoverParent(locals []uint64) ([]uint64, bool) {
 // that no event can name them, are made resident in tier too, but only as long as the anchor
 // stays there: its removal, a clear of the tier or a reset takes them away again. It returns
 // the anchor's node and stored with the blocks that became resident appended.
-func (ts *targetState) anchor(ext uint64, prefix []uint64, tier Tier, stored []uint64) (int32, []uint64) {
+func (ts *targetState) anchor(ext kvkey.EngineHash, prefix []kvkey.BlockHash, tier Tier, stored []uint64) (int32, []uint64) {
 	parent := int32(-1)
 	var nodes []int32
 	if n := len(prefix) - 1; n > 0 {
 		nodes = make([]int32, 0, n)
 	}
-	for _, our := range prefix[:len(prefix)-1] {
+	for _, h := range prefix[:len(prefix)-1] {
+		our := uint64(h)
 		i := ts.nodeFor(our, parent)
 		if ts.ref(i, tier) {
 			stored = append(stored, our)
@@ -278,7 +278,7 @@ func (ts *targetState) anchor(ext uint64, prefix []uint64, tier Tier, stored []u
 		nodes = append(nodes, i)
 		parent = i
 	}
-	our := prefix[len(prefix)-1]
+	our := uint64(prefix[len(prefix)-1])
 	i, became := ts.storeOne(ext, our, parent, tier)
 	if became {
 		stored = append(stored, our)
@@ -291,7 +291,7 @@ func (ts *targetState) anchor(ext uint64, prefix []uint64, tier Tier, stored []u
 
 // releaseAnchor drops the prefix references of the anchor ext once it left tier; it appends
 // the blocks that stopped being resident to removed.
-func (ts *targetState) releaseAnchor(ext uint64, tier Tier, removed []uint64) []uint64 {
+func (ts *targetState) releaseAnchor(ext kvkey.EngineHash, tier Tier, removed []uint64) []uint64 {
 	a, ok := ts.anchors[ext]
 	if !ok || a.tier != tier {
 		return removed
@@ -333,14 +333,14 @@ func (ts *targetState) storeTokenless(e *BlockStored, tier Tier) {
 	for _, h := range e.BlockHashes {
 		var our uint64
 		var parent int32
-		if x, ok := ts.ext[h.U]; ok {
+		if x, ok := ts.ext[h.Engine()]; ok {
 			n := &ts.slab[x.node]
 			our, parent = n.our, n.parent
-		} else if our, parent, ok = ts.resolveRemoved(h.U); !ok {
+		} else if our, parent, ok = ts.resolveRemoved(h.Engine()); !ok {
 			ts.stats.drop(dropUnresolved, 1)
 			continue
 		}
-		if _, became := ts.storeOne(h.U, our, parent, tier); became {
+		if _, became := ts.storeOne(h.Engine(), our, parent, tier); became {
 			stored = append(stored, our)
 		}
 	}
@@ -354,7 +354,7 @@ func (ts *targetState) storeTokenless(e *BlockStored, tier Tier) {
 // resolveRemoved finds a worker hash whose last reference was removed recently (the GPU copy
 // evicted before the CPU offload's placeholder store arrived): our hash and the parent node,
 // re-created outside every set if it is gone too, so the block keeps its chain position.
-func (ts *targetState) resolveRemoved(ext uint64) (our uint64, parent int32, ok bool) {
+func (ts *targetState) resolveRemoved(ext kvkey.EngineHash) (our uint64, parent int32, ok bool) {
 	b, ok := ts.recent.take(ext)
 	if !ok {
 		return 0, -1, false
@@ -372,7 +372,7 @@ func (ts *targetState) resolveRemoved(ext uint64) (our uint64, parent int32, ok 
 
 // rememberRemoved records a worker hash whose last reference is about to go; node i must still
 // be a member of some set (so its parent index is valid).
-func (ts *targetState) rememberRemoved(ext uint64, i int32) {
+func (ts *targetState) rememberRemoved(ext kvkey.EngineHash, i int32) {
 	n := &ts.slab[i]
 	b := removedBlock{our: n.our}
 	if n.parent >= 0 {
@@ -387,7 +387,7 @@ func (ts *targetState) rememberRemovals() bool { return ts.lowerTiers && ts.ix.o
 
 // storeOne adds one reference; it returns the node and whether the block became resident in
 // the tier.
-func (ts *targetState) storeOne(ext, our uint64, parent int32, tier Tier) (int32, bool) {
+func (ts *targetState) storeOne(ext kvkey.EngineHash, our uint64, parent int32, tier Tier) (int32, bool) {
 	x, ok := ts.ext[ext]
 	if ok && ts.slab[x.node].our != our {
 		// The worker reuses a hash for different content: its earlier state is stale.
@@ -499,7 +499,7 @@ func (ts *targetState) applyRemoved(e *BlockRemoved) {
 	ts.stats.events[kindRemoved][tier].Add(1)
 	removed := ts.out[tier][:0]
 	for _, h := range e.BlockHashes {
-		x, ok := ts.ext[h.U]
+		x, ok := ts.ext[h.Engine()]
 		if !ok || x.refs[tier] == 0 {
 			ts.stats.drop(dropNotFound, 1)
 			continue
@@ -507,18 +507,18 @@ func (ts *targetState) applyRemoved(e *BlockRemoved) {
 		x.refs[tier]--
 		if x.refs == [numTiers]int32{} {
 			if ts.rememberRemovals() {
-				ts.rememberRemoved(h.U, x.node)
+				ts.rememberRemoved(h.Engine(), x.node)
 			}
-			delete(ts.ext, h.U)
+			delete(ts.ext, h.Engine())
 		} else {
-			ts.ext[h.U] = x
+			ts.ext[h.Engine()] = x
 		}
 		our := ts.slab[x.node].our
 		if ts.unref(x.node, tier) {
 			removed = append(removed, our)
 		}
 		if x.refs[tier] == 0 {
-			removed = ts.releaseAnchor(h.U, tier, removed)
+			removed = ts.releaseAnchor(h.Engine(), tier, removed)
 		}
 		ts.stats.blocks[kindRemoved][tier].Add(1)
 	}

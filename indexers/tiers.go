@@ -1,7 +1,7 @@
 package indexers
 
 import (
-	"github.com/kvgate/kvgate/tokenize"
+	"github.com/kvgate/kvgate/kvkey"
 	"github.com/zeebo/xxh3"
 )
 
@@ -65,7 +65,7 @@ func mainAttentionKind(k Opt[string]) bool {
 // foldExtraKeys turns one block's wire extra keys into the u64 extra keys of docs/ARCHITECTURE.md,
 // "Block hashes": the LoRA name (first item equal to lora_name) is skipped because it already moved
 // the seed; strings (cache salt on block 0, older bare multimodal ids) and the identifier of
-// (identifier, offset) tuples enter as tokenize.ExtraKeyHash; prompt-embeds bytes enter as xxh3 of
+// (identifier, offset) tuples enter as kvkey.ExtraKeyHash; prompt-embeds bytes enter as xxh3 of
 // the digest, so such blocks never match text-only requests; ints enter as-is.
 func foldExtraKeys(keys []any, loraName string, out []uint64) []uint64 {
 	skippedLoRA := false
@@ -76,11 +76,11 @@ func foldExtraKeys(keys []any, loraName string, out []uint64) []uint64 {
 				skippedLoRA = true
 				continue
 			}
-			out = append(out, tokenize.ExtraKeyHash(x))
+			out = append(out, kvkey.ExtraKeyHash(x))
 		case []any:
 			if len(x) > 0 {
 				if id, ok := x[0].(string); ok {
-					out = append(out, tokenize.ExtraKeyHash(id))
+					out = append(out, kvkey.ExtraKeyHash(id))
 				}
 			}
 		case []byte:

@@ -1,6 +1,10 @@
 package indexers
 
-import "encoding/binary"
+import (
+	"encoding/binary"
+
+	"github.com/kvgate/kvgate/kvkey"
+)
 
 // Event type tags as vLLM writes them (msgspec tag = class name).
 const (
@@ -29,8 +33,10 @@ type Opt[T any] struct {
 // Some returns a set Opt holding v.
 func Some[T any](v T) Opt[T] { return Opt[T]{V: v, Set: true} }
 
-// BlockHash is vLLM's opaque ExternalBlockHash (bytes | int).
-type BlockHash struct {
+// WireHash is an engine hash as a KV event carries it: vLLM's opaque ExternalBlockHash
+// (bytes | int, vllm/distributed/kv_events.py). Engine returns the kvkey.EngineHash the index
+// keys it by; kvgate's own content key is kvkey.BlockHash, never one of these.
+type WireHash struct {
 	// U is the 64-bit value: an int's bit pattern (negative int64 bit-cast), or for a bytes
 	// hash the low 64 bits of the big-endian digest, as vLLM's int mode would report it.
 	U uint64
@@ -41,12 +47,15 @@ type BlockHash struct {
 	Raw []byte
 }
 
+// Engine returns the hash's 64-bit value as the index keys it (per target).
+func (h WireHash) Engine() kvkey.EngineHash { return kvkey.EngineHash(h.U) }
+
 // IntHash returns the int form of a hash as vLLM's default int mode sends it.
-func IntHash(u uint64) BlockHash { return BlockHash{U: u} }
+func IntHash(u uint64) WireHash { return WireHash{U: u} }
 
 // BytesHash returns a bytes-mode hash; U is derived from the digest's last 8 bytes.
-func BytesHash(digest []byte) BlockHash {
-	return BlockHash{U: bytesToU64(digest), Raw: digest}
+func BytesHash(digest []byte) WireHash {
+	return WireHash{U: bytesToU64(digest), Raw: digest}
 }
 
 func bytesToU64(b []byte) uint64 {
@@ -73,8 +82,8 @@ type Event interface{ eventTag() string }
 // Optional fields that the current schema omits when None are Opt; ExtraKeys is written in the map
 // layout only when non-nil.
 type BlockStored struct {
-	BlockHashes     []BlockHash
-	ParentBlockHash Opt[BlockHash]
+	BlockHashes     []WireHash
+	ParentBlockHash Opt[WireHash]
 	TokenIDs        []uint32
 	BlockSize       int64
 	LoRAID          Opt[int64]
@@ -93,7 +102,7 @@ type BlockStored struct {
 
 // BlockRemoved announces evicted blocks.
 type BlockRemoved struct {
-	BlockHashes []BlockHash
+	BlockHashes []WireHash
 	Medium      Opt[string]
 	GroupIdx    Opt[int64]
 	Locality    Opt[string]

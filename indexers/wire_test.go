@@ -58,12 +58,12 @@ func batch31() *EventBatch {
 		TS: 1700000000.5,
 		Events: []Event{
 			&BlockStored{
-				BlockHashes: []BlockHash{IntHash(1), IntHash(2)},
+				BlockHashes: []WireHash{IntHash(1), IntHash(2)},
 				TokenIDs:    []uint32{1, 2, 3, 4, 5, 6, 7, 8}, BlockSize: 4,
 				Medium: Some(MediumGPU), ExtraKeys: [][]any{nil, nil},
 				GroupIdx: Some[int64](0), KVCacheSpecKind: Some("full_attention"),
 			},
-			&BlockRemoved{BlockHashes: []BlockHash{IntHash(1)}, Medium: Some(MediumGPU), GroupIdx: Some[int64](0)},
+			&BlockRemoved{BlockHashes: []WireHash{IntHash(1)}, Medium: Some(MediumGPU), GroupIdx: Some[int64](0)},
 			&AllBlocksCleared{},
 		},
 		DPRank: Some[int64](0),
@@ -72,7 +72,7 @@ func batch31() *EventBatch {
 
 func batch34() *EventBatch {
 	return &EventBatch{TS: 1789095808.8378847, DPRank: Some[int64](0), Events: []Event{&BlockStored{
-		BlockHashes: []BlockHash{IntHash(15760518052499183552)},
+		BlockHashes: []WireHash{IntHash(15760518052499183552)},
 		TokenIDs: []uint32{151644, 872, 198, 9064, 374, 279, 6722, 315, 5616, 30, 151645, 198, 151644,
 			77091, 198, 151667},
 		BlockSize: 16, Medium: Some(MediumGPU), ExtraKeys: [][]any{nil},
@@ -86,7 +86,7 @@ func batch35() *EventBatch {
 		toks[i] = uint32(100 + i)
 	}
 	return &EventBatch{TS: 1700000000.5, DPRank: Some[int64](1), Events: []Event{&BlockStored{
-		BlockHashes:     []BlockHash{IntHash(15760518052499183552)},
+		BlockHashes:     []WireHash{IntHash(15760518052499183552)},
 		ParentBlockHash: Some(IntHash(12345678901234567890)),
 		TokenIDs:        toks, BlockSize: 16, LoRAID: Some[int64](1), Medium: Some(MediumGPU),
 		LoRAName:                 Some("sql-lora"),
@@ -117,21 +117,21 @@ func vectorCases(t testing.TB) []vectorCase {
 		{"array v0.22/0.23", vec32, batch31(), EncodeOptions{Layout: LayoutArray}, nil},
 		{"v0.9.0", vec33, func() *EventBatch { b := batch31(); b.DPRank = Opt[int64]{}; return b }(), EncodeOptions{Layout: LayoutV090},
 			&EventBatch{TS: 1700000000.5, Events: []Event{
-				&BlockStored{BlockHashes: []BlockHash{IntHash(1), IntHash(2)}, TokenIDs: []uint32{1, 2, 3, 4, 5, 6, 7, 8}, BlockSize: 4},
-				&BlockRemoved{BlockHashes: []BlockHash{IntHash(1)}}, &AllBlocksCleared{}}}},
+				&BlockStored{BlockHashes: []WireHash{IntHash(1), IntHash(2)}, TokenIDs: []uint32{1, 2, 3, 4, 5, 6, 7, 8}, BlockSize: 4},
+				&BlockRemoved{BlockHashes: []WireHash{IntHash(1)}}, &AllBlocksCleared{}}}},
 		{"v0.26 capture", vec34, batch34(), EncodeOptions{}, nil},
 		{"rich", vec35, batch35(), EncodeOptions{}, nil},
 		{"nil dp rank", vec36NilDP, oneEvent(&AllBlocksCleared{}, Opt[int64]{}), EncodeOptions{}, nil},
 		{"CPU placeholder", batchPrefix1 + vec36CPU + "00", oneEvent(&BlockStored{
-			BlockHashes: []BlockHash{IntHash(2164874634404590027)}, TokenIDs: []uint32{},
+			BlockHashes: []WireHash{IntHash(2164874634404590027)}, TokenIDs: []uint32{},
 			Medium: Some(MediumCPU)}, Some[int64](0)), EncodeOptions{}, nil},
 		{"bytes hash", batchPrefix1 + "83a474797065ac426c6f636b52656d6f766564ac626c6f636b5f68617368657391c420" +
 			sha256H0 + "a66d656469756da3475055" + "00",
-			oneEvent(&BlockRemoved{BlockHashes: []BlockHash{BytesHash(sha)}, Medium: Some(MediumGPU)}, Some[int64](0)),
+			oneEvent(&BlockRemoved{BlockHashes: []WireHash{BytesHash(sha)}, Medium: Some(MediumGPU)}, Some[int64](0)),
 			EncodeOptions{}, nil},
 		{"negative int64", batchPrefix1 + "83a474797065ac426c6f636b52656d6f766564ac626c6f636b5f6861736865739" +
 			"1d3f945989605c9f45fa66d656469756da3475055" + "00",
-			oneEvent(&BlockRemoved{BlockHashes: []BlockHash{{U: uint64(0xf945989605c9f45f), Neg: true}},
+			oneEvent(&BlockRemoved{BlockHashes: []WireHash{{U: uint64(0xf945989605c9f45f), Neg: true}},
 				Medium: Some(MediumGPU)}, Some[int64](0)),
 			EncodeOptions{}, nil},
 	}

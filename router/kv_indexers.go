@@ -4,6 +4,7 @@ import (
 	"sync"
 
 	"github.com/kvgate/kvgate/indexers"
+	"github.com/kvgate/kvgate/kvkey"
 	"github.com/kvgate/kvgate/workers"
 )
 
@@ -28,7 +29,7 @@ func (m *indexMatcher) MatchTiers(hashes []uint64, targets []workers.Target, out
 	clear(out)
 	buf := m.ov.Get().(*[]indexers.Overlap)
 	defer m.ov.Put(buf)
-	*buf = m.ix.MatchInto(hashes, *buf)
+	*buf = m.ix.MatchInto(kvkey.AsBlockHashes(hashes), *buf)
 	ov := *buf
 	if len(ov) == 0 {
 		return
@@ -59,7 +60,7 @@ func (m *indexMatcher) MatchTiers(hashes []uint64, targets []workers.Target, out
 
 // NoteRouted implements RoutedRecorder (indexers.Index.NoteRouted).
 func (m *indexMatcher) NoteRouted(t workers.Target, local, seq []uint64) {
-	m.ix.NoteRouted(t, local, seq)
+	m.ix.NoteRouted(t, local, kvkey.AsBlockHashes(seq))
 }
 
 // ManagerHealth reports a target's KV event stream healthy while its subscription is live or

@@ -5,16 +5,16 @@ import (
 	"runtime"
 	"testing"
 
-	"github.com/kvgate/kvgate/workers"
+	"github.com/kvgate/kvgate/kvkey"
 )
 
 // allResident is an index stub whose match costs nothing, so benchmarks measure the session
 // index alone: every prefix is resident and the residency version never moves.
 type allResident struct{}
 
-func (allResident) ResidencyVersion(workers.Target) uint64      { return 0 }
-func (allResident) IsResidentG1(workers.Target, uint64) bool    { return true }
-func (allResident) DeepestG1(_ workers.Target, hs []uint64) int { return len(hs) }
+func (allResident) ResidencyVersion(kvkey.Target) uint64      { return 0 }
+func (allResident) IsResidentG1(kvkey.Target, uint64) bool    { return true }
+func (allResident) DeepestG1(_ kvkey.Target, hs []uint64) int { return len(hs) }
 
 const (
 	benchChain     = 256 // blocks per session chain
@@ -40,16 +40,16 @@ func benchChains() [][]uint64 {
 	return out
 }
 
-func benchTarget(s int) workers.Target {
-	return workers.Target{Worker: fmt.Sprintf("http://w%d", s%benchTargets)}
+func benchTarget(s int) kvkey.Target {
+	return kvkey.Target{Worker: fmt.Sprintf("http://w%d", s%benchTargets)}
 }
 
 // prefixResident is an index stub that reports the first n blocks of any prompt resident.
 type prefixResident struct{ n int }
 
-func (*prefixResident) ResidencyVersion(workers.Target) uint64   { return 0 }
-func (*prefixResident) IsResidentG1(workers.Target, uint64) bool { return true }
-func (p *prefixResident) DeepestG1(_ workers.Target, hs []uint64) int {
+func (*prefixResident) ResidencyVersion(kvkey.Target) uint64   { return 0 }
+func (*prefixResident) IsResidentG1(kvkey.Target, uint64) bool { return true }
+func (p *prefixResident) DeepestG1(_ kvkey.Target, hs []uint64) int {
 	return min(p.n, len(hs))
 }
 
@@ -71,7 +71,7 @@ func BenchmarkOnRouted(b *testing.B) {
 				b.Fatal(err)
 			}
 			chains := benchChains()
-			targets := make([]workers.Target, benchFrontiers)
+			targets := make([]kvkey.Target, benchFrontiers)
 			ids := make([]string, benchFrontiers)
 			gen := make([]int, benchFrontiers)
 			turn := make([]int, benchFrontiers)
@@ -126,7 +126,7 @@ func BenchmarkStoredChainReplay(b *testing.B) {
 		ids[s] = fmt.Sprint("session-", s)
 		m.Observe(Identity{SessionID: ids[s]})
 	}
-	targets := make([]workers.Target, benchFrontiers)
+	targets := make([]kvkey.Target, benchFrontiers)
 	for s := range targets {
 		targets[s] = benchTarget(s)
 	}

@@ -5,14 +5,14 @@ import (
 	"sort"
 	"time"
 
-	"github.com/kvgate/kvgate/workers"
+	"github.com/kvgate/kvgate/kvkey"
 )
 
 // Frontier is one of a session's deepest blocks known resident on a target.
 type Frontier struct {
-	Target  workers.Target `json:"target"`
-	Hash    uint64         `json:"-"`
-	HashHex string         `json:"hash"`
+	Target  kvkey.Target `json:"target"`
+	Hash    uint64       `json:"-"`
+	HashHex string       `json:"hash"`
 	// Depth counts blocks from the lineage's top down to the frontier, inclusive.
 	Depth int `json:"depth"`
 	// Rooted is false when the top is a temporary root (the blocks above it are not known yet).
@@ -23,33 +23,33 @@ type Frontier struct {
 
 // GroupMember is a target where children of a session landed.
 type GroupMember struct {
-	Target  workers.Target `json:"target"`
-	Members int            `json:"members"`
+	Target  kvkey.Target `json:"target"`
+	Members int          `json:"members"`
 }
 
 // SessionView is the JSON body of GET /debug/sessions/{id}.
 type SessionView struct {
-	ID        string          `json:"id"`
-	ParentID  string          `json:"parent_session_id,omitempty"`
-	RootID    string          `json:"root_session_id,omitempty"`
-	Implicit  bool            `json:"implicit,omitempty"`
-	Affinity  *workers.Target `json:"affinity,omitempty"`
-	Routed    uint64          `json:"routed_requests"`
-	Created   time.Time       `json:"created"`
-	LastSeen  time.Time       `json:"last_seen"`
-	Frontiers []Frontier      `json:"frontiers"`
-	Children  []string        `json:"children,omitempty"`
-	Group     []GroupMember   `json:"sibling_group,omitempty"`
-	Pending   *Frontier       `json:"in_flight_prompt,omitempty"`
+	ID        string        `json:"id"`
+	ParentID  string        `json:"parent_session_id,omitempty"`
+	RootID    string        `json:"root_session_id,omitempty"`
+	Implicit  bool          `json:"implicit,omitempty"`
+	Affinity  *kvkey.Target `json:"affinity,omitempty"`
+	Routed    uint64        `json:"routed_requests"`
+	Created   time.Time     `json:"created"`
+	LastSeen  time.Time     `json:"last_seen"`
+	Frontiers []Frontier    `json:"frontiers"`
+	Children  []string      `json:"children,omitempty"`
+	Group     []GroupMember `json:"sibling_group,omitempty"`
+	Pending   *Frontier     `json:"in_flight_prompt,omitempty"`
 	// Hints is what the router would be told for this session's next request.
 	Hints []HintView `json:"hints"`
 }
 
 // HintView is a Hint as the debug view shows it (snake_case keys like the rest of the API).
 type HintView struct {
-	Target workers.Target `json:"target"`
-	Rule   string         `json:"rule"`
-	Blocks float64        `json:"blocks"`
+	Target kvkey.Target `json:"target"`
+	Rule   string       `json:"rule"`
+	Blocks float64      `json:"blocks"`
 }
 
 // Frontiers returns the session's frontiers on every target (nil for an unknown session).
@@ -66,7 +66,7 @@ func (m *Manager) Frontiers(sessionID string) []Frontier {
 // Lineage returns, for each of the session's frontiers on target, the block hashes from the root
 // down to the frontier; with anchor non-nil, from that block down, skipping frontiers whose path
 // does not contain it.
-func (m *Manager) Lineage(sessionID string, target workers.Target, anchor *uint64) [][]uint64 {
+func (m *Manager) Lineage(sessionID string, target kvkey.Target, anchor *uint64) [][]uint64 {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	s, _, ok := m.lookup(sessionID)

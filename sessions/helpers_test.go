@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvgate/kvgate/workers"
+	"github.com/kvgate/kvgate/kvkey"
 )
 
 // fakeIndex is a minimal physical G1 index: resident sets and residency versions per target.
@@ -13,17 +13,17 @@ import (
 // removals between the match and the session update.
 type fakeIndex struct {
 	mu        sync.Mutex
-	res       map[workers.Target]map[uint64]bool
-	ver       map[workers.Target]uint64
+	res       map[kvkey.Target]map[uint64]bool
+	ver       map[kvkey.Target]uint64
 	onDeepest func(call int)
 	calls     int
 }
 
 func newFakeIndex() *fakeIndex {
-	return &fakeIndex{res: map[workers.Target]map[uint64]bool{}, ver: map[workers.Target]uint64{}}
+	return &fakeIndex{res: map[kvkey.Target]map[uint64]bool{}, ver: map[kvkey.Target]uint64{}}
 }
 
-func (x *fakeIndex) store(t workers.Target, hs ...uint64) {
+func (x *fakeIndex) store(t kvkey.Target, hs ...uint64) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	if x.res[t] == nil {
@@ -34,7 +34,7 @@ func (x *fakeIndex) store(t workers.Target, hs ...uint64) {
 	}
 }
 
-func (x *fakeIndex) remove(t workers.Target, hs ...uint64) {
+func (x *fakeIndex) remove(t kvkey.Target, hs ...uint64) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	for _, h := range hs {
@@ -43,19 +43,19 @@ func (x *fakeIndex) remove(t workers.Target, hs ...uint64) {
 	x.ver[t]++
 }
 
-func (x *fakeIndex) ResidencyVersion(t workers.Target) uint64 {
+func (x *fakeIndex) ResidencyVersion(t kvkey.Target) uint64 {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	return x.ver[t]
 }
 
-func (x *fakeIndex) IsResidentG1(t workers.Target, h uint64) bool {
+func (x *fakeIndex) IsResidentG1(t kvkey.Target, h uint64) bool {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	return x.res[t][h]
 }
 
-func (x *fakeIndex) DeepestG1(t workers.Target, hs []uint64) int {
+func (x *fakeIndex) DeepestG1(t kvkey.Target, hs []uint64) int {
 	x.mu.Lock()
 	n := 0
 	for n < len(hs) && x.res[t][hs[n]] {
@@ -71,10 +71,10 @@ func (x *fakeIndex) DeepestG1(t workers.Target, hs []uint64) int {
 }
 
 var (
-	tA  = workers.Target{Worker: "http://a", DPRank: 0}
-	tB  = workers.Target{Worker: "http://b", DPRank: 0}
-	tC  = workers.Target{Worker: "http://c", DPRank: 0}
-	tA1 = workers.Target{Worker: "http://a", DPRank: 1}
+	tA  = kvkey.Target{Worker: "http://a", DPRank: 0}
+	tB  = kvkey.Target{Worker: "http://b", DPRank: 0}
+	tC  = kvkey.Target{Worker: "http://c", DPRank: 0}
+	tA1 = kvkey.Target{Worker: "http://a", DPRank: 1}
 )
 
 // fakeClock is a settable clock for TTL tests.
@@ -94,8 +94,8 @@ func newTestManager(t *testing.T, cfg Config, idx Residency) (*Manager, *fakeClo
 }
 
 // frontierDepths returns target → depths of the session's frontiers there.
-func frontierDepths(m *Manager, id string) map[workers.Target][]int {
-	out := map[workers.Target][]int{}
+func frontierDepths(m *Manager, id string) map[kvkey.Target][]int {
+	out := map[kvkey.Target][]int{}
 	for _, f := range m.Frontiers(id) {
 		out[f.Target] = append(out[f.Target], f.Depth)
 	}

@@ -1,10 +1,10 @@
 package sessions
 
-import "github.com/kvgate/kvgate/workers"
+import "github.com/kvgate/kvgate/kvkey"
 
 // Hint is a soft placement preference derived from session state, folded into the router's cost.
 type Hint struct {
-	Target workers.Target `json:"target"`
+	Target kvkey.Target `json:"target"`
 	// Rule names what produced the hint ("affinity", "parent", "lineage_root", "sibling_group", ...);
 	// it is reported in the decision record.
 	Rule string `json:"rule"`

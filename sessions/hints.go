@@ -3,7 +3,7 @@ package sessions
 import (
 	"sort"
 
-	"github.com/kvgate/kvgate/workers"
+	"github.com/kvgate/kvgate/kvkey"
 )
 
 // Hints returns the soft placement preferences for a request of sessionID whose parent session is
@@ -86,7 +86,7 @@ func (m *Manager) hintsLocked(sessionID, parentID string) []Hint {
 		return nil
 	}
 	var hints []Hint
-	add := func(t workers.Target, rule string) {
+	add := func(t kvkey.Target, rule string) {
 		for _, h := range hints {
 			if h.Target == t {
 				return
@@ -112,7 +112,7 @@ func (m *Manager) hintsLocked(sessionID, parentID string) []Hint {
 
 // sessionTargets adds the targets where s has frontiers (most recently updated first), or its
 // affinity target when it has no frontier.
-func sessionTargets(s *hintRec, rule string, add func(workers.Target, string)) {
+func sessionTargets(s *hintRec, rule string, add func(kvkey.Target, string)) {
 	idx := make([]int, len(s.frontiers))
 	for i := range idx {
 		idx[i] = i
@@ -129,7 +129,7 @@ func sessionTargets(s *hintRec, rule string, add func(workers.Target, string)) {
 // groupTargets adds the targets where children of parent landed, most members first. When the
 // first target got busy and a sibling spilled, both stay preferred (the lineage-aware "warm second
 // worker"): later siblings then choose by load between warmed workers instead of a cold one.
-func groupTargets(parent *hintRec, add func(workers.Target, string)) {
+func groupTargets(parent *hintRec, add func(kvkey.Target, string)) {
 	g := append([]groupTarget(nil), parent.group...)
 	sort.SliceStable(g, func(a, b int) bool { return g[a].members > g[b].members })
 	for _, t := range g {

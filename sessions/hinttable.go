@@ -3,7 +3,7 @@ package sessions
 import (
 	"sync"
 
-	"github.com/kvgate/kvgate/workers"
+	"github.com/kvgate/kvgate/kvkey"
 )
 
 // hintTable is the hint side of the manager: per session, the few fields Hints reads, kept
@@ -21,14 +21,14 @@ type hintTable struct {
 type hintRec struct {
 	parent      string
 	hasAffinity bool
-	affinity    workers.Target
+	affinity    kvkey.Target
 	frontiers   []targetTick // the session's frontiers' targets with their last update
 	group       []groupTarget
 }
 
 // targetTick is one frontier as hints see it.
 type targetTick struct {
-	target workers.Target
+	target kvkey.Target
 	tick   uint64
 }
 

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvgate/kvgate/workers"
+	"github.com/kvgate/kvgate/kvkey"
 )
 
 // Hint lookups read the hint table only: while event application holds the state lock (here
@@ -16,7 +16,7 @@ func TestHintsDoNotWaitForEventApplication(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tg := workers.Target{Worker: "http://w:1"}
+	tg := kvkey.Target{Worker: "http://w:1"}
 	m.Observe(Identity{SessionID: "s"})
 	m.OnRouted("s", tg, nil)
 	m.mu.Lock() // an event batch being applied
@@ -41,7 +41,7 @@ func TestConcurrentHintsDuringApply(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tA, tB := workers.Target{Worker: "http://a:1"}, workers.Target{Worker: "http://b:1"}
+	tA, tB := kvkey.Target{Worker: "http://a:1"}, kvkey.Target{Worker: "http://b:1"}
 	m.Observe(Identity{SessionID: "p"})
 	m.Observe(Identity{SessionID: "c", ParentID: "p"})
 	stop := make(chan struct{})
@@ -61,7 +61,7 @@ func TestConcurrentHintsDuringApply(t *testing.T) {
 		})
 	}
 	for i := range 300 {
-		tg := []workers.Target{tA, tB}[i%2]
+		tg := []kvkey.Target{tA, tB}[i%2]
 		h := uint64(i*2 + 1)
 		if err := m.ApplyStored(tg, []uint64{h, h + 1}, 0, "p"); err != nil {
 			t.Fatal(err)

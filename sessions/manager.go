@@ -5,17 +5,17 @@ import (
 	"sync"
 	"time"
 
-	"github.com/kvgate/kvgate/workers"
+	"github.com/kvgate/kvgate/kvkey"
 )
 
 // Residency is what the session index needs from the physical (tiered) index.
 type Residency interface {
 	// ResidencyVersion increases on every removal or clear on the target.
-	ResidencyVersion(t workers.Target) uint64
+	ResidencyVersion(t kvkey.Target) uint64
 	// IsResidentG1 reports whether the block is resident on the target's GPU.
-	IsResidentG1(t workers.Target, hash uint64) bool
+	IsResidentG1(t kvkey.Target, hash uint64) bool
 	// DeepestG1 returns how many leading hashes are resident on the target's GPU.
-	DeepestG1(t workers.Target, hashes []uint64) int
+	DeepestG1(t kvkey.Target, hashes []uint64) int
 }
 
 // Manager owns session state: identity records, affinity, the shared prefix forest with per-session
@@ -43,7 +43,7 @@ type Manager struct {
 	head     uint32
 	tail     uint32
 	tick     uint64
-	rev      map[workers.Target]map[NodeRef]revList
+	rev      map[kvkey.Target]map[NodeRef]revList
 	rmHits   []removalHit // ApplyRemoved scratch
 	rmBelow  []uint32
 	rmSess   []sessRef
@@ -71,7 +71,7 @@ func New(cfg Config, idx Residency, log *slog.Logger) (*Manager, error) {
 		f:    newForest(cfg.MaxNodes),
 		byID: make(map[string]uint32),
 		head: nilSlot, tail: nilSlot,
-		rev:   make(map[workers.Target]map[NodeRef]revList),
+		rev:   make(map[kvkey.Target]map[NodeRef]revList),
 		hints: hintTable{byID: make(map[string]*hintRec)},
 	}, nil
 }

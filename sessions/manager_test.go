@@ -6,7 +6,7 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/kvgate/kvgate/workers"
+	"github.com/kvgate/kvgate/kvkey"
 )
 
 func TestOnRoutedAdvancesFrontierFromG1Match(t *testing.T) {
@@ -15,26 +15,26 @@ func TestOnRoutedAdvancesFrontierFromG1Match(t *testing.T) {
 	prompt := chain(1000, 10)
 	idx.store(tA, prompt[:6]...)
 	m.OnRouted("s1", tA, prompt)
-	if got := frontierDepths(m, "s1"); !reflect.DeepEqual(got, map[workers.Target][]int{tA: {6}}) {
+	if got := frontierDepths(m, "s1"); !reflect.DeepEqual(got, map[kvkey.Target][]int{tA: {6}}) {
 		t.Fatalf("frontiers = %v, want a:[6]", got)
 	}
 	// Next turn: the worker now holds the whole first prompt plus the reply; the frontier moves down.
 	turn2 := append(slices.Clone(prompt), chain(2000, 4)...)
 	idx.store(tA, turn2...)
 	m.OnRouted("s1", tA, turn2)
-	if got := frontierDepths(m, "s1"); !reflect.DeepEqual(got, map[workers.Target][]int{tA: {14}}) {
+	if got := frontierDepths(m, "s1"); !reflect.DeepEqual(got, map[kvkey.Target][]int{tA: {14}}) {
 		t.Fatalf("frontiers = %v, want a:[14]", got)
 	}
 	// A shallower match (an edited history) keeps the deeper frontier it descends from.
 	m.OnRouted("s1", tA, prompt[:3])
-	if got := frontierDepths(m, "s1"); !reflect.DeepEqual(got, map[workers.Target][]int{tA: {14}}) {
+	if got := frontierDepths(m, "s1"); !reflect.DeepEqual(got, map[kvkey.Target][]int{tA: {14}}) {
 		t.Fatalf("frontiers = %v, want a:[14]", got)
 	}
 	// A divergent branch on the same worker is a second frontier.
 	branch := append(slices.Clone(prompt[:4]), chain(3000, 3)...)
 	idx.store(tA, branch...)
 	m.OnRouted("s1", tA, branch)
-	if got := frontierDepths(m, "s1"); !reflect.DeepEqual(got, map[workers.Target][]int{tA: {14, 7}}) {
+	if got := frontierDepths(m, "s1"); !reflect.DeepEqual(got, map[kvkey.Target][]int{tA: {14, 7}}) {
 		t.Fatalf("frontiers = %v, want a:[14 7]", got)
 	}
 	lin := m.Lineage("s1", tA, nil)
@@ -60,7 +60,7 @@ func TestStoredEventsAttributedBySession(t *testing.T) {
 	if err := m.ApplyStored(tA, prompt[4:], prompt[3], "s1"); err != nil {
 		t.Fatal(err)
 	}
-	if got := frontierDepths(m, "s1"); !reflect.DeepEqual(got, map[workers.Target][]int{tA: {8}}) {
+	if got := frontierDepths(m, "s1"); !reflect.DeepEqual(got, map[kvkey.Target][]int{tA: {8}}) {
 		t.Fatalf("frontiers = %v, want a:[8]", got)
 	}
 	// An event for an untracked session creates no state.
@@ -75,7 +75,7 @@ func TestStoredEventsAttributedBySession(t *testing.T) {
 	if !errors.Is(err, ErrConflictingParent) {
 		t.Fatalf("err = %v, want ErrConflictingParent", err)
 	}
-	if got := frontierDepths(m, "s1"); !reflect.DeepEqual(got, map[workers.Target][]int{tA: {8}}) {
+	if got := frontierDepths(m, "s1"); !reflect.DeepEqual(got, map[kvkey.Target][]int{tA: {8}}) {
 		t.Fatalf("frontiers after rejected event = %v", got)
 	}
 	checkInvariants(t, m)
@@ -115,7 +115,7 @@ func TestRemovalRecedesFrontiers(t *testing.T) {
 	// The tail block goes: s1 recedes by one; s2 (depth 7) is untouched.
 	idx.remove(tA, p[9])
 	m.ApplyRemoved(tA, []uint64{p[9]})
-	want := map[string]map[workers.Target][]int{"s1": {tA: {9}, tB: {10}}, "s2": {tA: {7}}}
+	want := map[string]map[kvkey.Target][]int{"s1": {tA: {9}, tB: {10}}, "s2": {tA: {7}}}
 	for id, w := range want {
 		if got := frontierDepths(m, id); !reflect.DeepEqual(got, w) {
 			t.Fatalf("%s: %v, want %v", id, got, w)
@@ -124,7 +124,7 @@ func TestRemovalRecedesFrontiers(t *testing.T) {
 	// A middle block goes: both recede to its parent (the nearest ancestor not removed); tB keeps all.
 	idx.remove(tA, p[4], p[5])
 	m.ApplyRemoved(tA, []uint64{p[5], p[4]})
-	want = map[string]map[workers.Target][]int{"s1": {tA: {4}, tB: {10}}, "s2": {tA: {4}}}
+	want = map[string]map[kvkey.Target][]int{"s1": {tA: {4}, tB: {10}}, "s2": {tA: {4}}}
 	for id, w := range want {
 		if got := frontierDepths(m, id); !reflect.DeepEqual(got, w) {
 			t.Fatalf("%s: %v, want %v", id, got, w)
@@ -135,7 +135,7 @@ func TestRemovalRecedesFrontiers(t *testing.T) {
 	if got := frontierDepths(m, "s2"); len(got) != 0 {
 		t.Fatalf("s2 after root removal: %v", got)
 	}
-	if got := frontierDepths(m, "s1"); !reflect.DeepEqual(got, map[workers.Target][]int{tB: {10}}) {
+	if got := frontierDepths(m, "s1"); !reflect.DeepEqual(got, map[kvkey.Target][]int{tB: {10}}) {
 		t.Fatalf("s1 after root removal: %v", got)
 	}
 	// Removing blocks nobody tracks is a no-op.
@@ -147,17 +147,17 @@ func TestClearDropsOnlyThatTarget(t *testing.T) {
 	idx := newFakeIndex()
 	m, _ := newTestManager(t, Config{}, idx)
 	p := chain(1, 6)
-	for _, tg := range []workers.Target{tA, tA1, tB} {
+	for _, tg := range []kvkey.Target{tA, tA1, tB} {
 		idx.store(tg, p...)
 	}
 	m.OnRouted("s1", tA, p)
 	m.OnRouted("s1", tA1, p)
 	m.OnRouted("s2", tB, p)
 	m.ApplyCleared(tA)
-	if got := frontierDepths(m, "s1"); !reflect.DeepEqual(got, map[workers.Target][]int{tA1: {6}}) {
+	if got := frontierDepths(m, "s1"); !reflect.DeepEqual(got, map[kvkey.Target][]int{tA1: {6}}) {
 		t.Fatalf("s1 = %v, want only a#1", got)
 	}
-	if got := frontierDepths(m, "s2"); !reflect.DeepEqual(got, map[workers.Target][]int{tB: {6}}) {
+	if got := frontierDepths(m, "s2"); !reflect.DeepEqual(got, map[kvkey.Target][]int{tB: {6}}) {
 		t.Fatalf("s2 = %v", got)
 	}
 	checkInvariants(t, m)
@@ -303,7 +303,7 @@ func TestSlotReuseDoesNotAliasSessions(t *testing.T) {
 	if staleOK {
 		t.Fatal("stale frontier ref resolves after slot reuse")
 	}
-	if got := frontierDepths(m, "new"); !reflect.DeepEqual(got, map[workers.Target][]int{tA: {3}}) {
+	if got := frontierDepths(m, "new"); !reflect.DeepEqual(got, map[kvkey.Target][]int{tA: {3}}) {
 		t.Fatalf("new = %v", got)
 	}
 	checkInvariants(t, m)

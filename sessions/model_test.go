@@ -7,11 +7,11 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/kvgate/kvgate/workers"
+	"github.com/kvgate/kvgate/kvkey"
 )
 
 // clearTarget empties a target in the fake index (AllBlocksCleared / reset).
-func (x *fakeIndex) clearTarget(t workers.Target) {
+func (x *fakeIndex) clearTarget(t kvkey.Target) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	x.res[t] = map[uint64]bool{}
@@ -34,7 +34,7 @@ func TestModelRandomInterleavings(t *testing.T) {
 				cfg.MaxLineageBlocks = 5
 			}
 			m, clk := newTestManager(t, cfg, idx)
-			targets := []workers.Target{tA, tA1, tB, tC}
+			targets := []kvkey.Target{tA, tA1, tB, tC}
 			// Prompts are paths in a small trie: prompt p shares a prefix with prompt p-1.
 			var prompts [][]uint64
 			next := uint64(1)

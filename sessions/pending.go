@@ -4,7 +4,7 @@ import (
 	"sort"
 	"time"
 
-	"github.com/kvgate/kvgate/workers"
+	"github.com/kvgate/kvgate/kvkey"
 )
 
 // pendEntry queues a pending chain for expiry; at tells it from a later chain of the same session.
@@ -14,7 +14,7 @@ type pendEntry struct {
 }
 
 type prefixCand struct {
-	target workers.Target
+	target kvkey.Target
 	blocks int
 }
 
@@ -36,7 +36,7 @@ func (m *Manager) siblingPrefixLocked(sessionID, parentID string, hashes []uint6
 		return nil
 	}
 	m.expirePending()
-	byTarget := map[workers.Target][]uint32{}
+	byTarget := map[kvkey.Target][]uint32{}
 	consider := func(x *session) {
 		if x == nil || !x.hasPending || x.id == sessionID {
 			return
@@ -75,7 +75,7 @@ func (m *Manager) siblingPrefixLocked(sessionID, parentID string, hashes []uint6
 }
 
 // setPending records the routed prompt of session r as in flight on target.
-func (m *Manager) setPending(r sessRef, target workers.Target, hashes []uint64) {
+func (m *Manager) setPending(r sessRef, target kvkey.Target, hashes []uint64) {
 	slot, err := m.linkEvicting(hashes, ParentNone, 0, r)
 	if err != nil {
 		m.reject("pending", "", err)

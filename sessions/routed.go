@@ -3,7 +3,7 @@ package sessions
 import (
 	"errors"
 
-	"github.com/kvgate/kvgate/workers"
+	"github.com/kvgate/kvgate/kvkey"
 )
 
 // OnRouted is the post-selection update: the session's later turns prefer target, and its
@@ -11,7 +11,7 @@ import (
 // applied only if the target's residency version did not change while the match was taken
 // (retried once; then the matched prefix must still be resident), so a frontier is never
 // restored for blocks the index has removed.
-func (m *Manager) OnRouted(sessionID string, target workers.Target, hashes []uint64) {
+func (m *Manager) OnRouted(sessionID string, target kvkey.Target, hashes []uint64) {
 	if sessionID == "" {
 		return
 	}
@@ -47,7 +47,7 @@ func (m *Manager) OnRouted(sessionID string, target workers.Target, hashes []uin
 }
 
 // routedLocked applies a routing result with n verified G1 blocks.
-func (m *Manager) routedLocked(sessionID string, target workers.Target, hashes []uint64, n int) {
+func (m *Manager) routedLocked(sessionID string, target kvkey.Target, hashes []uint64, n int) {
 	matched := hashes[:n]
 	s, r := m.getOrCreate(sessionID, false, sessRef{slot: nilSlot})
 	first := !s.hasAffinity
@@ -89,7 +89,7 @@ func (m *Manager) routedLocked(sessionID string, target workers.Target, hashes [
 // depth d (rooted) and matched repeats its block at d, the forest path above it is matched's
 // own prefix (chained hashes), so only matched[d:] is linked and the frontier moves down without
 // walking the shared prefix. It reports false when it does not apply.
-func (m *Manager) advance(r sessRef, target workers.Target, matched []uint64) bool {
+func (m *Manager) advance(r sessRef, target kvkey.Target, matched []uint64) bool {
 	s, _ := m.resolveSess(r)
 	for i := range s.frontiers {
 		fr := &s.frontiers[i]
@@ -123,7 +123,7 @@ func (m *Manager) advance(r sessRef, target workers.Target, matched []uint64) bo
 }
 
 // joinGroup records that a child of parentID landed on target for its first request.
-func (m *Manager) joinGroup(parentID string, child sessRef, target workers.Target) {
+func (m *Manager) joinGroup(parentID string, child sessRef, target kvkey.Target) {
 	p, pr := m.getOrCreate(parentID, true, child)
 	m.markDirty(pr)
 	m.tick++

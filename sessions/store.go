@@ -3,7 +3,7 @@ package sessions
 import (
 	"time"
 
-	"github.com/kvgate/kvgate/workers"
+	"github.com/kvgate/kvgate/kvkey"
 )
 
 // sessRef names a session slot by generation, like NodeRef for nodes.
@@ -14,7 +14,7 @@ type sessRef struct {
 
 // frontier is one of a session's deepest blocks known resident on a target.
 type frontier struct {
-	target workers.Target
+	target kvkey.Target
 	node   NodeRef
 	// top is the highest block the claim vouches for: the top of node's lineage when the claim
 	// was made. A later graft can attach ancestors above it whose removals on this target may
@@ -25,7 +25,7 @@ type frontier struct {
 
 // groupTarget is a target where children of a session landed, with how many did.
 type groupTarget struct {
-	target  workers.Target
+	target  kvkey.Target
 	members int
 	tick    uint64
 }
@@ -33,7 +33,7 @@ type groupTarget struct {
 // pendingChain is a routed prompt whose blocks beyond the G1 match are being prefilled and not
 // yet announced by KV events (the lineage-aware extra credits them to relatives).
 type pendingChain struct {
-	target workers.Target
+	target kvkey.Target
 	node   NodeRef // deepest prompt block; holds a forest reference while set
 	at     time.Time
 }
@@ -54,7 +54,7 @@ type session struct {
 	prev, next uint32
 
 	hasAffinity bool
-	affinity    workers.Target
+	affinity    kvkey.Target
 	frontiers   []frontier
 	group       []groupTarget
 	children    []sessRef

@@ -13,9 +13,11 @@ import (
 // errEngineRestarted is reported to in-flight requests when the restart fault fires.
 var errEngineRestarted = errors.New("engine restarted")
 
-// engine is one DP rank: a vLLM v1-style scheduler loop with continuous batching over a paged
-// KV cache, advancing in steps whose duration comes from the timing model.
-type engine struct {
+// engineCore is one DP rank, the simulated counterpart of vLLM's EngineCore
+// (vllm/v1/engine/core.py): a v1-style scheduler loop with continuous batching over a paged KV
+// cache, advancing in steps whose duration comes from the timing model. (Not router.Engine,
+// the gateway's decision wrapper around a policy.)
+type engineCore struct {
 	rank int
 	w    *Worker
 	o    Options
@@ -48,9 +50,9 @@ type step struct {
 	decodes       int
 }
 
-func newEngine(w *Worker, rank int) *engine {
+func newEngineCore(w *Worker, rank int) *engineCore {
 	o := w.opts
-	return &engine{
+	return &engineCore{
 		rank:   rank,
 		w:      w,
 		o:      o,
@@ -63,7 +65,7 @@ func newEngine(w *Worker, rank int) *engine {
 
 // enqueue hands a request to the engine; false when MaxWaiting requests already wait beyond
 // a full batch (the bound on everything the engine holds).
-func (e *engine) enqueue(r *simRequest) bool {
+func (e *engineCore) enqueue(r *simRequest) bool {
 	if e.inflight.Add(1) > int64(e.o.MaxWaiting+e.o.MaxNumSeqs) {
 		e.inflight.Add(-1)
 		return false
@@ -77,7 +79,7 @@ func (e *engine) enqueue(r *simRequest) bool {
 	}
 }
 
-func (e *engine) run(ctx context.Context) {
+func (e *engineCore) run(ctx context.Context) {
 	now := time.Now()
 	e.next, e.lastStall, e.lastReset = now, now, now
 	idle := time.NewTimer(time.Hour)
@@ -130,7 +132,7 @@ func (e *engine) run(ctx context.Context) {
 	}
 }
 
-func (e *engine) drainInbox(ctx context.Context) {
+func (e *engineCore) drainInbox(ctx context.Context) {
 	for {
 		select {
 		case r := <-e.submit:
@@ -143,13 +145,13 @@ func (e *engine) drainInbox(ctx context.Context) {
 	}
 }
 
-func (e *engine) admit(r *simRequest) {
+func (e *engineCore) admit(r *simRequest) {
 	e.waiting = append(e.waiting, r)
 }
 
 // dropCancelled aborts requests whose client went away: vLLM frees their blocks (which stay
 // cached) and emits nothing.
-func (e *engine) dropCancelled() {
+func (e *engineCore) dropCancelled() {
 	keep := func(list []*simRequest) []*simRequest {
 		return slices.DeleteFunc(list, func(r *simRequest) bool {
 			if !r.cancelled.Load() {
@@ -167,7 +169,7 @@ func (e *engine) dropCancelled() {
 // schedule builds one step like vLLM's v1 scheduler: running requests first (decode or the
 // next prefill chunk), preempting the newest running request when KV blocks run out, then
 // waiting requests in FIFO order while seats, token budget and blocks allow.
-func (e *engine) schedule() step {
+func (e *engineCore) schedule() step {
 	var st step
 	budget := e.o.MaxNumBatchedTokens
 	preempted := false
@@ -227,7 +229,7 @@ func (e *engine) schedule() step {
 	return st
 }
 
-func (e *engine) addToStep(st *step, r *simRequest, numNew int) {
+func (e *engineCore) addToStep(st *step, r *simRequest, numNew int) {
 	st.reqs = append(st.reqs, r)
 	st.numNew = append(st.numNew, numNew)
 	if numNew == 1 && r.computed == len(r.seq.tokens)-1 && len(r.seq.tokens) > r.promptLen {
@@ -238,7 +240,7 @@ func (e *engine) addToStep(st *step, r *simRequest, numNew int) {
 }
 
 // stepTime is the modelled duration of a step, before Speedup.
-func (e *engine) stepTime(st step) time.Duration {
+func (e *engineCore) stepTime(st step) time.Duration {
 	return stepDuration(e.o, st, e.kv.pool.usage())
 }
 
@@ -270,7 +272,7 @@ const maxClockDebt = 5 * time.Millisecond
 
 // sleep waits d/Speedup on a virtual clock: oversleeping is paid back by later steps, so the
 // simulated rate holds even when steps are shorter than the OS timer resolution.
-func (e *engine) sleep(ctx context.Context, d time.Duration) error {
+func (e *engineCore) sleep(ctx context.Context, d time.Duration) error {
 	now := time.Now()
 	e.next = e.next.Add(time.Duration(float64(d) / e.o.Speedup))
 	if lag := now.Sub(e.next); lag > maxClockDebt {
@@ -292,7 +294,7 @@ func (e *engine) sleep(ctx context.Context, d time.Duration) error {
 
 // update applies a finished step: advance computed tokens, sample one token for every request
 // whose prompt is fully computed, finish those that reached their end.
-func (e *engine) update(st step, d time.Duration) {
+func (e *engineCore) update(st step, d time.Duration) {
 	for _, r := range e.running {
 		r.simElapsed += d
 	}
@@ -340,7 +342,7 @@ func (e *engine) update(st step, d time.Duration) {
 	e.w.metrics.genTokens.WithLabelValues(e.o.ServedModelName, e.label()).Add(float64(sampled))
 }
 
-func (e *engine) finishRequest(r *simRequest, finish string, err error) {
+func (e *engineCore) finishRequest(r *simRequest, finish string, err error) {
 	r.mu.Lock()
 	r.finished, r.finish, r.err = true, finish, err
 	out := len(r.out)
@@ -361,7 +363,7 @@ func (e *engine) finishRequest(r *simRequest, finish string, err error) {
 }
 
 // failAll ends every queued and running request with err (shutdown or restart fault).
-func (e *engine) failAll(err error) {
+func (e *engineCore) failAll(err error) {
 	for _, list := range [][]*simRequest{e.running, e.waiting} {
 		for _, r := range list {
 			e.kv.free(&r.seq)
@@ -380,7 +382,7 @@ func (e *engine) failAll(err error) {
 	}
 }
 
-func (e *engine) flushEvents(ctx context.Context) {
+func (e *engineCore) flushEvents(ctx context.Context) {
 	ev := e.kv.takeEvents()
 	if len(ev) == 0 || e.pub == nil {
 		return
@@ -389,18 +391,18 @@ func (e *engine) flushEvents(ctx context.Context) {
 }
 
 // resetPrefixCache is POST /reset_prefix_cache: it succeeds only when no request holds blocks.
-func (e *engine) resetPrefixCache(ctx context.Context) bool {
+func (e *engineCore) resetPrefixCache(ctx context.Context) bool {
 	ok := e.kv.pool.reset()
 	e.flushEvents(ctx)
 	return ok
 }
 
-func (e *engine) publishGauges() {
+func (e *engineCore) publishGauges() {
 	e.numRunning.Store(int64(len(e.running)))
 	e.numWaiting.Store(int64(len(e.waiting)))
 	e.usageBits.Store(math.Float64bits(e.kv.pool.usage()))
 }
 
-func (e *engine) usage() float64 { return math.Float64frombits(e.usageBits.Load()) }
+func (e *engineCore) usage() float64 { return math.Float64frombits(e.usageBits.Load()) }
 
-func (e *engine) label() string { return e.w.rankLabels[e.rank] }
+func (e *engineCore) label() string { return e.w.rankLabels[e.rank] }

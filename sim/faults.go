@@ -33,7 +33,7 @@ func (l *lockedRand) hit(p float64) bool {
 
 // faults runs the engine-level fault injections between steps: stalls and restarts. Times are
 // simulated time (wall time multiplied by Speedup). It returns an error only when ctx ends.
-func (e *engine) faults(ctx context.Context) error {
+func (e *engineCore) faults(ctx context.Context) error {
 	f := e.o.Faults
 	now := time.Now()
 	simSince := func(t time.Time) time.Duration { return time.Duration(float64(now.Sub(t)) * e.o.Speedup) }
@@ -58,7 +58,7 @@ func (e *engine) faults(ctx context.Context) error {
 
 // restart simulates an engine restart: in-flight requests fail, the prefix cache and host tier
 // are lost without events, and the publisher starts again at sequence 0 with an empty buffer.
-func (e *engine) restart(ctx context.Context) {
+func (e *engineCore) restart(ctx context.Context) {
 	e.o.Logger.Info("vllm-sim fault: engine restart", "dp_rank", e.rank)
 	// Requests already on the engine die with it; queued ones wait for the new engine.
 	for _, r := range e.running {

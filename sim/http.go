@@ -324,14 +324,14 @@ func (w *Worker) usageOf(a *admission, req *simRequest, completion int) *usageIn
 	return u
 }
 
-func (w *Worker) observe(e *engine, req *simRequest, first time.Time) {
+func (w *Worker) observe(e *engineCore, req *simRequest, first time.Time) {
 	labels := []string{w.opts.ServedModelName, e.label()}
 	w.metrics.ttft.WithLabelValues(labels...).Observe(first.Sub(req.arrival).Seconds())
 	w.metrics.e2e.WithLabelValues(labels...).Observe(time.Since(req.arrival).Seconds())
 	w.metrics.promptTokens.WithLabelValues(labels...).Add(float64(req.promptLen))
 }
 
-func (w *Worker) respond(rw http.ResponseWriter, r *http.Request, a *admission, req *simRequest, e *engine) {
+func (w *Worker) respond(rw http.ResponseWriter, r *http.Request, a *admission, req *simRequest, e *engineCore) {
 	var first time.Time
 	for {
 		if !w.wait(r, req) {
@@ -375,7 +375,7 @@ func (w *Worker) respond(rw http.ResponseWriter, r *http.Request, a *admission, 
 	}
 }
 
-func (w *Worker) stream(rw http.ResponseWriter, r *http.Request, a *admission, req *simRequest, e *engine) {
+func (w *Worker) stream(rw http.ResponseWriter, r *http.Request, a *admission, req *simRequest, e *engineCore) {
 	model := a.body.Model
 	if model == "" {
 		model = w.opts.ServedModelName

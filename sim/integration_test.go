@@ -12,9 +12,8 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/indexers"
+	"github.com/kvgate/kvgate/kvkey"
 	"github.com/kvgate/kvgate/sim"
-	"github.com/kvgate/kvgate/tokenize"
-	"github.com/kvgate/kvgate/workers"
 )
 
 // TestGatewayIndexSeesSimCache connects the gateway's real subscriber and index to a simulated
@@ -48,7 +47,7 @@ func testGatewayIndex(t *testing.T, opaque bool) {
 	}
 	defer mgr.Close()
 	ep := w.EventEndpoints()[0]
-	target := workers.Target{Worker: srv.URL}
+	target := kvkey.Target{Worker: srv.URL}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 
@@ -69,7 +68,7 @@ func testGatewayIndex(t *testing.T, opaque bool) {
 		}
 		resp.Body.Close()
 	}
-	hashesA := func() []uint64 {
+	hashesA := func() []kvkey.BlockHash {
 		resp, err := http.Post(srv.URL+"/tokenize", "application/json", strings.NewReader(fmt.Sprintf(`{"prompt":%q}`, promptA)))
 		if err != nil {
 			t.Fatal(err)
@@ -79,7 +78,7 @@ func testGatewayIndex(t *testing.T, opaque bool) {
 		if err := json.NewDecoder(resp.Body).Decode(&tr); err != nil {
 			t.Fatal(err)
 		}
-		return tokenize.BlockHashes(tr.Tokens, 16, tokenize.HashOptions{})
+		return kvkey.BlockHashes(tr.Tokens, 16, kvkey.HashOptions{})
 	}()
 	waitFor := func(what string, ok func(indexers.Overlap) bool) {
 		t.Helper()

@@ -11,7 +11,7 @@ import (
 )
 
 // syncEngine builds an engine that tests step by hand (no goroutine, no sleeping).
-func syncEngine(t *testing.T, o Options) *engine {
+func syncEngine(t *testing.T, o Options) *engineCore {
 	t.Helper()
 	o.OutputLen = -1
 	o, err := o.withDefaults()
@@ -19,15 +19,15 @@ func syncEngine(t *testing.T, o Options) *engine {
 		t.Fatal(err)
 	}
 	w := &Worker{opts: o, filler: newFiller(wordTokenizer{}), rankLabels: []string{"0"}}
-	e := newEngine(w, 0)
-	w.engines = []*engine{e}
+	e := newEngineCore(w, 0)
+	w.engines = []*engineCore{e}
 	w.metrics = newSimMetrics(w)
 	return e
 }
 
 // runSync submits one request and steps the engine until it finishes; it returns the request
 // and the events of every step, rendered as strings.
-func runSync(t *testing.T, e *engine, tokens []uint32, maxTokens int, salt, lora string) (*simRequest, []kvEvent) {
+func runSync(t *testing.T, e *engineCore, tokens []uint32, maxTokens int, salt, lora string) (*simRequest, []kvEvent) {
 	t.Helper()
 	r := newSimRequest(fmt.Sprint(len(tokens)))
 	r.seq = seqState{tokens: slices.Clone(tokens), salt: salt, loraName: lora}
@@ -316,7 +316,7 @@ func TestResetPrefixCache(t *testing.T) {
 
 // stepAll admits requests and steps the engine until all finish, returning the events and
 // the largest running/waiting counts seen after a schedule.
-func stepAll(t *testing.T, e *engine, reqs []*simRequest) (events []kvEvent, maxRunning, maxWaiting int) {
+func stepAll(t *testing.T, e *engineCore, reqs []*simRequest) (events []kvEvent, maxRunning, maxWaiting int) {
 	t.Helper()
 	for _, r := range reqs {
 		e.admit(r)

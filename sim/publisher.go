@@ -327,8 +327,8 @@ func (h hashIDs) id(x uint64) uint64 {
 	return xxh3.Hash(b[:])
 }
 
-func (h hashIDs) wire(hs []uint64) []indexers.BlockHash {
-	out := make([]indexers.BlockHash, len(hs))
+func (h hashIDs) wire(hs []uint64) []indexers.WireHash {
+	out := make([]indexers.WireHash, len(hs))
 	for i, x := range hs {
 		out[i] = indexers.IntHash(h.id(x))
 	}

@@ -14,7 +14,7 @@ import (
 // Worker is one simulated vLLM server: the HTTP surface plus one engine per DP rank.
 type Worker struct {
 	opts       Options
-	engines    []*engine
+	engines    []*engineCore
 	rankLabels []string
 	tok        promptTokenizer
 	filler     *filler
@@ -72,7 +72,7 @@ func New(opts Options) (*Worker, error) {
 	w.cancel = cancel
 	for rank := range o.DataParallelSize {
 		w.rankLabels = append(w.rankLabels, strconv.Itoa(rank))
-		w.engines = append(w.engines, newEngine(w, rank))
+		w.engines = append(w.engines, newEngineCore(w, rank))
 	}
 	w.metrics = newSimMetrics(w)
 	if o.eventsEnabled() {
@@ -175,7 +175,7 @@ func (w *Worker) ResetPrefixCache(ctx context.Context) (bool, error) {
 }
 
 // pickEngine honours vLLM's X-data-parallel-rank header, else takes the least loaded rank.
-func (w *Worker) pickEngine(h http.Header) (*engine, error) {
+func (w *Worker) pickEngine(h http.Header) (*engineCore, error) {
 	if v := h.Get("X-data-parallel-rank"); v != "" {
 		r, err := strconv.Atoi(v)
 		if err != nil || r < 0 || r >= len(w.engines) {

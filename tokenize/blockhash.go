@@ -1,91 +1,41 @@
 package tokenize
 
-import (
-	"encoding/binary"
-	"slices"
+import "github.com/kvgate/kvgate/kvkey"
 
-	"github.com/zeebo/xxh3"
-)
+// The block hash is defined in the leaf package kvkey (docs/ARCHITECTURE.md, "Block hashes"),
+// shared with the event index; these are thin forms of it for the request path, which carries
+// chained hashes as []uint64 (router.Request.BlockHashes).
 
-// HashSeed is the xxh3 seed of every local block hash and of every chain step (docs/ARCHITECTURE.md,
-// "Block hashes").
-const HashSeed uint64 = 1337
+// HashSeed is the xxh3 seed of every local block hash and of every chain step (kvkey.HashSeed).
+const HashSeed = kvkey.HashSeed
 
-// HashOptions carries what besides token ids enters a block's hash.
-type HashOptions struct {
-	// LoRAName, when set, moves the local-hash seed (see LocalSeed).
-	LoRAName string
-	// CacheSalt, when set, is an extra key of block 0 only.
-	CacheSalt string
-	// ExtraKeys holds further extra keys per block index (e.g. multimodal ids), already as u64.
-	ExtraKeys map[int][]uint64
-}
+// HashOptions carries what besides token ids enters a block's hash (kvkey.HashOptions).
+type HashOptions = kvkey.HashOptions
 
 // LocalSeed returns the seed of local block hashes for a LoRA name ("" for none).
-func LocalSeed(loraName string) uint64 {
-	if loraName == "" {
-		return HashSeed
-	}
-	return HashSeed + xxh3.HashSeed([]byte(loraName), 0) // wrapping add
-}
+func LocalSeed(loraName string) uint64 { return kvkey.LocalSeed(loraName) }
 
-// ExtraKeyHash turns a string extra key (cache salt, multimodal identifier) into its u64:
-// xxh3_64 of all of its bytes. vLLM puts the salt string itself into block 0's extra keys
-// (vllm/v1/core/kv_cache_utils.py, generate_block_hash_extra_keys), so every byte of it must
-// count: two different salts (or identifiers) must never fold to the same key, whatever their
-// form (a 64-hex digest that shared its first 16 digits with another used to).
-func ExtraKeyHash(s string) uint64 {
-	return xxh3.Hash([]byte(s))
-}
+// ExtraKeyHash turns a string extra key (cache salt, multimodal identifier) into its u64.
+func ExtraKeyHash(s string) uint64 { return kvkey.ExtraKeyHash(s) }
 
-// LocalBlockHash hashes one full block: its tokens as u32 little-endian followed by its extra
-// keys sorted ascending as u64 little-endian. buf is scratch space and may be nil.
+// LocalBlockHash hashes one full block with its extra keys and seed; buf is scratch space.
 func LocalBlockHash(tokens []uint32, extra []uint64, seed uint64, buf []byte) uint64 {
-	buf = buf[:0]
-	for _, t := range tokens {
-		buf = binary.LittleEndian.AppendUint32(buf, t)
-	}
-	if len(extra) > 0 {
-		keys := slices.Clone(extra)
-		slices.Sort(keys)
-		for _, k := range keys {
-			buf = binary.LittleEndian.AppendUint64(buf, k)
-		}
-	}
-	return xxh3.HashSeed(buf, seed)
+	return kvkey.LocalBlockHash(tokens, extra, seed, buf)
 }
 
-// ChainHash is one step of the sequence hash: xxh3(le64(parent) ‖ le64(local), 1337).
+// ChainHash is one step of the sequence hash (kvkey.ChainHash) on bare uint64s.
 func ChainHash(parent, local uint64) uint64 {
-	var b [16]byte
-	binary.LittleEndian.PutUint64(b[:8], parent)
-	binary.LittleEndian.PutUint64(b[8:], local)
-	return xxh3.HashSeed(b[:], HashSeed)
+	return uint64(kvkey.ChainHash(kvkey.BlockHash(parent), local))
 }
 
 // LocalHashes returns the local hash of every full block of tokens; a trailing partial block is
 // not hashed.
 func LocalHashes(tokens []uint32, blockSize int, opt HashOptions) []uint64 {
-	if blockSize <= 0 {
-		return nil
-	}
-	n := len(tokens) / blockSize
-	out := make([]uint64, n)
-	seed := LocalSeed(opt.LoRAName)
-	buf := make([]byte, 0, blockSize*4+64)
-	var extra []uint64
-	for i := range n {
-		extra = extra[:0]
-		if i == 0 && opt.CacheSalt != "" {
-			extra = append(extra, ExtraKeyHash(opt.CacheSalt))
-		}
-		extra = append(extra, opt.ExtraKeys[i]...)
-		out[i] = LocalBlockHash(tokens[i*blockSize:(i+1)*blockSize], extra, seed, buf)
-	}
-	return out
+	return kvkey.LocalHashes(tokens, blockSize, opt)
 }
 
 // SequenceHashes chains local hashes: seq[0] = local[0], seq[i] = ChainHash(seq[i-1], local[i]).
+// It is kvkey.SequenceHashes with the result as bare uint64s.
 func SequenceHashes(local []uint64) []uint64 {
 	out := make([]uint64, len(local))
 	for i, h := range local {
@@ -98,8 +48,8 @@ func SequenceHashes(local []uint64) []uint64 {
 	return out
 }
 
-// BlockHashes returns the chained sequence hashes of every full block of tokens: the keys that
-// request-side matching and event-side indexing share (docs/ARCHITECTURE.md, "Block hashes").
+// BlockHashes returns the chained hashes of every full block of tokens as bare uint64s
+// (kvkey.BlockHashes).
 func BlockHashes(tokens []uint32, blockSize int, opt HashOptions) []uint64 {
 	return SequenceHashes(LocalHashes(tokens, blockSize, opt))
 }

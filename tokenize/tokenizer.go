@@ -11,8 +11,9 @@ import (
 	"github.com/kvgate/kvgate/tokenize/engine"
 )
 
-// ChatRequest is the input of a chat-template render (messages, tools, documents, flags).
-type ChatRequest = chat.Request
+// TemplateInput is the input of a chat-template render (messages, tools, documents, flags);
+// not to be confused with server.ChatRequest, the parsed /v1/chat/completions body.
+type TemplateInput = chat.Request
 
 // TemplateError is a failure raised by or inside the model's chat template; servers answer it
 // with HTTP 400 and its Message, as vLLM does.
@@ -126,7 +127,7 @@ func (t *Tokenizer) Decode(ids []uint32, skipSpecialTokens bool) (string, error)
 // RenderChat renders the model's chat template for req the way HF transformers renders it
 // (inside vLLM), after vLLM's message preprocessing. Template failures are *TemplateError,
 // malformed messages *RequestError.
-func (t *Tokenizer) RenderChat(req *ChatRequest) (string, error) {
+func (t *Tokenizer) RenderChat(req *TemplateInput) (string, error) {
 	if t.tmpl == nil {
 		return "", &TemplateError{Message: "As of transformers v4.44, default chat template is no longer allowed, so you must provide a chat template if the tokenizer does not define one."}
 	}

@@ -176,9 +176,9 @@ func TestRoutableTargetsOrder(t *testing.T) {
 	defer release()
 	got := reg.Routable()
 	want := []TargetLoad{
-		{Target{"http://127.0.0.1:1", 0}, 0},
-		{Target{"http://127.0.0.1:2", 0}, 0},
-		{Target{"http://127.0.0.1:2", 1}, 1},
+		{Target{Worker: "http://127.0.0.1:1", DPRank: 0}, 0},
+		{Target{Worker: "http://127.0.0.1:2", DPRank: 0}, 0},
+		{Target{Worker: "http://127.0.0.1:2", DPRank: 1}, 1},
 	}
 	if len(got) != len(want) {
 		t.Fatalf("got %v", got)

@@ -124,7 +124,7 @@ func TestSessionFeedChangeSet(t *testing.T) {
 	tgt := workers.Target{Worker: "http://w:1"}
 	sm.Observe(sessions.Identity{SessionID: "s"})
 	var cs indexers.ChangeSet
-	store := &indexers.BlockStored{BlockHashes: []indexers.BlockHash{indexers.IntHash(1), indexers.IntHash(2)},
+	store := &indexers.BlockStored{BlockHashes: []indexers.WireHash{indexers.IntHash(1), indexers.IntHash(2)},
 		TokenIDs: []uint32{1, 2, 3, 4, 5, 6, 7, 8}, BlockSize: 4, SessionID: indexers.Some("s")}
 	if err := ix.ApplyTo(tgt, &indexers.EventBatch{Events: []indexers.Event{store}}, &cs); err != nil {
 		t.Fatal(err)
