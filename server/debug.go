@@ -123,7 +123,7 @@ type workersDebug struct {
 // kvParts returns the engine and KV policy behind the server's policy, when there are any.
 func (s *Server) kvParts() (*router.Engine, *router.KVPolicy) {
 	var eng *router.Engine
-	p := s.policy
+	var p router.Policy = s.router
 	if e, ok := p.(*router.Engine); ok {
 		eng, p = e, e.Policy()
 	}
@@ -142,7 +142,7 @@ func (s *Server) handleDebugWorkers(c *gin.Context) {
 		}
 	}
 	eng, kv := s.kvParts()
-	out := workersDebug{Policy: s.policy.Name(), BlockSize: s.cfg.BlockSize, Targets: []targetView{}}
+	out := workersDebug{Policy: s.router.Name(), BlockSize: s.cfg.BlockSize, Targets: []targetView{}}
 	if s.sessions != nil {
 		st := s.sessions.Stats()
 		out.Sessions = &st
@@ -194,7 +194,7 @@ func (s *Server) handleDebugSession(c *gin.Context) {
 	}
 	if s.sessions == nil {
 		writeError(c, &apiError{Status: http.StatusNotFound,
-			Message: fmt.Sprintf("session %q is not tracked: sessions are tracked only with the kv and kv_no_load policies (policy is %s)", id, s.policy.Name())})
+			Message: fmt.Sprintf("session %q is not tracked: sessions are tracked only with the kv and kv_no_load policies (policy is %s)", id, s.router.Name())})
 		return
 	}
 	lineage := c.Query("lineage") == "true" || c.Query("lineage") == "1"

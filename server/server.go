@@ -29,23 +29,17 @@ type RequestEnricher interface {
 	Enrich(ctx context.Context, in *Inbound, req *router.Request) error
 }
 
-// UsageObserver hears what a worker reported about a routed request's prompt (the OpenAI usage
-// object of a non-stream body, or of a stream's usage chunk). router.Engine implements it; the
-// server finds it on the policy by type assertion.
-type UsageObserver interface {
-	Observe(model string, req *router.Request, d router.Decision, u router.Usage)
-}
-
 // Options are the parts a Server is built from.
 type Options struct {
 	Config   configs.Config
 	Registry *workers.Registry
-	Policy   router.Policy
+	// Router is the routing side (a *router.Engine): the server calls Start per request,
+	// Route per attempt and reports the attempt's steps on its Lifecycle; the debug endpoints
+	// read its views.
+	Router   router.Router
 	Enricher RequestEnricher // optional
 	Logger   *slog.Logger    // optional
-	// Sessions, when set, hears every request's identity (Observe), every routing decision
-	// (OnRouted) and end-of-session markers (End), and backs the admin listener's
-	// GET /debug/sessions/{id}.
+	// Sessions backs the admin listener's GET /debug/sessions/{id} when set.
 	Sessions *sessions.Manager
 	// Events, when set, is the KV-event subscription manager shown in the admin listener's
 	// GET /debug/workers.
@@ -59,9 +53,8 @@ type Options struct {
 type Server struct {
 	cfg      configs.Config
 	reg      *workers.Registry
-	policy   router.Policy
+	router   router.Router
 	enricher RequestEnricher
-	observer UsageObserver // nil when the policy does not close the loop
 	ids      *sessions.IdentityParser
 	sessions *sessions.Manager
 	events   *indexers.Manager
@@ -77,8 +70,8 @@ type Server struct {
 
 // New builds a server; it does not start probing or listening (see Serve).
 func New(opts Options) (*Server, error) {
-	if opts.Registry == nil || opts.Policy == nil {
-		return nil, errors.New("server: registry and policy are required")
+	if opts.Registry == nil || opts.Router == nil {
+		return nil, errors.New("server: registry and router are required")
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
@@ -86,7 +79,7 @@ func New(opts Options) (*Server, error) {
 	s := &Server{
 		cfg:      opts.Config,
 		reg:      opts.Registry,
-		policy:   opts.Policy,
+		router:   opts.Router,
 		enricher: opts.Enricher,
 		ids:      sessions.NewIdentityParser(identityConfig(opts.Config.Sessions)),
 		sessions: opts.Sessions,
@@ -95,7 +88,6 @@ func New(opts Options) (*Server, error) {
 		m:        newMetrics(opts.Registry, opts.Metrics),
 		tokenize: newTokenizeSlots(opts.Config.Limits),
 	}
-	s.observer, _ = opts.Policy.(UsageObserver)
 	keys, err := opts.Config.ClientAPIKeys()
 	if err != nil {
 		return nil, fmt.Errorf("server: %w", err)

@@ -26,7 +26,7 @@ import (
 // (tokenizer → block hashes), the session manager, the KV-event subscriptions, and the
 // background work they need, stopped by close.
 type routing struct {
-	policy   router.Policy
+	engine   *router.Engine // the server's router.Router
 	enricher server.RequestEnricher
 	sessions *sessions.Manager
 	events   *indexers.Manager
@@ -71,12 +71,12 @@ func buildRouting(ctx context.Context, cfg configs.Config, reg *workers.Registry
 	if err != nil {
 		return nil, fmt.Errorf("router.policy: %w", err)
 	}
-	engOpts.Policy = policy
+	engOpts.Policy, engOpts.Sessions, engOpts.Events = policy, rt.sessions, rt.events
 	eng, err := router.NewEngine(engOpts)
 	if err != nil {
 		return nil, err
 	}
-	rt.policy = eng
+	rt.engine = eng
 	if kv, ok := policy.(*router.KVPolicy); ok {
 		// A worker whose /health flapped may have restarted with an empty cache: what approximate
 		// mode assumed about it is void (the event streams check the
