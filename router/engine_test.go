@@ -14,6 +14,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/kvgate/kvgate/sessions"
+	"github.com/kvgate/kvgate/workers"
 )
 
 func TestPredictedCachedTokens(t *testing.T) {
@@ -274,6 +275,52 @@ func TestEngineSessionSteps(t *testing.T) {
 			end()
 			if _, ok := sm.Debug("child", false); ok != tc.wantAfter {
 				t.Fatalf("after end: tracked=%v, want %v", ok, tc.wantAfter)
+			}
+		})
+	}
+}
+
+// TestEngineDebugViews: the engine's debug views show its load and sessions, and say why a
+// session has no view.
+func TestEngineDebugViews(t *testing.T) {
+	sm, err := sessions.New(sessions.Config{}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	plain, _ := NewEngine(EngineOptions{Policy: &RoundRobin{}})
+	tracked, _ := NewEngine(EngineOptions{Policy: &RoundRobin{}, Sessions: sm})
+	req := request(chain(1, 4))
+	req.SessionID = "s"
+	tracked.Start(req)
+	d, life, err := tracked.Route(context.Background(), req, kvCands(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer life.Done()
+	if v := tracked.DebugTargets([]workers.Target{d.Chosen.Target}); len(v) != 1 || v[0].Load == nil || v[0].Load.Requests != 1 || v[0].Mode != "" {
+		t.Errorf("DebugTargets: %+v", v)
+	}
+	if f := tracked.DebugFleet(); f.Sessions == nil || f.Sessions.Sessions != 1 {
+		t.Errorf("DebugFleet: %+v", f)
+	}
+	cases := []struct {
+		name string
+		e    *Engine
+		id   string
+		want string // error substring; "" = a view
+	}{
+		{"tracked", tracked, "s", ""},
+		{"unknown", tracked, "t", `unknown session "t"`},
+		{"not tracked", plain, "s", "not tracked"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			v, err := tc.e.DebugSession(tc.id, false)
+			switch {
+			case tc.want == "" && (err != nil || v.(sessions.SessionView).ID != tc.id):
+				t.Errorf("view %+v, err %v", v, err)
+			case tc.want != "" && (!errors.Is(err, ErrNoSession) || !strings.Contains(err.Error(), tc.want)):
+				t.Errorf("err %v, want ErrNoSession with %q", err, tc.want)
 			}
 		})
 	}

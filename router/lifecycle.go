@@ -14,6 +14,7 @@ import (
 // worker is a new attempt with its own Lifecycle). POST /debug/route calls Pick only.
 type Router interface {
 	Policy
+	Debugger
 	// Start hears a request before its first attempt (its session identity); end is called
 	// exactly once after its last attempt ended (a final request's session is released then).
 	Start(req *Request) (end func())
