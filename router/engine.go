@@ -32,11 +32,14 @@ type Engine struct {
 	log      *slog.Logger
 }
 
-// EngineOptions configure an Engine. Only Policy is required.
+// EngineOptions configure an Engine. Exactly one of Policy and KV is required.
 type EngineOptions struct {
-	// Policy selects targets. When it is a *KVPolicy, its load tracker and approximate index are
-	// the engine's (Load and Approx below are then ignored).
+	// Policy selects targets when the engine runs a simple policy (round robin, random, least
+	// loaded); a KV-aware policy goes in KV instead.
 	Policy Policy
+	// KV is the KV-aware policy the engine runs; its load tracker and approximate index are the
+	// engine's (Load and Approx below are then ignored).
+	KV *KVPolicy
 	// Load accounts in-flight load for non-KV policies (a new tracker when nil).
 	Load *LoadTracker
 	// Approx is taught every routing decision when set (non-KV policies only; see Policy).
@@ -65,8 +68,8 @@ type EngineOptions struct {
 
 // NewEngine builds an engine around a policy.
 func NewEngine(o EngineOptions) (*Engine, error) {
-	if o.Policy == nil {
-		return nil, errors.New("router engine: no policy")
+	if (o.Policy == nil) == (o.KV == nil) {
+		return nil, errors.New("router engine: exactly one of Policy and KV is required")
 	}
 	log := o.Log
 	if log == nil {
@@ -75,8 +78,8 @@ func NewEngine(o EngineOptions) (*Engine, error) {
 	e := &Engine{policy: o.Policy, load: o.Load, approx: o.Approx, sessions: o.Sessions, events: o.Events,
 		sweep: time.Second, log: log}
 	interval := o.MetricsInterval
-	if kv, ok := o.Policy.(*KVPolicy); ok {
-		e.kv = kv
+	if kv := o.KV; kv != nil {
+		e.policy, e.kv = kv, kv
 		e.load = kv.Load()
 		e.approx = kv.Approx()
 		if interval == 0 {
@@ -159,6 +162,14 @@ func (e *Engine) begin(d Decision, req *Request) *Handle {
 		e.approx.Record(d.Chosen.Target, req.BlockHashes)
 	}
 	return h
+}
+
+// Forget drops what approximate mode assumed about t (its worker may have restarted with an
+// empty cache, e.g. after a health flap); without an approximate index it does nothing.
+func (e *Engine) Forget(t workers.Target) {
+	if e.approx != nil {
+		e.approx.Forget(t)
+	}
 }
 
 // Run scrapes worker metrics and sweeps expired load and approximate entries until ctx ends.

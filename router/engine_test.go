@@ -43,7 +43,7 @@ func TestEngineObserve(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e, err := NewEngine(EngineOptions{Policy: p, Registerer: reg, Log: log, MismatchLogBurst: 2, MismatchLogEvery: time.Hour})
+	e, err := NewEngine(EngineOptions{KV: p, Registerer: reg, Log: log, MismatchLogBurst: 2, MismatchLogEvery: time.Hour})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -93,7 +93,7 @@ func TestEngineDryRunAccountsNothing(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e, err := NewEngine(EngineOptions{Policy: p})
+	e, err := NewEngine(EngineOptions{KV: p})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -323,5 +323,55 @@ func TestEngineDebugViews(t *testing.T) {
 				t.Errorf("err %v, want ErrNoSession with %q", err, tc.want)
 			}
 		})
+	}
+}
+
+// TestBuild: Build runs a KV-aware policy as the engine's KV policy (its mode and approximate
+// index show in the views, Forget clears the latter) and any other as a plain policy.
+func TestBuild(t *testing.T) {
+	cases := []struct {
+		name     string
+		wantErr  string
+		wantMode string
+	}{
+		{PolicyKV, "", ModeApproximate},
+		{PolicyKVNoLoad, "", ModeApproximate},
+		{"round_robin", "", ""},
+		{"best", `unknown policy "best"`, ""},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			deps := KVDeps{Approx: NewApproxIndex(DefaultKVConfig().Approximate)}
+			e, err := Build(tc.name, Options{KVDeps: deps}, EngineOptions{Policy: &RoundRobin{}})
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("err %v, want %q", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil || e.Name() != tc.name {
+				t.Fatalf("engine %v, err %v", e, err)
+			}
+			req := request(chain(1, 4))
+			d, life, err := e.Route(context.Background(), req, kvCands(1))
+			if err != nil {
+				t.Fatal(err)
+			}
+			life.Done()
+			v := e.DebugTargets([]workers.Target{d.Chosen.Target})[0]
+			if v.Mode != tc.wantMode || (tc.wantMode != "") != (v.ApproximateBlocks != nil) {
+				t.Fatalf("view %+v", v)
+			}
+			if v.ApproximateBlocks != nil && *v.ApproximateBlocks != 4 {
+				t.Fatalf("approximate blocks %d after routing 4", *v.ApproximateBlocks)
+			}
+			e.Forget(d.Chosen.Target)
+			if v := e.DebugTargets([]workers.Target{d.Chosen.Target})[0]; v.ApproximateBlocks != nil && *v.ApproximateBlocks != 0 {
+				t.Fatalf("approximate blocks %d after Forget", *v.ApproximateBlocks)
+			}
+		})
+	}
+	if _, err := NewEngine(EngineOptions{Policy: &RoundRobin{}, KV: &KVPolicy{}}); err == nil {
+		t.Error("an engine with both a policy and a KV policy was built")
 	}
 }

@@ -14,7 +14,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/kvgate/kvgate/configs"
-	"github.com/kvgate/kvgate/indexers"
 	"github.com/kvgate/kvgate/router"
 	"github.com/kvgate/kvgate/sessions"
 	"github.com/kvgate/kvgate/workers"
@@ -39,11 +38,6 @@ type Options struct {
 	Router   router.Router
 	Enricher RequestEnricher // optional
 	Logger   *slog.Logger    // optional
-	// Sessions backs the admin listener's GET /debug/sessions/{id} when set.
-	Sessions *sessions.Manager
-	// Events, when set, is the KV-event subscription manager shown in the admin listener's
-	// GET /debug/workers.
-	Events *indexers.Manager
 	// Metrics is the Prometheus registry GET /metrics serves; the server registers its own
 	// series on it. Nil makes a new one (other components then register on Server.Metrics).
 	Metrics *prometheus.Registry
@@ -56,8 +50,6 @@ type Server struct {
 	router   router.Router
 	enricher RequestEnricher
 	ids      *sessions.IdentityParser
-	sessions *sessions.Manager
-	events   *indexers.Manager
 	log      *slog.Logger
 	m        *metrics
 	engine   *gin.Engine // the client listener: OpenAI API, /health, /metrics
@@ -82,8 +74,6 @@ func New(opts Options) (*Server, error) {
 		router:   opts.Router,
 		enricher: opts.Enricher,
 		ids:      sessions.NewIdentityParser(identityConfig(opts.Config.Sessions)),
-		sessions: opts.Sessions,
-		events:   opts.Events,
 		log:      opts.Logger,
 		m:        newMetrics(opts.Registry, opts.Metrics),
 		tokenize: newTokenizeSlots(opts.Config.Limits),

@@ -131,7 +131,7 @@ func startFleet(t *testing.T, tok *tokenize.Tokenizer, spec fleetSpec) *fleet {
 		t.Fatal(err)
 	}
 	s, err := server.New(server.Options{Config: cfg, Registry: reg, Router: rt.engine, Enricher: rt.enricher,
-		Sessions: rt.sessions, Events: rt.events, Metrics: f.prom, Logger: quiet})
+		Metrics: f.prom, Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
 	}

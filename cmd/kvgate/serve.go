@@ -42,7 +42,7 @@ func runServe(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 	defer rt.close()
 	srv, err := server.New(server.Options{Config: cfg, Registry: reg, Router: rt.engine, Enricher: rt.enricher,
-		Logger: log, Sessions: rt.sessions, Events: rt.events, Metrics: prom})
+		Logger: log, Metrics: prom})
 	if err != nil {
 		return err
 	}
