@@ -140,7 +140,7 @@ func TestApproxRepeatedPromptSticks(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e, err := NewEngine(EngineOptions{Policy: p})
+	e, err := NewEngine(EngineOptions{KV: p})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,33 +10,46 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/kvgate/kvgate/indexers"
+	"github.com/kvgate/kvgate/sessions"
 	"github.com/kvgate/kvgate/workers"
 )
 
-// Engine is what the server calls to route: it runs a policy, accounts the chosen target's
-// load, teaches the approximate index, scrapes worker metrics, and closes the loop on the
-// workers' reported usage. It implements Policy and Tracker itself. One Engine serves one
-// gateway; it is safe for concurrent use.
+// Engine is what the server calls to route (it implements Router): it runs a policy, accounts
+// the chosen target's load, teaches the approximate index, makes the session updates, scrapes
+// worker metrics, closes the loop on the workers' reported usage, and serves the debug views.
+// One Engine serves one gateway; it is safe for concurrent use.
 type Engine struct {
 	policy   Policy
 	kv       *KVPolicy // nil when the policy is not KV-aware
 	load     *LoadTracker
 	approx   *ApproxIndex
+	sessions *sessions.Manager // nil: no session tracking
+	events   *indexers.Manager // nil: no KV-event subscriptions
 	feedback *feedback
 	scraper  *Scraper
 	sweep    time.Duration
 	log      *slog.Logger
 }
 
-// EngineOptions configure an Engine. Only Policy is required.
+// EngineOptions configure an Engine. Exactly one of Policy and KV is required.
 type EngineOptions struct {
-	// Policy selects targets. When it is a *KVPolicy, its load tracker and approximate index are
-	// the engine's (Load and Approx below are then ignored).
+	// Policy selects targets when the engine runs a simple policy (round robin, random, least
+	// loaded); a KV-aware policy goes in KV instead.
 	Policy Policy
+	// KV is the KV-aware policy the engine runs; its load tracker and approximate index are the
+	// engine's (Load and Approx below are then ignored).
+	KV *KVPolicy
 	// Load accounts in-flight load for non-KV policies (a new tracker when nil).
 	Load *LoadTracker
 	// Approx is taught every routing decision when set (non-KV policies only; see Policy).
 	Approx *ApproxIndex
+	// Sessions, when set, hears every request's identity (Start), every routed attempt
+	// (Lifecycle.Sent: OnRouted) and end-of-session requests (End), and backs DebugSession.
+	Sessions *sessions.Manager
+	// Events, when set, is the KV-event subscription manager shown by DebugTargets and
+	// DebugFleet.
+	Events *indexers.Manager
 	// Registerer receives the engine's metrics; nil registers nothing.
 	Registerer prometheus.Registerer
 	// Log receives tokenization-mismatch warnings and scrape failures (slog.Default when nil).
@@ -55,17 +68,18 @@ type EngineOptions struct {
 
 // NewEngine builds an engine around a policy.
 func NewEngine(o EngineOptions) (*Engine, error) {
-	if o.Policy == nil {
-		return nil, errors.New("router engine: no policy")
+	if (o.Policy == nil) == (o.KV == nil) {
+		return nil, errors.New("router engine: exactly one of Policy and KV is required")
 	}
 	log := o.Log
 	if log == nil {
 		log = slog.Default()
 	}
-	e := &Engine{policy: o.Policy, load: o.Load, approx: o.Approx, sweep: time.Second, log: log}
+	e := &Engine{policy: o.Policy, load: o.Load, approx: o.Approx, sessions: o.Sessions, events: o.Events,
+		sweep: time.Second, log: log}
 	interval := o.MetricsInterval
-	if kv, ok := o.Policy.(*KVPolicy); ok {
-		e.kv = kv
+	if kv := o.KV; kv != nil {
+		e.policy, e.kv = kv, kv
 		e.load = kv.Load()
 		e.approx = kv.Approx()
 		if interval == 0 {
@@ -95,9 +109,34 @@ func (e *Engine) Policy() Policy { return e.policy }
 // Load returns the engine's load tracker (for the debug endpoint and tests).
 func (e *Engine) Load() *LoadTracker { return e.load }
 
-// Name is the wrapped policy's name; with Pick and Begin the engine is itself a Policy and a
-// Tracker, so the server can hold it wherever it holds a policy.
+// Name is the wrapped policy's name.
 func (e *Engine) Name() string { return e.policy.Name() }
+
+// Start records the request's session identity before it is routed, and returns the function
+// that ends the session after the request when the request is its last (EndsSession): a
+// retry inside the request still sees the session.
+func (e *Engine) Start(req *Request) (end func()) {
+	if e.sessions == nil || req.SessionID == "" {
+		return func() {}
+	}
+	e.sessions.Observe(sessions.Identity{SessionID: req.SessionID, ParentID: req.ParentSessionID, Final: req.EndsSession})
+	if !req.EndsSession {
+		return func() {}
+	}
+	id := req.SessionID
+	return func() { e.sessions.End(id) }
+}
+
+// Route picks a target (Pick) and begins the attempt's accounting (Begin); the returned
+// Lifecycle makes the session update when the request is sent, ends the prefill load at the
+// first token, feeds the reported usage back, and releases the load at Done or Failed.
+func (e *Engine) Route(ctx context.Context, req *Request, cands []Candidate) (Decision, Lifecycle, error) {
+	d, err := e.Pick(ctx, req, cands)
+	if err != nil {
+		return Decision{}, nil, err
+	}
+	return d, &attempt{e: e, req: req, d: d, h: e.begin(d, req)}, nil
+}
 
 // Pick runs the policy and times it; it accounts nothing (POST /debug/route calls it as is).
 // Policies with their own state (round robin) still advance it.
@@ -114,11 +153,6 @@ func (e *Engine) Pick(ctx context.Context, req *Request, candidates []Candidate)
 	return d, nil
 }
 
-// Begin accounts a routed request's load on the chosen target (and teaches the approximate
-// index). The caller calls FirstToken when the first response byte arrives and Done when the
-// request ends however it ends, including before a retry on another target.
-func (e *Engine) Begin(d Decision, req *Request) Lifecycle { return e.begin(d, req) }
-
 func (e *Engine) begin(d Decision, req *Request) *Handle {
 	if e.kv != nil {
 		return e.kv.begin(d, req)
@@ -128,6 +162,14 @@ func (e *Engine) begin(d Decision, req *Request) *Handle {
 		e.approx.Record(d.Chosen.Target, req.BlockHashes)
 	}
 	return h
+}
+
+// Forget drops what approximate mode assumed about t (its worker may have restarted with an
+// empty cache, e.g. after a health flap); without an approximate index it does nothing.
+func (e *Engine) Forget(t workers.Target) {
+	if e.approx != nil {
+		e.approx.Forget(t)
+	}
 }
 
 // Run scrapes worker metrics and sweeps expired load and approximate entries until ctx ends.
@@ -152,9 +194,5 @@ func (e *Engine) Run(ctx context.Context) {
 	}
 }
 
-// Interface checks: the server holds either as a Policy and finds Tracker by assertion.
-var (
-	_ Policy  = (*Engine)(nil)
-	_ Tracker = (*Engine)(nil)
-	_ Tracker = (*KVPolicy)(nil)
-)
+// The server holds an Engine as its Router.
+var _ Router = (*Engine)(nil)

@@ -105,7 +105,7 @@ func startE2EFleet(t *testing.T, events bool, tok *tokenize.Tokenizer) *e2eFleet
 	for i, c := range f.cands {
 		targets[i] = c.Target
 	}
-	f.engine, err = NewEngine(EngineOptions{Policy: p, Registerer: f.reg, Log: quiet,
+	f.engine, err = NewEngine(EngineOptions{KV: p, Registerer: f.reg, Log: quiet,
 		Targets: func() []workers.Target { return targets }, MetricsInterval: 50 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"log/slog"
 	"strings"
 	"testing"
@@ -11,6 +12,9 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
+
+	"github.com/kvgate/kvgate/sessions"
+	"github.com/kvgate/kvgate/workers"
 )
 
 func TestPredictedCachedTokens(t *testing.T) {
@@ -39,7 +43,7 @@ func TestEngineObserve(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e, err := NewEngine(EngineOptions{Policy: p, Registerer: reg, Log: log, MismatchLogBurst: 2, MismatchLogEvery: time.Hour})
+	e, err := NewEngine(EngineOptions{KV: p, Registerer: reg, Log: log, MismatchLogBurst: 2, MismatchLogEvery: time.Hour})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -89,7 +93,7 @@ func TestEngineDryRunAccountsNothing(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e, err := NewEngine(EngineOptions{Policy: p})
+	e, err := NewEngine(EngineOptions{KV: p})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -165,31 +169,50 @@ func histogramCount(t *testing.T, reg prometheus.Gatherer, name string) uint64 {
 	return n
 }
 
-// TestEngineWrapsAnyPolicy: the engine is a Policy and a Tracker around any policy, so the
-// server accounts load the same way whichever policy is configured.
+// TestEngineWrapsAnyPolicy: the engine is a Router around any policy, so the server accounts
+// load the same way whichever policy is configured: every attempt's Lifecycle holds the load
+// until it is Done or Failed (exactly once, whichever comes first).
 func TestEngineWrapsAnyPolicy(t *testing.T) {
-	e, err := NewEngine(EngineOptions{Policy: &RoundRobin{}})
-	if err != nil {
-		t.Fatal(err)
+	cases := []struct {
+		name  string
+		end   func(Lifecycle)
+		first bool
+	}{
+		{"served", func(l Lifecycle) { l.Done() }, true},
+		{"failed before the first byte", func(l Lifecycle) { l.Failed(errors.New("refused")) }, false},
+		{"failed after a done", func(l Lifecycle) { l.Done(); l.Failed(errors.New("late")) }, true},
+		{"done twice", func(l Lifecycle) { l.Done(); l.Done() }, false},
 	}
-	var p Policy = e
-	tr, ok := p.(Tracker)
-	if !ok || p.Name() != "round_robin" {
-		t.Fatalf("engine is not a tracking policy named round_robin")
-	}
-	req := request(chain(1, 8))
-	d, err := p.Pick(context.Background(), req, kvCands(2))
-	if err != nil {
-		t.Fatal(err)
-	}
-	life := tr.Begin(d, req)
-	if got := e.Load().Load(d.Chosen.Target); got.PrefillTokens != 128 || got.Requests != 1 {
-		t.Fatalf("after Begin: %+v", got)
-	}
-	life.FirstToken()
-	life.Done()
-	if got := e.Load().Load(d.Chosen.Target); got != (TargetLoad{}) {
-		t.Fatalf("after Done: %+v", got)
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			e, err := NewEngine(EngineOptions{Policy: &RoundRobin{}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var r Router = e
+			if r.Name() != "round_robin" {
+				t.Fatalf("router named %q", r.Name())
+			}
+			req := request(chain(1, 8))
+			d, life, err := r.Route(context.Background(), req, kvCands(2))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := e.Load().Load(d.Chosen.Target); got.PrefillTokens != 128 || got.Requests != 1 {
+				t.Fatalf("after Route: %+v", got)
+			}
+			life.Sent()
+			if tc.first {
+				life.FirstToken()
+				if got := e.Load().Load(d.Chosen.Target); got.PrefillTokens != 0 || got.Requests != 1 {
+					t.Fatalf("after FirstToken: %+v", got)
+				}
+			}
+			tc.end(life)
+			if got := e.Load().Load(d.Chosen.Target); got != (TargetLoad{}) {
+				t.Fatalf("after the end: %+v", got)
+			}
+		})
 	}
 }
 
@@ -201,5 +224,154 @@ func TestRequestWithoutBlockSize(t *testing.T) {
 	d, _ := p.Pick(context.Background(), req, kvCands(2))
 	if d.Candidates[0].Cost != 0 || d.Candidates[1].Cost != 8 {
 		t.Fatalf("costs %v, %v; want 0 and 8 blocks", d.Candidates[0].Cost, d.Candidates[1].Cost)
+	}
+}
+
+// TestEngineSessionSteps: the session updates hang off the Router's steps: Start records the
+// identity, the attempt's Sent makes the post-selection update (affinity), and the end Start
+// returned releases a session whose request ended it, and only that.
+func TestEngineSessionSteps(t *testing.T) {
+	cases := []struct {
+		name      string
+		final     bool
+		sent      bool
+		wantAfter bool // session still tracked after end
+	}{
+		{"routed, not final", false, true, true},
+		{"routed, final", true, true, false},
+		{"never sent, final", true, false, false},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			sm, err := sessions.New(sessions.Config{}, nil, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			e, err := NewEngine(EngineOptions{Policy: &RoundRobin{}, Sessions: sm})
+			if err != nil {
+				t.Fatal(err)
+			}
+			req := request(chain(1, 4))
+			req.SessionID, req.ParentSessionID, req.EndsSession = "child", "root", tc.final
+			end := e.Start(req)
+			v, ok := sm.Debug("child", false)
+			if !ok || v.ParentID != "root" || v.Affinity != nil {
+				t.Fatalf("after Start: %+v %v", v, ok)
+			}
+			d, life, err := e.Route(context.Background(), req, kvCands(2))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tc.sent {
+				life.Sent()
+				if v, _ := sm.Debug("child", false); v.Affinity == nil || *v.Affinity != d.Chosen.Target || v.Routed != 1 {
+					t.Fatalf("after Sent: %+v", v)
+				}
+			}
+			life.Done()
+			if _, ok := sm.Debug("child", false); !ok {
+				t.Fatal("session released before the request ended")
+			}
+			end()
+			if _, ok := sm.Debug("child", false); ok != tc.wantAfter {
+				t.Fatalf("after end: tracked=%v, want %v", ok, tc.wantAfter)
+			}
+		})
+	}
+}
+
+// TestEngineDebugViews: the engine's debug views show its load and sessions, and say why a
+// session has no view.
+func TestEngineDebugViews(t *testing.T) {
+	sm, err := sessions.New(sessions.Config{}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	plain, _ := NewEngine(EngineOptions{Policy: &RoundRobin{}})
+	tracked, _ := NewEngine(EngineOptions{Policy: &RoundRobin{}, Sessions: sm})
+	req := request(chain(1, 4))
+	req.SessionID = "s"
+	tracked.Start(req)
+	d, life, err := tracked.Route(context.Background(), req, kvCands(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer life.Done()
+	if v := tracked.DebugTargets([]workers.Target{d.Chosen.Target}); len(v) != 1 || v[0].Load == nil || v[0].Load.Requests != 1 || v[0].Mode != "" {
+		t.Errorf("DebugTargets: %+v", v)
+	}
+	if f := tracked.DebugFleet(); f.Sessions == nil || f.Sessions.Sessions != 1 {
+		t.Errorf("DebugFleet: %+v", f)
+	}
+	cases := []struct {
+		name string
+		e    *Engine
+		id   string
+		want string // error substring; "" = a view
+	}{
+		{"tracked", tracked, "s", ""},
+		{"unknown", tracked, "t", `unknown session "t"`},
+		{"not tracked", plain, "s", "not tracked"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			v, err := tc.e.DebugSession(tc.id, false)
+			switch {
+			case tc.want == "" && (err != nil || v.(sessions.SessionView).ID != tc.id):
+				t.Errorf("view %+v, err %v", v, err)
+			case tc.want != "" && (!errors.Is(err, ErrNoSession) || !strings.Contains(err.Error(), tc.want)):
+				t.Errorf("err %v, want ErrNoSession with %q", err, tc.want)
+			}
+		})
+	}
+}
+
+// TestBuild: Build runs a KV-aware policy as the engine's KV policy (its mode and approximate
+// index show in the views, Forget clears the latter) and any other as a plain policy.
+func TestBuild(t *testing.T) {
+	cases := []struct {
+		name     string
+		wantErr  string
+		wantMode string
+	}{
+		{PolicyKV, "", ModeApproximate},
+		{PolicyKVNoLoad, "", ModeApproximate},
+		{"round_robin", "", ""},
+		{"best", `unknown policy "best"`, ""},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			deps := KVDeps{Approx: NewApproxIndex(DefaultKVConfig().Approximate)}
+			e, err := Build(tc.name, Options{KVDeps: deps}, EngineOptions{Policy: &RoundRobin{}})
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("err %v, want %q", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil || e.Name() != tc.name {
+				t.Fatalf("engine %v, err %v", e, err)
+			}
+			req := request(chain(1, 4))
+			d, life, err := e.Route(context.Background(), req, kvCands(1))
+			if err != nil {
+				t.Fatal(err)
+			}
+			life.Done()
+			v := e.DebugTargets([]workers.Target{d.Chosen.Target})[0]
+			if v.Mode != tc.wantMode || (tc.wantMode != "") != (v.ApproximateBlocks != nil) {
+				t.Fatalf("view %+v", v)
+			}
+			if v.ApproximateBlocks != nil && *v.ApproximateBlocks != 4 {
+				t.Fatalf("approximate blocks %d after routing 4", *v.ApproximateBlocks)
+			}
+			e.Forget(d.Chosen.Target)
+			if v := e.DebugTargets([]workers.Target{d.Chosen.Target})[0]; v.ApproximateBlocks != nil && *v.ApproximateBlocks != 0 {
+				t.Fatalf("approximate blocks %d after Forget", *v.ApproximateBlocks)
+			}
+		})
+	}
+	if _, err := NewEngine(EngineOptions{Policy: &RoundRobin{}, KV: &KVPolicy{}}); err == nil {
+		t.Error("an engine with both a policy and a KV policy was built")
 	}
 }

@@ -121,13 +121,13 @@ func (p *KVPolicy) Load() *LoadTracker { return p.load }
 // Approx returns the approximate index the policy reads (nil if none).
 func (p *KVPolicy) Approx() *ApproxIndex { return p.approx }
 
-// Begin implements Tracker: it accounts the request's load on the chosen target and, in
+// Begin accounts the request's load on the chosen target and, in
 // predict-on-route fashion, records its blocks there in the approximate index (the chosen
 // worker is about to compute them; this also covers the burst of identical prompts that
 // arrives before the worker's KV events do). When the matcher is a RoutedRecorder it also hands
 // it the prompt's hashes, so the event index can place the worker's coming stores even if it
 // lost their parents.
-func (p *KVPolicy) Begin(d Decision, req *Request) Lifecycle { return p.begin(d, req) }
+func (p *KVPolicy) Begin(d Decision, req *Request) *Handle { return p.begin(d, req) }
 
 func (p *KVPolicy) begin(d Decision, req *Request) *Handle {
 	h := p.load.Begin(d.Chosen.Target, req, CachedBlocks(d))

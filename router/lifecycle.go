@@ -1,15 +1,77 @@
 package router
 
-// Tracker is implemented by policies that account each routed request themselves (beyond the
-// gateway's in-flight count). The server calls Begin right after Pick with the decision; the
-// returned lifecycle hears FirstToken when the first response byte reaches the gateway and
-// Done when the request ends for any reason (finished, failed, cancelled, retried elsewhere).
-type Tracker interface {
-	Begin(d Decision, req *Request) Lifecycle
+import (
+	"context"
+	"sync/atomic"
+)
+
+// Router is the one interface between the HTTP front (package server) and routing. The server
+// knows nothing else of the routing side: load accounting, the approximate index, session
+// updates and usage feedback all hang off the calls below. *Engine implements it.
+//
+// Per client request the server calls Start once (before routing; the returned end once the
+// request is over, however it ended), then Route once per attempt (each retry on another
+// worker is a new attempt with its own Lifecycle). POST /debug/route calls Pick only.
+type Router interface {
+	Policy
+	Debugger
+	// Start hears a request before its first attempt (its session identity); end is called
+	// exactly once after its last attempt ended (a final request's session is released then).
+	Start(req *Request) (end func())
+	// Route chooses a target among cands for one attempt and starts accounting it. The caller
+	// reports the attempt's steps on the returned Lifecycle.
+	Route(ctx context.Context, req *Request, cands []Candidate) (Decision, Lifecycle, error)
 }
 
-// Lifecycle is one routed request's load record; both methods must be idempotent.
+// Lifecycle is one routed attempt as the proxy sees it. Sent, FirstToken and UsageSeen are
+// reported at most once each, in that order when they happen; then exactly one of Done or
+// Failed (both are idempotent, and the first call wins).
 type Lifecycle interface {
+	// Sent: the request is about to go to the chosen worker.
+	Sent()
+	// FirstToken: the worker's first response byte arrived (the prompt's prefill ended).
 	FirstToken()
+	// UsageSeen: the worker's OpenAI usage object of a successful (200) response.
+	UsageSeen(u Usage)
+	// Done: the response reached the client (or the client left after the request was sent).
 	Done()
+	// Failed: nothing reached the client; another worker may be tried with a new attempt.
+	Failed(err error)
+}
+
+// attempt is the Engine's Lifecycle: the load handle, the post-selection session update and
+// the usage feedback of one routed attempt.
+type attempt struct {
+	e     *Engine
+	req   *Request
+	d     Decision
+	h     *Handle
+	ended atomic.Bool
+}
+
+// Sent makes the post-selection session update: affinity and the session's frontier on the
+// chosen target, from its G1 match, guarded by the target's residency version (see
+// docs/ARCHITECTURE.md, "Sessions and frontiers").
+func (a *attempt) Sent() {
+	if a.e.sessions != nil && a.req.SessionID != "" {
+		a.e.sessions.OnRouted(a.req.SessionID, a.d.Chosen.Target, a.req.BlockHashes)
+	}
+}
+
+// FirstToken ends the prompt's prefill load on the chosen target.
+func (a *attempt) FirstToken() { a.h.FirstToken() }
+
+// UsageSeen compares the worker's usage with the gateway's count and prediction (Observe).
+func (a *attempt) UsageSeen(u Usage) { a.e.Observe(a.req.Model, a.req, a.d, u) }
+
+// Done releases the attempt's load.
+func (a *attempt) Done() { a.end() }
+
+// Failed releases the attempt's load; a failed attempt leaves no other trace.
+func (a *attempt) Failed(error) { a.end() }
+
+func (a *attempt) end() {
+	if a.ended.CompareAndSwap(false, true) {
+		a.h.Done()
+	}
 }

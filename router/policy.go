@@ -20,7 +20,10 @@ type Request struct {
 	BlockSize       int
 	SessionID       string
 	ParentSessionID string
-	Header          http.Header
+	// EndsSession is set when the request ends its session (X-Dynamo-Session-Final,
+	// nvext.session_control.action "close"): its state is released once the request is over.
+	EndsSession bool
+	Header      http.Header
 }
 
 // Candidate is a healthy routing target the policy may choose, with the load the gateway sees.

@@ -57,3 +57,23 @@ func New(name string, opts Options) (Policy, error) {
 	}
 	return f(opts)
 }
+
+// Build builds the policy called name and the Engine that runs it: a KV-aware policy goes into
+// eo.KV, any other into eo.Policy (whatever eo held there is replaced). Errors building the
+// policy are New's (an unknown name) or the KV policy's (its config).
+func Build(name string, o Options, eo EngineOptions) (*Engine, error) {
+	eo.Policy, eo.KV = nil, nil
+	var err error
+	switch name {
+	case PolicyKV:
+		eo.KV, err = NewKV(o.KV, o.KVDeps)
+	case PolicyKVNoLoad:
+		eo.KV, err = NewKVNoLoad(o.KV, o.KVDeps)
+	default:
+		eo.Policy, err = New(name, o)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return NewEngine(eo)
+}

@@ -24,7 +24,7 @@ func serveReal(t *testing.T, cfg configs.Config) string {
 		t.Fatal(err)
 	}
 	pol, _ := router.New("round_robin", router.Options{})
-	s, err := New(Options{Config: cfg, Registry: reg, Policy: pol})
+	s, err := New(Options{Config: cfg, Registry: reg, Router: routerFor(t, pol)})
 	if err != nil {
 		t.Fatal(err)
 	}

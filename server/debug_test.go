@@ -2,11 +2,16 @@ package server
 
 import (
 	"encoding/json"
+	"fmt"
+	"io"
 	"net/http"
 	"strings"
 	"testing"
 
 	"github.com/kvgate/kvgate/configs"
+	"github.com/kvgate/kvgate/indexers"
+	"github.com/kvgate/kvgate/router"
+	"github.com/kvgate/kvgate/workers"
 )
 
 // The debug endpoints answer for the simple policies too: the dry run detects chat and
@@ -65,5 +70,66 @@ func TestDebugEndpointsSimplePolicy(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusNotFound {
 		t.Errorf("/debug/sessions without session tracking: %d", resp.StatusCode)
+	}
+}
+
+// debugRouter is a round-robin router whose debug views are canned, to show that the debug
+// endpoints read only the Router's views.
+type debugRouter struct{ router.Router }
+
+func (debugRouter) DebugTargets(ts []workers.Target) []router.TargetView {
+	out := make([]router.TargetView, len(ts))
+	for i, t := range ts {
+		out[i] = router.TargetView{Mode: "events", IndexBlocks: 10*i + t.DPRank + 1}
+	}
+	return out
+}
+
+func (debugRouter) DebugFleet() router.FleetView {
+	return router.FleetView{Collectors: []indexers.CollectorDebug{{Listen: "tcp://127.0.0.1:1"}}}
+}
+
+func (debugRouter) DebugSession(id string, _ bool) (any, error) {
+	if id != "known/one" {
+		return nil, fmt.Errorf("session %q: %w", id, router.ErrNoSession)
+	}
+	return map[string]string{"id": id}, nil
+}
+
+func TestDebugEndpointsReadTheRouter(t *testing.T) {
+	a, b := startSim(t, fastSim()), startSim(t, fastSim())
+	cfg := testGatewayConfig(a.srv.URL, b.srv.URL)
+	cfg.Workers[1].DPSize = 2
+	g := startGatewayWith(t, cfg, debugRouter{routerFor(t, &router.RoundRobin{})}, nil)
+
+	cases := []struct {
+		path   string
+		status int
+		want   []string
+	}{
+		{"/debug/workers", 200, []string{
+			`"in_flight":0,"mode":"events","index_blocks":1`,
+			`"worker":"` + b.srv.URL + `","dp_rank":1,`, `"dp_rank":1,"healthy":true,"state":"healthy","in_flight":0,"mode":"events","index_blocks":22`,
+			`"kv_collectors":[{"listen":"tcp://127.0.0.1:1"`}},
+		{"/debug/sessions/known/one", 200, []string{`{"id":"known/one"}`}},
+		{"/debug/sessions/other", 404, []string{`session \"other\": no such session`}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.path, func(t *testing.T) {
+			resp, err := http.Get(g.adminURL + tc.path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			data, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != tc.status {
+				t.Errorf("status %d, want %d: %s", resp.StatusCode, tc.status, data)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(string(data), w) {
+					t.Errorf("body %s lacks %s", data, w)
+				}
+			}
+		})
 	}
 }

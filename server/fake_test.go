@@ -177,24 +177,41 @@ func TestNonStreamCutMidBody(t *testing.T) {
 	}
 }
 
-// spyPolicy wraps round robin and records the Tracker lifecycle; spyEnricher fills hashes.
-type spyPolicy struct {
-	router.RoundRobin
-	begun, first, done atomic.Int32
-	sawHashes          atomic.Int32
+// spyRouter wraps a round-robin router and counts every attempt's Lifecycle steps;
+// spyEnricher fills hashes.
+type spyRouter struct {
+	router.Router
+	started, ended                   atomic.Int32
+	begun, sent, first, done, failed atomic.Int32
+	sawHashes                        atomic.Int32
 }
 
-type spyLife struct{ p *spyPolicy }
+type spyLife struct {
+	router.Lifecycle
+	p *spyRouter
+}
 
-func (l spyLife) FirstToken() { l.p.first.Add(1) }
-func (l spyLife) Done()       { l.p.done.Add(1) }
+func (l spyLife) Sent()          { l.p.sent.Add(1); l.Lifecycle.Sent() }
+func (l spyLife) FirstToken()    { l.p.first.Add(1); l.Lifecycle.FirstToken() }
+func (l spyLife) Done()          { l.p.done.Add(1); l.Lifecycle.Done() }
+func (l spyLife) Failed(e error) { l.p.failed.Add(1); l.Lifecycle.Failed(e) }
 
-func (p *spyPolicy) Begin(d router.Decision, req *router.Request) router.Lifecycle {
+func (p *spyRouter) Start(req *router.Request) func() {
+	p.started.Add(1)
+	end := p.Router.Start(req)
+	return func() { p.ended.Add(1); end() }
+}
+
+func (p *spyRouter) Route(ctx context.Context, req *router.Request, cands []router.Candidate) (router.Decision, router.Lifecycle, error) {
+	d, life, err := p.Router.Route(ctx, req, cands)
+	if err != nil {
+		return d, nil, err
+	}
 	p.begun.Add(1)
 	if len(req.BlockHashes) == 3 && req.PromptTokens == 48 {
 		p.sawHashes.Add(1)
 	}
-	return spyLife{p}
+	return d, spyLife{Lifecycle: life, p: p}, nil
 }
 
 type spyEnricher struct{ calls atomic.Int32 }
@@ -214,19 +231,23 @@ func TestEnricherAndTrackerHooks(t *testing.T) {
 	a, b := startSim(t, bad), startSim(t, fastSim())
 	cfg := testGatewayConfig(a.srv.URL, b.srv.URL)
 	cfg.Health.FailureThreshold = 100
-	g := startGatewayWith(t, cfg, &spyPolicy{}, &spyEnricher{})
+	p := &spyRouter{Router: routerFor(t, &router.RoundRobin{})}
+	g := startGatewayWith(t, cfg, p, &spyEnricher{})
 	for range 4 {
 		if _, err := g.client().CreateChatCompletion(context.Background(), chatReq(false, 2)); err != nil {
 			t.Fatal(err)
 		}
 	}
-	p, e := g.policy.(*spyPolicy), g.enricher.(*spyEnricher)
+	e := g.enricher.(*spyEnricher)
 	if e.calls.Load() != 4 {
 		t.Errorf("enricher called %d times", e.calls.Load())
 	}
 	// The retry advances round robin too, so every request meets the failing worker first:
-	// 8 attempts, each begun and done, and 4 first tokens (only the good worker's).
-	if p.begun.Load() != 8 || p.done.Load() != 8 || p.first.Load() != 4 || p.sawHashes.Load() != 8 {
-		t.Errorf("lifecycle begun=%d done=%d first=%d hashes=%d", p.begun.Load(), p.done.Load(), p.first.Load(), p.sawHashes.Load())
+	// 8 attempts, each begun and sent; 4 failed (the bad worker's) and 4 first tokens and done
+	// (the good worker's); each request started and ended once.
+	if p.begun.Load() != 8 || p.sent.Load() != 8 || p.failed.Load() != 4 || p.done.Load() != 4 ||
+		p.first.Load() != 4 || p.sawHashes.Load() != 8 || p.started.Load() != 4 || p.ended.Load() != 4 {
+		t.Errorf("lifecycle started=%d ended=%d begun=%d sent=%d failed=%d done=%d first=%d hashes=%d",
+			p.started.Load(), p.ended.Load(), p.begun.Load(), p.sent.Load(), p.failed.Load(), p.done.Load(), p.first.Load(), p.sawHashes.Load())
 	}
 }

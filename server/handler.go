@@ -46,14 +46,10 @@ func (s *Server) handleCompletion(endpoint string) gin.HandlerFunc {
 			fail(e)
 			return
 		}
-		if s.sessions != nil && in.Session.SessionID != "" {
-			s.sessions.Observe(in.Session)
-			if in.Session.Final {
-				// End of session: its state is released once the request has been routed and
-				// served (a retry inside proxy still sees the session).
-				defer s.sessions.End(in.Session.SessionID)
-			}
-		}
+		// The routing side hears the request before its first attempt; end runs after its
+		// last (an end-of-session request releases its session then).
+		end := s.router.Start(rreq)
+		defer end()
 		code = s.proxy(c, in, rreq, start)
 	}
 }
@@ -89,6 +85,7 @@ func (s *Server) prepare(ctx context.Context, endpoint string, body []byte, h ht
 		BlockSize:       s.cfg.BlockSize,
 		SessionID:       id.SessionID,
 		ParentSessionID: id.ParentID,
+		EndsSession:     id.Final,
 		Header:          h,
 	}
 	if s.enricher != nil {
@@ -120,7 +117,7 @@ func (s *Server) decide(ctx context.Context, endpoint string, body []byte, h htt
 	if len(cands) == 0 {
 		return router.Decision{}, nil, &apiError{Status: http.StatusServiceUnavailable, Message: "no healthy worker"}
 	}
-	d, err := s.policy.Pick(ctx, rreq, cands)
+	d, err := s.router.Pick(ctx, rreq, cands)
 	if err != nil {
 		return router.Decision{}, nil, fmt.Errorf("routing failed: %w", err)
 	}

@@ -112,16 +112,16 @@ func startGateway(t testing.TB, mutate func(*configs.Config), urls ...string) *g
 	if err != nil {
 		t.Fatal(err)
 	}
-	return startGatewayWith(t, cfg, pol, nil)
+	return startGatewayWith(t, cfg, routerFor(t, pol), nil)
 }
 
-func startGatewayWith(t testing.TB, cfg configs.Config, pol router.Policy, enricher RequestEnricher) *gateway {
+func startGatewayWith(t testing.TB, cfg configs.Config, rt router.Router, enricher RequestEnricher) *gateway {
 	t.Helper()
 	reg, err := workers.NewRegistry(cfg, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := New(Options{Config: cfg, Registry: reg, Policy: pol, Enricher: enricher})
+	s, err := New(Options{Config: cfg, Registry: reg, Router: rt, Enricher: enricher})
 	if err != nil {
 		t.Fatal(err)
 	}

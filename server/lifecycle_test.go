@@ -107,7 +107,7 @@ func TestGracefulShutdown(t *testing.T) {
 			cfg.ShutdownTimeout = configs.Duration(tc.deadline)
 			reg, _ := workers.NewRegistry(cfg, nil)
 			defer reg.Close()
-			s, err := New(Options{Config: cfg, Registry: reg, Policy: &router.RoundRobin{}})
+			s, err := New(Options{Config: cfg, Registry: reg, Router: routerFor(t, &router.RoundRobin{})})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -164,7 +164,7 @@ func tail(b []byte) string { return string(b[max(0, len(b)-40):]) }
 func TestServeReportsListenerErrors(t *testing.T) {
 	cfg := testGatewayConfig("http://127.0.0.1:1")
 	reg, _ := workers.NewRegistry(cfg, nil)
-	s, _ := New(Options{Config: cfg, Registry: reg, Policy: &router.RoundRobin{}})
+	s, _ := New(Options{Config: cfg, Registry: reg, Router: routerFor(t, &router.RoundRobin{})})
 	ln, _ := net.Listen("tcp", "127.0.0.1:0")
 	ln.Close()
 	if err := s.Serve(context.Background(), ln); err == nil || errors.Is(err, http.ErrServerClosed) {

@@ -57,7 +57,7 @@ func TestTokenizeSlots(t *testing.T) {
 			cfg.Limits = configs.Limits{MaxConcurrentTokenizations: 1, TokenizeQueue: tc.queue, TokenizeQueueTimeout: configs.Duration(tc.timeout)}
 			pol, _ := router.New("round_robin", router.Options{})
 			e := &blockingEnricher{release: make(chan struct{}), entered: make(chan struct{}, 8)}
-			g := startGatewayWith(t, cfg, pol, e)
+			g := startGatewayWith(t, cfg, routerFor(t, pol), e)
 			body := `{"model":"` + testModel + `","max_tokens":1,"messages":[{"role":"user","content":"hi"}]}`
 			first := make(chan int, 1)
 			go func() {
@@ -120,7 +120,7 @@ func TestMaxModelLenReachesEnricher(t *testing.T) {
 			cfg.Limits.MaxModelLen = tc.override
 			pol, _ := router.New("round_robin", router.Options{})
 			e := &limitSpy{got: make(chan int, 1)}
-			g := startGatewayWith(t, cfg, pol, e)
+			g := startGatewayWith(t, cfg, routerFor(t, pol), e)
 			resp, data := g.post(t, pathChat, `{"model":"`+testModel+`","messages":[{"role":"user","content":"hi"}]}`, nil)
 			if got := <-e.got; got != tc.want {
 				t.Fatalf("MaxModelLen = %d, want %d", got, tc.want)

@@ -56,20 +56,21 @@ func (s *Server) proxy(c *gin.Context, in *Inbound, rreq *router.Request, start 
 		if attempt > 0 {
 			s.m.retries.WithLabelValues(in.Endpoint).Inc()
 		}
-		d, err := s.policy.Pick(ctx, rreq, cands)
+		d, life, err := s.router.Route(ctx, rreq, cands)
 		if err != nil {
 			last = &apiError{Status: http.StatusInternalServerError, Message: "routing failed: " + err.Error()}
 			break
 		}
 		w := s.reg.Get(d.Chosen.Worker)
 		if w == nil {
-			last = &apiError{Status: http.StatusInternalServerError, Message: fmt.Sprintf("policy %s chose unknown worker %q", s.policy.Name(), d.Chosen.Worker)}
+			last = &apiError{Status: http.StatusInternalServerError, Message: fmt.Sprintf("policy %s chose unknown worker %q", s.router.Name(), d.Chosen.Worker)}
+			life.Failed(last)
 			break
 		}
 		tried[w.URL()] = true
 		scope := retryScope{again: attempt+1 < maxAttempts}
 		scope.other = scope.again && len(s.candidates(tried)) > 0
-		res, code, e := s.attempt(c, in, rreq, d, w, start, scope)
+		res, code, e := s.attempt(c, &call{in: in, d: d, life: life, w: w, start: start, scope: scope})
 		switch res {
 		case served:
 			return code
@@ -131,43 +132,49 @@ func retryableStatus(code int) bool {
 	return code == http.StatusBadGateway || code == http.StatusServiceUnavailable || code == http.StatusGatewayTimeout
 }
 
+// call is one attempt of a request on one worker: what send and the relays need of it.
+type call struct {
+	in     *Inbound
+	d      router.Decision
+	life   router.Lifecycle // the routing side's record of this attempt
+	w      *workers.Worker
+	start  time.Time // when the client request arrived (time to first byte)
+	scope  retryScope
+	cancel context.CancelCauseFunc // cancels the upstream request (idle timeout)
+	uc     *usageCapture           // nil: the response carries no usage worth reading
+}
+
 // attempt sends the request to one worker. Headers are committed to the client only once the
-// worker's first body byte arrived, so a worker that dies before that can be replaced.
-func (s *Server) attempt(c *gin.Context, in *Inbound, rreq *router.Request, d router.Decision,
-	w *workers.Worker, start time.Time, scope retryScope) (outcome, int, *apiError) {
+// worker's first body byte arrived, so a worker that dies before that can be replaced. The
+// attempt's Lifecycle hears Done or Failed exactly once, even if the relay panics (an aborted
+// client connection).
+func (s *Server) attempt(c *gin.Context, a *call) (res outcome, code int, e *apiError) {
 	clientCtx := c.Request.Context()
 	ctx, cancel := context.WithCancelCause(clientCtx)
 	defer cancel(nil)
 
-	release := w.Acquire(d.Chosen.DPRank)
+	release := a.w.Acquire(a.d.Chosen.DPRank)
 	defer release()
-	firstToken, done := func() {}, func() {}
-	if t, ok := s.policy.(router.Tracker); ok {
-		life := t.Begin(d, rreq)
-		firstToken, done = life.FirstToken, life.Done
-	}
-	defer done()
-	if s.sessions != nil && rreq.SessionID != "" {
-		// Post-selection update (docs/ARCHITECTURE.md, "Sessions and frontiers"): affinity and the session's frontier on the chosen
-		// target, from its G1 match, guarded by the target's residency version.
-		s.sessions.OnRouted(rreq.SessionID, d.Chosen.Target, rreq.BlockHashes)
-	}
-	var uc *usageCapture
-	if s.observer != nil {
-		uc = &usageCapture{}
-	}
-	res, code, e := s.send(ctx, cancel, c, in, w, d, start, scope, firstToken, uc)
-	if res == served && code == http.StatusOK && uc != nil {
-		if u, ok := uc.usage(); ok {
-			s.observer.Observe(rreq.Model, rreq, d, u)
+	defer func() {
+		if res == failed && e != nil {
+			a.life.Failed(e)
+			return
+		}
+		a.life.Done()
+	}()
+	a.cancel, a.uc = cancel, &usageCapture{}
+	res, code, e = s.send(ctx, c, a)
+	if res == served && code == http.StatusOK {
+		if u, ok := a.uc.usage(); ok {
+			a.life.UsageSeen(u)
 		}
 	}
 	return res, code, e
 }
 
-func (s *Server) send(ctx context.Context, cancel context.CancelCauseFunc, c *gin.Context, in *Inbound,
-	w *workers.Worker, d router.Decision, start time.Time, scope retryScope, firstToken func(),
-	uc *usageCapture) (outcome, int, *apiError) {
+// send forwards the request and relays the response; see attempt.
+func (s *Server) send(ctx context.Context, c *gin.Context, a *call) (outcome, int, *apiError) {
+	in, w, d, cancel := a.in, a.w, a.d, a.cancel
 	clientCtx := c.Request.Context()
 	up, err := http.NewRequestWithContext(ctx, http.MethodPost, w.Endpoint(in.Endpoint, c.Request.URL.RawQuery), bytes.NewReader(in.Body))
 	if err != nil {
@@ -185,6 +192,7 @@ func (s *Server) send(ctx context.Context, cancel context.CancelCauseFunc, c *gi
 		up.Header.Set("X-Forwarded-For", ip)
 	}
 	up.ContentLength = int64(len(in.Body))
+	a.life.Sent()
 
 	// A stream's idle timer starts when the request is sent: a worker that stalls before its
 	// headers is as silent as one that stalls mid-stream, and nothing reached the client yet,
@@ -211,7 +219,7 @@ func (s *Server) send(ctx context.Context, cancel context.CancelCauseFunc, c *gi
 	}
 	defer resp.Body.Close()
 	s.m.workerRequests.WithLabelValues(w.URL(), strconv.Itoa(resp.StatusCode)).Inc()
-	if retryableStatus(resp.StatusCode) && scope.other {
+	if retryableStatus(resp.StatusCode) && a.scope.other {
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 		s.m.upstreamErrors.WithLabelValues(w.URL(), errStatus).Inc()
 		return failed, 0, &apiError{Status: resp.StatusCode, Message: fmt.Sprintf("worker %s answered %d", w.URL(), resp.StatusCode)}
@@ -233,7 +241,7 @@ func (s *Server) send(ctx context.Context, cancel context.CancelCauseFunc, c *gi
 		switch {
 		case clientCtx.Err() != nil:
 			return clientGone, 0, nil
-		case errors.Is(rerr, io.EOF) && resp.StatusCode == http.StatusInternalServerError && scope.again:
+		case errors.Is(rerr, io.EOF) && resp.StatusCode == http.StatusInternalServerError && a.scope.again:
 			// vLLM answers the requests in flight when its engine dies with a bare 500 and no
 			// body (the EngineDeadError and EngineGenerateError handlers of
 			// vllm/entrypoints/launcher.py); the simulator does the same on its restart fault.
@@ -254,7 +262,7 @@ func (s *Server) send(ctx context.Context, cancel context.CancelCauseFunc, c *gi
 			return failed, 0, &apiError{Status: http.StatusBadGateway, Message: fmt.Sprintf("worker %s closed the response before its first byte: %v", w.URL(), cause)}
 		}
 	}
-	firstToken()
+	a.life.FirstToken()
 	w.ReportSuccess()
 
 	mediatype, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type"))
@@ -272,8 +280,9 @@ func (s *Server) send(ctx context.Context, cancel context.CancelCauseFunc, c *gi
 		}
 	}
 	c.Status(resp.StatusCode)
-	s.m.ttfb.WithLabelValues(in.Endpoint).Observe(time.Since(start).Seconds())
+	s.m.ttfb.WithLabelValues(in.Endpoint).Observe(time.Since(a.start).Seconds())
 
+	uc := a.uc
 	if resp.StatusCode != http.StatusOK {
 		uc = nil // error bodies carry no usage
 	}

@@ -14,7 +14,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/kvgate/kvgate/configs"
-	"github.com/kvgate/kvgate/indexers"
 	"github.com/kvgate/kvgate/router"
 	"github.com/kvgate/kvgate/sessions"
 	"github.com/kvgate/kvgate/workers"
@@ -29,27 +28,16 @@ type RequestEnricher interface {
 	Enrich(ctx context.Context, in *Inbound, req *router.Request) error
 }
 
-// UsageObserver hears what a worker reported about a routed request's prompt (the OpenAI usage
-// object of a non-stream body, or of a stream's usage chunk). router.Engine implements it; the
-// server finds it on the policy by type assertion.
-type UsageObserver interface {
-	Observe(model string, req *router.Request, d router.Decision, u router.Usage)
-}
-
 // Options are the parts a Server is built from.
 type Options struct {
 	Config   configs.Config
 	Registry *workers.Registry
-	Policy   router.Policy
+	// Router is the routing side (a *router.Engine): the server calls Start per request,
+	// Route per attempt and reports the attempt's steps on its Lifecycle; the debug endpoints
+	// read its views.
+	Router   router.Router
 	Enricher RequestEnricher // optional
 	Logger   *slog.Logger    // optional
-	// Sessions, when set, hears every request's identity (Observe), every routing decision
-	// (OnRouted) and end-of-session markers (End), and backs the admin listener's
-	// GET /debug/sessions/{id}.
-	Sessions *sessions.Manager
-	// Events, when set, is the KV-event subscription manager shown in the admin listener's
-	// GET /debug/workers.
-	Events *indexers.Manager
 	// Metrics is the Prometheus registry GET /metrics serves; the server registers its own
 	// series on it. Nil makes a new one (other components then register on Server.Metrics).
 	Metrics *prometheus.Registry
@@ -59,12 +47,9 @@ type Options struct {
 type Server struct {
 	cfg      configs.Config
 	reg      *workers.Registry
-	policy   router.Policy
+	router   router.Router
 	enricher RequestEnricher
-	observer UsageObserver // nil when the policy does not close the loop
 	ids      *sessions.IdentityParser
-	sessions *sessions.Manager
-	events   *indexers.Manager
 	log      *slog.Logger
 	m        *metrics
 	engine   *gin.Engine // the client listener: OpenAI API, /health, /metrics
@@ -77,8 +62,8 @@ type Server struct {
 
 // New builds a server; it does not start probing or listening (see Serve).
 func New(opts Options) (*Server, error) {
-	if opts.Registry == nil || opts.Policy == nil {
-		return nil, errors.New("server: registry and policy are required")
+	if opts.Registry == nil || opts.Router == nil {
+		return nil, errors.New("server: registry and router are required")
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
@@ -86,16 +71,13 @@ func New(opts Options) (*Server, error) {
 	s := &Server{
 		cfg:      opts.Config,
 		reg:      opts.Registry,
-		policy:   opts.Policy,
+		router:   opts.Router,
 		enricher: opts.Enricher,
 		ids:      sessions.NewIdentityParser(identityConfig(opts.Config.Sessions)),
-		sessions: opts.Sessions,
-		events:   opts.Events,
 		log:      opts.Logger,
 		m:        newMetrics(opts.Registry, opts.Metrics),
 		tokenize: newTokenizeSlots(opts.Config.Limits),
 	}
-	s.observer, _ = opts.Policy.(UsageObserver)
 	keys, err := opts.Config.ClientAPIKeys()
 	if err != nil {
 		return nil, fmt.Errorf("server: %w", err)

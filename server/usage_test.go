@@ -65,22 +65,39 @@ func TestUsageCapture(t *testing.T) {
 	}
 }
 
-// observingPolicy is round robin that records what the server observed (server.UsageObserver).
-type observingPolicy struct {
-	router.RoundRobin
+// observingRouter is a round-robin router that records the usage the server reported on each
+// attempt's Lifecycle (UsageSeen).
+type observingRouter struct {
+	router.Router
 	mu   sync.Mutex
 	seen []router.Usage
 }
 
-func (p *observingPolicy) Observe(model string, req *router.Request, d router.Decision, u router.Usage) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if model == testModel && d.Chosen.Worker != "" && req != nil {
-		p.seen = append(p.seen, u)
+func (p *observingRouter) Route(ctx context.Context, req *router.Request, cands []router.Candidate) (router.Decision, router.Lifecycle, error) {
+	d, life, err := p.Router.Route(ctx, req, cands)
+	if err != nil {
+		return d, nil, err
 	}
+	return d, observingLife{Lifecycle: life, p: p, req: req, d: d}, nil
 }
 
-func (p *observingPolicy) observed() []router.Usage {
+type observingLife struct {
+	router.Lifecycle
+	p   *observingRouter
+	req *router.Request
+	d   router.Decision
+}
+
+func (l observingLife) UsageSeen(u router.Usage) {
+	l.p.mu.Lock()
+	defer l.p.mu.Unlock()
+	if l.req.Model == testModel && l.d.Chosen.Worker != "" {
+		l.p.seen = append(l.p.seen, u)
+	}
+	l.Lifecycle.UsageSeen(u)
+}
+
+func (p *observingRouter) observed() []router.Usage {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return append([]router.Usage(nil), p.seen...)
@@ -90,7 +107,7 @@ func (p *observingPolicy) observed() []router.Usage {
 // unchanged) and hands it to the policy; error answers report nothing.
 func TestUsageReachesObserver(t *testing.T) {
 	a := startSim(t, fastSim())
-	pol := &observingPolicy{}
+	pol := &observingRouter{Router: routerFor(t, &router.RoundRobin{})}
 	g := startGatewayWith(t, testGatewayConfig(a.srv.URL), pol, nil)
 	ctx := context.Background()
 	resp, err := g.client().CreateChatCompletion(ctx, chatReq(false, 2))
@@ -141,7 +158,7 @@ func (refusingEnricher) Enrich(_ context.Context, in *Inbound, _ *router.Request
 // any other enricher error is logged and the request routed without enrichment.
 func TestEnricherErrors(t *testing.T) {
 	a := startSim(t, fastSim())
-	g := startGatewayWith(t, testGatewayConfig(a.srv.URL), &router.RoundRobin{}, refusingEnricher{})
+	g := startGatewayWith(t, testGatewayConfig(a.srv.URL), routerFor(t, &router.RoundRobin{}), refusingEnricher{})
 	body := func(content string) string {
 		return `{"model":"` + testModel + `","max_tokens":1,"messages":[{"role":"user","content":"` + content + `"}]}`
 	}

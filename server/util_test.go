@@ -3,7 +3,20 @@ package server
 import (
 	"bytes"
 	"encoding/json"
+	"testing"
+
+	"github.com/kvgate/kvgate/router"
 )
+
+// routerFor wraps a policy in a router.Engine, the router the gateway builds for any policy.
+func routerFor(t testing.TB, p router.Policy) router.Router {
+	t.Helper()
+	e, err := router.NewEngine(router.EngineOptions{Policy: p})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e
+}
 
 func jsonUnmarshalStrict(data []byte, v any) error {
 	dec := json.NewDecoder(bytes.NewReader(data))

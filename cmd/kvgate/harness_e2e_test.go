@@ -130,8 +130,8 @@ func startFleet(t *testing.T, tok *tokenize.Tokenizer, spec fleetSpec) *fleet {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := server.New(server.Options{Config: cfg, Registry: reg, Policy: rt.policy, Enricher: rt.enricher,
-		Sessions: rt.sessions, Events: rt.events, Metrics: f.prom, Logger: quiet})
+	s, err := server.New(server.Options{Config: cfg, Registry: reg, Router: rt.engine, Enricher: rt.enricher,
+		Metrics: f.prom, Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
 	}

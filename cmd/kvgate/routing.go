@@ -26,7 +26,7 @@ import (
 // (tokenizer → block hashes), the session manager, the KV-event subscriptions, and the
 // background work they need, stopped by close.
 type routing struct {
-	policy   router.Policy
+	engine   *router.Engine // the server's router.Router
 	enricher server.RequestEnricher
 	sessions *sessions.Manager
 	events   *indexers.Manager
@@ -67,28 +67,22 @@ func buildRouting(ctx context.Context, cfg configs.Config, reg *workers.Registry
 		engOpts.MetricsClient = scrapeClient(cfg, reg)
 		engOpts.MetricsInterval = kvcfg.MetricsInterval.D()
 	}
-	policy, err := router.New(cfg.Router.Policy, opts)
+	engOpts.Sessions, engOpts.Events = rt.sessions, rt.events
+	eng, err := router.Build(cfg.Router.Policy, opts, engOpts)
 	if err != nil {
 		return nil, fmt.Errorf("router.policy: %w", err)
 	}
-	engOpts.Policy = policy
-	eng, err := router.NewEngine(engOpts)
-	if err != nil {
-		return nil, err
-	}
-	rt.policy = eng
-	if kv, ok := policy.(*router.KVPolicy); ok {
-		// A worker whose /health flapped may have restarted with an empty cache: what approximate
-		// mode assumed about it is void (the event streams check the
-		// worker's replay ring and reset only if the engine restarted, see buildKV).
-		reg.OnChange(func(w *workers.Worker, change string) {
-			if change == workers.ChangeReadmitted && kv.Approx() != nil {
-				for rank := range w.DPSize() {
-					kv.Approx().Forget(workers.Target{Worker: w.URL(), DPRank: rank})
-				}
+	rt.engine = eng
+	// A worker whose /health flapped may have restarted with an empty cache: what approximate
+	// mode assumed about it is void (the event streams check the worker's replay ring and reset
+	// only if the engine restarted, see buildKV).
+	reg.OnChange(func(w *workers.Worker, change string) {
+		if change == workers.ChangeReadmitted {
+			for rank := range w.DPSize() {
+				eng.Forget(workers.Target{Worker: w.URL(), DPRank: rank})
 			}
-		})
-	}
+		}
+	})
 	done := make(chan struct{})
 	go func() { defer close(done); eng.Run(bg) }()
 	closers = append(closers, func() { <-done })

@@ -60,8 +60,8 @@ func TestBuildRoutingSimplePolicies(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer rt.close()
-			if _, ok := rt.policy.(*router.Engine); !ok || rt.policy.Name() != name {
-				t.Errorf("policy %T %q", rt.policy, rt.policy.Name())
+			if rt.engine == nil || rt.engine.Name() != name {
+				t.Errorf("engine %v", rt.engine)
 			}
 			if rt.enricher != nil || rt.sessions != nil || rt.events != nil {
 				t.Errorf("simple policy got KV parts: %+v", rt)
