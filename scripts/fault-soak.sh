@@ -38,26 +38,11 @@ NAME=fault-soak
 # shellcheck source=scripts/lib.sh
 . scripts/lib.sh
 
-[ -f "$MODEL_DIR/tokenizer.json" ] || scripts/fetch-tokenizers.sh qwen3
-mkdir -p "$OUT" "$BIN"
-if [ "${SKIP_BUILD:-0}" != 1 ]; then
-  go build -o "$BIN/" ./cmd/kvgate ./cmd/vllm-sim ./cmd/kvbench
-fi
-
+build_bins
 
 GW="127.0.0.1:$BASE_PORT"
-rm -f "$OUT/fleet.yaml"
 # shellcheck disable=SC2086 # FAULTS is a list of flags
-"$BIN/vllm-sim" fleet --workers 2 --host 127.0.0.1 --base-port $((BASE_PORT + 1)) \
-  --events-base-port $((BASE_PORT + 100)) --model "$MODEL_DIR" --served-model-name "$MODEL_NAME" \
-  --num-gpu-blocks 16384 --max-model-len 262144 --speedup "$SPEEDUP" --gateway-listen "$GW" \
-  --router-policy kv --config-out "$OUT/fleet.yaml" --log-level warn $FAULTS >"$OUT/fleet.log" 2>&1 &
-fleet=$!
-PIDS+=("$fleet")
-for i in 1 2; do
-  wait_http "http://127.0.0.1:$((BASE_PORT + i))/health" "$fleet" 60 || die "worker $i did not start; see $OUT/fleet.log"
-done
-wait_file "$OUT/fleet.yaml"
+start_fleet "$GW" --speedup "$SPEEDUP" $FAULTS
 
 # shellcheck disable=SC2086
 "$BIN/kvgate" serve --config "$OUT/fleet.yaml" --router-policy kv --log-level warn ${GATEWAY_ARGS:-} \

@@ -37,27 +37,11 @@ NAME=restart-recovery
 # shellcheck source=scripts/lib.sh
 . scripts/lib.sh
 
-[ -f "$MODEL_DIR/tokenizer.json" ] || scripts/fetch-tokenizers.sh qwen3
-mkdir -p "$OUT" "$BIN"
-if [ "${SKIP_BUILD:-0}" != 1 ]; then
-  go build -o "$BIN/" ./cmd/kvgate ./cmd/vllm-sim ./cmd/kvbench
-fi
-
+build_bins
 
 GW_A="127.0.0.1:$BASE_PORT"
 GW_B="127.0.0.1:$((BASE_PORT + 3))"
-rm -f "$OUT/fleet.yaml"
-"$BIN/vllm-sim" fleet --workers 2 --host 127.0.0.1 --base-port $((BASE_PORT + 1)) \
-  --events-base-port $((BASE_PORT + 100)) --model "$MODEL_DIR" --served-model-name "$MODEL_NAME" \
-  --num-gpu-blocks 16384 --max-model-len 262144 --speedup 1 --gateway-listen "$GW_A" \
-  --kv-events-config "{\"buffer_steps\":$BUFFER_STEPS}" \
-  --router-policy kv --config-out "$OUT/fleet.yaml" --log-level warn >"$OUT/fleet.log" 2>&1 &
-fleet=$!
-PIDS+=("$fleet")
-for i in 1 2; do
-  wait_http "http://127.0.0.1:$((BASE_PORT + i))/health" "$fleet" 60 || die "worker $i did not start; see $OUT/fleet.log"
-done
-wait_file "$OUT/fleet.yaml"
+start_fleet "$GW_A" --speedup 1 --kv-events-config "{\"buffer_steps\":$BUFFER_STEPS}"
 
 "$BIN/kvgate" serve --config "$OUT/fleet.yaml" --router-policy kv --log-level warn >"$OUT/kvgate-a.log" 2>&1 &
 gwa=$!
