@@ -5,7 +5,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/kvgate/kvgate/workers"
+	"github.com/kvgate/kvgate/kvkey"
 )
 
 // ApproxIndex predicts which blocks each target holds from the gateway's own routing decisions,
@@ -20,7 +20,7 @@ type ApproxIndex struct {
 	ttl     time.Duration
 	budget  int
 	now     func() time.Time
-	bit     map[workers.Target]int
+	bit     map[kvkey.Target]int
 	targets []*approxTarget
 	blocks  map[uint64]*approxBlock
 }
@@ -52,13 +52,13 @@ func NewApproxIndex(cfg ApproxConfig) *ApproxIndex {
 		ttl:    cfg.TTL.D(),
 		budget: cfg.BlockBudget,
 		now:    time.Now,
-		bit:    make(map[workers.Target]int),
+		bit:    make(map[kvkey.Target]int),
 		blocks: make(map[uint64]*approxBlock),
 	}
 }
 
 // Record notes that the prompt with these chained block hashes was routed to t.
-func (a *ApproxIndex) Record(t workers.Target, hashes []uint64) {
+func (a *ApproxIndex) Record(t kvkey.Target, hashes []uint64) {
 	if len(hashes) == 0 {
 		return
 	}
@@ -98,7 +98,7 @@ func (a *ApproxIndex) Record(t workers.Target, hashes []uint64) {
 
 // Match writes into out[i] how many leading blocks of hashes are assumed resident on
 // targets[i] (0 for a target never recorded). len(out) must be len(targets).
-func (a *ApproxIndex) Match(hashes []uint64, targets []workers.Target, out []int) {
+func (a *ApproxIndex) Match(hashes []uint64, targets []kvkey.Target, out []int) {
 	clear(out)
 	if len(hashes) == 0 {
 		return
@@ -157,7 +157,7 @@ func (a *ApproxIndex) Match(hashes []uint64, targets []workers.Target, out []int
 }
 
 // Resident returns how many blocks are assumed resident on t.
-func (a *ApproxIndex) Resident(t workers.Target) int {
+func (a *ApproxIndex) Resident(t kvkey.Target) int {
 	a.mu.RLock()
 	defer a.mu.RUnlock()
 	if b, ok := a.bit[t]; ok {
@@ -179,7 +179,7 @@ func (a *ApproxIndex) Expire() int {
 }
 
 // Forget drops everything assumed about t (e.g. the worker restarted or was removed).
-func (a *ApproxIndex) Forget(t workers.Target) {
+func (a *ApproxIndex) Forget(t kvkey.Target) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if b, ok := a.bit[t]; ok {

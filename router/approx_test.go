@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/confval"
-	"github.com/kvgate/kvgate/workers"
+	"github.com/kvgate/kvgate/kvkey"
 )
 
 func newTestApprox(ttl time.Duration, budget int, clk *fakeClock) *ApproxIndex {
@@ -36,7 +36,7 @@ func TestApproxMatch(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			targets := []workers.Target{tgt(0), tgt(1), tgt(2), tgt(3)}
+			targets := []kvkey.Target{tgt(0), tgt(1), tgt(2), tgt(3)}
 			out := make([]int, len(targets))
 			a.Match(tc.hashes, targets, out)
 			for i := range out {
@@ -53,9 +53,9 @@ func TestApproxManyTargets(t *testing.T) {
 	clk := &fakeClock{t: time.Unix(1000, 0)}
 	a := newTestApprox(time.Minute, 1000, clk)
 	p := chain(1, 100)
-	var targets []workers.Target
+	var targets []kvkey.Target
 	for i := range 130 {
-		tg := workers.Target{Worker: "w", DPRank: i}
+		tg := kvkey.Target{Worker: "w", DPRank: i}
 		targets = append(targets, tg)
 		a.Record(tg, p[:i%101])
 	}
@@ -80,11 +80,11 @@ func TestApproxTTL(t *testing.T) {
 		t.Fatalf("expired %d, want 10", n)
 	}
 	out := make([]int, 1)
-	a.Match(p, []workers.Target{tgt(0)}, out)
+	a.Match(p, []kvkey.Target{tgt(0)}, out)
 	if out[0] != 0 {
 		t.Fatalf("expired prompt still matches %d", out[0])
 	}
-	a.Match(q, []workers.Target{tgt(0)}, out)
+	a.Match(q, []kvkey.Target{tgt(0)}, out)
 	if out[0] != 10 {
 		t.Fatalf("fresh prompt matches %d", out[0])
 	}
@@ -93,7 +93,7 @@ func TestApproxTTL(t *testing.T) {
 	a.Record(tgt(0), q)
 	clk.advance(50 * time.Second)
 	a.Expire()
-	if a.Match(q, []workers.Target{tgt(0)}, out); out[0] != 10 {
+	if a.Match(q, []kvkey.Target{tgt(0)}, out); out[0] != 10 {
 		t.Fatalf("renewed prompt expired")
 	}
 }
@@ -107,7 +107,7 @@ func TestApproxBudget(t *testing.T) {
 	a.Record(tgt(0), p)
 	a.Record(tgt(0), q)
 	a.Record(tgt(1), p) // another target's budget is its own
-	targets := []workers.Target{tgt(0), tgt(1)}
+	targets := []kvkey.Target{tgt(0), tgt(1)}
 	out := make([]int, 2)
 	a.Match(p, targets, out)
 	if out[0] != 2 || out[1] != 8 {
@@ -145,7 +145,7 @@ func TestApproxRepeatedPromptSticks(t *testing.T) {
 		t.Fatal(err)
 	}
 	cs := kvCands(4)
-	spread := map[workers.Target]bool{}
+	spread := map[kvkey.Target]bool{}
 	for i := range 8 {
 		prompt := chain(uint64(10+i), 256)
 		d1, h, err := pickAndBegin(context.Background(), e, request(prompt), cs)

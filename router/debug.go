@@ -6,8 +6,8 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/indexers"
+	"github.com/kvgate/kvgate/kvkey"
 	"github.com/kvgate/kvgate/sessions"
-	"github.com/kvgate/kvgate/workers"
 )
 
 // Debugger serves the routing side's part of the admin listener's debug endpoints as JSON-able
@@ -15,7 +15,7 @@ import (
 type Debugger interface {
 	// DebugTargets returns, in order, what routing knows about each target for
 	// GET /debug/workers.
-	DebugTargets(ts []workers.Target) []TargetView
+	DebugTargets(ts []kvkey.Target) []TargetView
 	// DebugFleet returns the fleet-wide part of GET /debug/workers.
 	DebugFleet() FleetView
 	// DebugSession returns the body of GET /debug/sessions/{id}; an error wrapping
@@ -75,12 +75,12 @@ type FleetView struct {
 
 // DebugTargets implements Debugger: subscription state, scoring mode, approximate blocks,
 // accounted load and the last metrics reading of each target.
-func (e *Engine) DebugTargets(ts []workers.Target) []TargetView {
-	subs := map[workers.Target]*indexers.TargetDebug{}
+func (e *Engine) DebugTargets(ts []kvkey.Target) []TargetView {
+	subs := map[kvkey.Target]*indexers.TargetDebug{}
 	if e.events != nil {
 		snap := e.events.Snapshot()
 		for i := range snap {
-			subs[workers.Target{Worker: snap[i].Worker, DPRank: snap[i].DPRank}] = &snap[i]
+			subs[kvkey.Target{Worker: snap[i].Worker, DPRank: snap[i].DPRank}] = &snap[i]
 		}
 	}
 	now := time.Now()

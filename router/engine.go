@@ -11,8 +11,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvgate/kvgate/indexers"
+	"github.com/kvgate/kvgate/kvkey"
 	"github.com/kvgate/kvgate/sessions"
-	"github.com/kvgate/kvgate/workers"
 )
 
 // Engine is what the server calls to route (it implements Router): it runs a policy, accounts
@@ -57,7 +57,7 @@ type EngineOptions struct {
 	// Targets lists the routing targets whose workers' /metrics Run scrapes; nil disables
 	// scraping. MetricsClient does the scraping (http.DefaultClient when nil) every
 	// MetricsInterval (the KV policy's metrics_interval, else 1s).
-	Targets         func() []workers.Target
+	Targets         func() []kvkey.Target
 	MetricsClient   *http.Client
 	MetricsInterval time.Duration
 	// MismatchLogBurst is how many prompt-token mismatches are logged before the log is limited
@@ -166,7 +166,7 @@ func (e *Engine) begin(d Decision, req *Request) *Handle {
 
 // Forget drops what approximate mode assumed about t (its worker may have restarted with an
 // empty cache, e.g. after a health flap); without an approximate index it does nothing.
-func (e *Engine) Forget(t workers.Target) {
+func (e *Engine) Forget(t kvkey.Target) {
 	if e.approx != nil {
 		e.approx.Forget(t)
 	}

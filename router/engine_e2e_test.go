@@ -16,9 +16,9 @@ import (
 	openai "github.com/sashabaranov/go-openai"
 
 	"github.com/kvgate/kvgate/indexers"
+	"github.com/kvgate/kvgate/kvkey"
 	"github.com/kvgate/kvgate/sim"
 	"github.com/kvgate/kvgate/tokenize"
-	"github.com/kvgate/kvgate/workers"
 )
 
 const e2eModelDir = "../models/qwen3"
@@ -76,13 +76,13 @@ func startE2EFleet(t *testing.T, events bool, tok *tokenize.Tokenizer) *e2eFleet
 		}
 		srv := httptest.NewServer(w.Handler())
 		t.Cleanup(func() { srv.Close(); _ = w.Close() })
-		target := workers.Target{Worker: srv.URL}
+		target := kvkey.Target{Worker: srv.URL}
 		f.cands = append(f.cands, Candidate{Target: target})
 		cfg := openai.DefaultConfig("none")
 		cfg.BaseURL = srv.URL + "/v1"
 		f.clients[srv.URL] = openai.NewClientWithConfig(cfg)
 		for _, ep := range w.EventEndpoints() {
-			err := mgr.Start(ctx, indexers.SubscriberConfig{Target: workers.Target{Worker: srv.URL, DPRank: ep.DPRank},
+			err := mgr.Start(ctx, indexers.SubscriberConfig{Target: kvkey.Target{Worker: srv.URL, DPRank: ep.DPRank},
 				Endpoint: ep.Endpoint, ReplayEndpoint: ep.Replay, Topic: "kv"})
 			if err != nil {
 				t.Fatal(err)
@@ -101,12 +101,12 @@ func startE2EFleet(t *testing.T, events bool, tok *tokenize.Tokenizer) *e2eFleet
 	if err != nil {
 		t.Fatal(err)
 	}
-	targets := make([]workers.Target, len(f.cands))
+	targets := make([]kvkey.Target, len(f.cands))
 	for i, c := range f.cands {
 		targets[i] = c.Target
 	}
 	f.engine, err = NewEngine(EngineOptions{KV: p, Registerer: f.reg, Log: quiet,
-		Targets: func() []workers.Target { return targets }, MetricsInterval: 50 * time.Millisecond})
+		Targets: func() []kvkey.Target { return targets }, MetricsInterval: 50 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -13,8 +13,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
+	"github.com/kvgate/kvgate/kvkey"
 	"github.com/kvgate/kvgate/sessions"
-	"github.com/kvgate/kvgate/workers"
 )
 
 func TestPredictedCachedTokens(t *testing.T) {
@@ -297,7 +297,7 @@ func TestEngineDebugViews(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer life.Done()
-	if v := tracked.DebugTargets([]workers.Target{d.Chosen.Target}); len(v) != 1 || v[0].Load == nil || v[0].Load.Requests != 1 || v[0].Mode != "" {
+	if v := tracked.DebugTargets([]kvkey.Target{d.Chosen.Target}); len(v) != 1 || v[0].Load == nil || v[0].Load.Requests != 1 || v[0].Mode != "" {
 		t.Errorf("DebugTargets: %+v", v)
 	}
 	if f := tracked.DebugFleet(); f.Sessions == nil || f.Sessions.Sessions != 1 {
@@ -358,7 +358,7 @@ func TestBuild(t *testing.T) {
 				t.Fatal(err)
 			}
 			life.Done()
-			v := e.DebugTargets([]workers.Target{d.Chosen.Target})[0]
+			v := e.DebugTargets([]kvkey.Target{d.Chosen.Target})[0]
 			if v.Mode != tc.wantMode || (tc.wantMode != "") != (v.ApproximateBlocks != nil) {
 				t.Fatalf("view %+v", v)
 			}
@@ -366,7 +366,7 @@ func TestBuild(t *testing.T) {
 				t.Fatalf("approximate blocks %d after routing 4", *v.ApproximateBlocks)
 			}
 			e.Forget(d.Chosen.Target)
-			if v := e.DebugTargets([]workers.Target{d.Chosen.Target})[0]; v.ApproximateBlocks != nil && *v.ApproximateBlocks != 0 {
+			if v := e.DebugTargets([]kvkey.Target{d.Chosen.Target})[0]; v.ApproximateBlocks != nil && *v.ApproximateBlocks != 0 {
 				t.Fatalf("approximate blocks %d after Forget", *v.ApproximateBlocks)
 			}
 		})

@@ -10,9 +10,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/kvgate/kvgate/kvkey"
 	"github.com/kvgate/kvgate/sessions"
-
-	"github.com/kvgate/kvgate/workers"
 )
 
 // Policy names of the KV-aware policies.
@@ -56,7 +55,7 @@ type KVPolicy struct {
 
 // kvScratch holds per-decision buffers, pooled to keep the hot path allocation-light.
 type kvScratch struct {
-	targets []workers.Target
+	targets []kvkey.Target
 	matches []TierMatch
 	approx  []int
 	rows    []kvRow
@@ -284,7 +283,7 @@ func grow[T any](s []T, n int) []T {
 
 // Mode reports how the policy currently scores t: ModeEvents when the event index is trusted
 // for it, else ModeApproximate (for GET /debug/workers).
-func (p *KVPolicy) Mode(t workers.Target) string {
+func (p *KVPolicy) Mode(t kvkey.Target) string {
 	if p.matcher != nil && (p.events == nil || p.events.EventsHealthy(t)) {
 		return ModeEvents
 	}

@@ -12,8 +12,8 @@ import (
 
 	"github.com/kvgate/kvgate/confval"
 	"github.com/kvgate/kvgate/indexers"
+	"github.com/kvgate/kvgate/kvkey"
 	"github.com/kvgate/kvgate/tokenize"
-	"github.com/kvgate/kvgate/workers"
 )
 
 // tierIndex is a plain linear-walk tiered block index (per block: the set of targets holding
@@ -21,21 +21,21 @@ import (
 // G3 extending G2, docs/ARCHITECTURE.md "The tiered index"). The decision benchmark runs it beside the real
 // indexers.Index as a worst-case matcher (no bisection: every block of the prompt is looked up).
 type tierIndex struct {
-	pos    map[workers.Target]int
+	pos    map[kvkey.Target]int
 	blocks map[uint64]*tierEntry
 }
 
 type tierEntry struct{ g [3]uint64 } // bit per target position, ≤ 64 targets
 
-func newTierIndex(targets []workers.Target) *tierIndex {
-	ix := &tierIndex{pos: map[workers.Target]int{}, blocks: map[uint64]*tierEntry{}}
+func newTierIndex(targets []kvkey.Target) *tierIndex {
+	ix := &tierIndex{pos: map[kvkey.Target]int{}, blocks: map[uint64]*tierEntry{}}
 	for i, t := range targets {
 		ix.pos[t] = i
 	}
 	return ix
 }
 
-func (ix *tierIndex) store(t workers.Target, tier int, hashes []uint64) {
+func (ix *tierIndex) store(t kvkey.Target, tier int, hashes []uint64) {
 	bit := uint64(1) << ix.pos[t]
 	for _, h := range hashes {
 		e := ix.blocks[h]
@@ -47,7 +47,7 @@ func (ix *tierIndex) store(t workers.Target, tier int, hashes []uint64) {
 	}
 }
 
-func (ix *tierIndex) MatchTiers(hashes []uint64, targets []workers.Target, out []TierMatch) {
+func (ix *tierIndex) MatchTiers(hashes []uint64, targets []kvkey.Target, out []TierMatch) {
 	var start, count [3][64]int32 // per tier and target bit: where its run began, its length
 	var alive [3]uint64           // targets whose run continues in tier k
 	if len(hashes) > 0 {
@@ -100,7 +100,7 @@ func (ix *tierIndex) MatchTiers(hashes []uint64, targets []workers.Target, out [
 // TestTierIndex checks the benchmark's stand-in index against a per-target reference walk, so
 // the benchmark measures a correct matcher.
 func TestTierIndex(t *testing.T) {
-	targets := make([]workers.Target, 6)
+	targets := make([]kvkey.Target, 6)
 	for i := range targets {
 		targets[i] = tgt(i)
 	}
@@ -135,7 +135,7 @@ func TestTierIndex(t *testing.T) {
 func BenchmarkKVDecision(b *testing.B) {
 	const nTargets, nBlocks = 64, 2048
 	cs := kvCands(nTargets)
-	targets := make([]workers.Target, nTargets)
+	targets := make([]kvkey.Target, nTargets)
 	for i, c := range cs {
 		targets[i] = c.Target
 	}

@@ -1,8 +1,8 @@
 package router
 
 import (
+	"github.com/kvgate/kvgate/kvkey"
 	"github.com/kvgate/kvgate/sessions"
-	"github.com/kvgate/kvgate/workers"
 )
 
 // TierMatch is how far a prompt's leading blocks are resident on one target: G1 counts the
@@ -16,28 +16,28 @@ type TierMatch struct {
 // out[i] the match of hashes on targets[i] (zero for a target the index does not know);
 // len(out) == len(targets). It must be safe for concurrent use.
 type PrefixMatcher interface {
-	MatchTiers(hashes []uint64, targets []workers.Target, out []TierMatch)
+	MatchTiers(hashes []uint64, targets []kvkey.Target, out []TierMatch)
 }
 
 // RoutedRecorder is a PrefixMatcher that also learns which prompt was routed where: the KV
 // policy calls NoteRouted with the request's local and chained block hashes when a request is
 // begun on a target. It must be quick and safe for concurrent use, and may keep both slices.
 type RoutedRecorder interface {
-	NoteRouted(t workers.Target, local, seq []uint64)
+	NoteRouted(t kvkey.Target, local, seq []uint64)
 }
 
 // EventHealth says whether a target's KV event stream is healthy, i.e. whether the event index
 // can be trusted for it. Targets for which it returns false are scored in approximate mode.
 // The indexers' subscriber state is meant to satisfy it.
 type EventHealth interface {
-	EventsHealthy(t workers.Target) bool
+	EventsHealthy(t kvkey.Target) bool
 }
 
 // EventHealthFunc adapts a function to EventHealth.
-type EventHealthFunc func(t workers.Target) bool
+type EventHealthFunc func(t kvkey.Target) bool
 
 // EventsHealthy calls f.
-func (f EventHealthFunc) EventsHealthy(t workers.Target) bool { return f(t) }
+func (f EventHealthFunc) EventsHealthy(t kvkey.Target) bool { return f(t) }
 
 // HintSource yields soft placement preferences for a request from session state (the sessions
 // package). Hints are credited as extra cached blocks; they never override busy thresholds.

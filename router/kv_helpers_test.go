@@ -7,14 +7,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvgate/kvgate/kvkey"
 	"github.com/kvgate/kvgate/sessions"
-	"github.com/kvgate/kvgate/workers"
 )
 
 // fixedMatcher answers every match with a fixed tier match per target (cost-function tests).
-type fixedMatcher map[workers.Target]TierMatch
+type fixedMatcher map[kvkey.Target]TierMatch
 
-func (m fixedMatcher) MatchTiers(_ []uint64, targets []workers.Target, out []TierMatch) {
+func (m fixedMatcher) MatchTiers(_ []uint64, targets []kvkey.Target, out []TierMatch) {
 	for i, t := range targets {
 		out[i] = m[t]
 	}
@@ -31,8 +31,8 @@ type fakeClock struct{ t time.Time }
 func (c *fakeClock) now() time.Time          { return c.t }
 func (c *fakeClock) advance(d time.Duration) { c.t = c.t.Add(d) }
 
-func tgt(i int) workers.Target {
-	return workers.Target{Worker: "http://127.0.0.1:81" + string(rune('0'+i/10)) + string(rune('0'+i%10)), DPRank: 0}
+func tgt(i int) kvkey.Target {
+	return kvkey.Target{Worker: "http://127.0.0.1:81" + string(rune('0'+i/10)) + string(rune('0'+i%10)), DPRank: 0}
 }
 
 func kvCands(n int) []Candidate {

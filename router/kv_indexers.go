@@ -5,7 +5,6 @@ import (
 
 	"github.com/kvgate/kvgate/indexers"
 	"github.com/kvgate/kvgate/kvkey"
-	"github.com/kvgate/kvgate/workers"
 )
 
 // IndexMatcher adapts the indexers' tiered index to the PrefixMatcher the KV policies read.
@@ -13,19 +12,19 @@ import (
 // exactly TierMatch's.
 func IndexMatcher(ix *indexers.Index) PrefixMatcher {
 	m := &indexMatcher{ix: ix}
-	m.pos.New = func() any { return make(map[workers.Target]int, 64) }
+	m.pos.New = func() any { return make(map[kvkey.Target]int, 64) }
 	m.ov.New = func() any { return new([]indexers.Overlap) }
 	return m
 }
 
 type indexMatcher struct {
 	ix  *indexers.Index
-	pos sync.Pool // map[workers.Target]int: target → position in the candidates, reused
+	pos sync.Pool // map[kvkey.Target]int: target → position in the candidates, reused
 	ov  sync.Pool // *[]indexers.Overlap: Match results, reused (no allocation per request)
 }
 
 // MatchTiers implements PrefixMatcher.
-func (m *indexMatcher) MatchTiers(hashes []uint64, targets []workers.Target, out []TierMatch) {
+func (m *indexMatcher) MatchTiers(hashes []uint64, targets []kvkey.Target, out []TierMatch) {
 	clear(out)
 	buf := m.ov.Get().(*[]indexers.Overlap)
 	defer m.ov.Put(buf)
@@ -45,7 +44,7 @@ func (m *indexMatcher) MatchTiers(hashes []uint64, targets []workers.Target, out
 		}
 		return
 	}
-	pos := m.pos.Get().(map[workers.Target]int)
+	pos := m.pos.Get().(map[kvkey.Target]int)
 	defer m.pos.Put(pos)
 	clear(pos)
 	for i, t := range targets {
@@ -59,7 +58,7 @@ func (m *indexMatcher) MatchTiers(hashes []uint64, targets []workers.Target, out
 }
 
 // NoteRouted implements RoutedRecorder (indexers.Index.NoteRouted).
-func (m *indexMatcher) NoteRouted(t workers.Target, local, seq []uint64) {
+func (m *indexMatcher) NoteRouted(t kvkey.Target, local, seq []uint64) {
 	m.ix.NoteRouted(t, local, kvkey.AsBlockHashes(seq))
 }
 

@@ -11,8 +11,8 @@ import (
 	zmq "github.com/pebbe/zmq4"
 
 	"github.com/kvgate/kvgate/indexers"
+	"github.com/kvgate/kvgate/kvkey"
 	"github.com/kvgate/kvgate/tokenize"
-	"github.com/kvgate/kvgate/workers"
 )
 
 // promptTokens returns n deterministic pseudo-random token ids; seed separates prompts.
@@ -31,7 +31,7 @@ func promptTokens(seed uint32, n int) []uint32 {
 // storeBlocks announces blocks [from, to) of tokens (block size 16) on target t in the given
 // medium, as vLLM would: one BlockStored whose parent is block from−1. ext gives the worker's
 // opaque hash of a block index.
-func storeBlocks(tb testing.TB, ix *indexers.Index, t workers.Target, medium string, tokens []uint32, from, to int, ext func(int) uint64) {
+func storeBlocks(tb testing.TB, ix *indexers.Index, t kvkey.Target, medium string, tokens []uint32, from, to int, ext func(int) uint64) {
 	tb.Helper()
 	e := &indexers.BlockStored{
 		TokenIDs:  tokens[from*16 : to*16],
@@ -62,7 +62,7 @@ func TestIndexMatcher(t *testing.T) {
 	storeBlocks(t, ix, tgt(2), indexers.MediumDisk, tokens, 0, 64, ext(2))
 	for _, n := range []int{4, 40} { // both adapter paths: linear scan and map
 		cs := kvCands(n)
-		targets := make([]workers.Target, n)
+		targets := make([]kvkey.Target, n)
 		for i, c := range cs {
 			targets[i] = c.Target
 		}
@@ -124,7 +124,7 @@ func TestManagerHealth(t *testing.T) {
 
 	h := ManagerHealth(mgr)
 	live, down := tgt(0), tgt(1)
-	for tg, e := range map[workers.Target]string{live: ep, down: dead} {
+	for tg, e := range map[kvkey.Target]string{live: ep, down: dead} {
 		if err := mgr.Start(ctx, indexers.SubscriberConfig{Target: tg, Endpoint: e}); err != nil {
 			t.Fatal(err)
 		}
@@ -187,7 +187,7 @@ func TestBeginNotesRoutedPrompt(t *testing.T) {
 				t.Fatalf("%d recoveries, want %d", rec, tc.recovered)
 			}
 			out := make([]TierMatch, len(cands))
-			IndexMatcher(ix).MatchTiers(seq, []workers.Target{chosen}, out[:1])
+			IndexMatcher(ix).MatchTiers(seq, []kvkey.Target{chosen}, out[:1])
 			if out[0].G1 != tc.wantG1 {
 				t.Fatalf("G1 %d, want %d", out[0].G1, tc.wantG1)
 			}

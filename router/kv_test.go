@@ -6,8 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvgate/kvgate/kvkey"
 	"github.com/kvgate/kvgate/sessions"
-	"github.com/kvgate/kvgate/workers"
 )
 
 // loadSpec puts load on a target before the decision: a request of otherBlocks blocks with
@@ -210,7 +210,7 @@ func TestKVMetricsCorrection(t *testing.T) {
 func TestKVTiesSpread(t *testing.T) {
 	p := newTestKV(t, PolicyKV, DefaultKVConfig(), KVDeps{Matcher: fixedMatcher{}}, nil)
 	const n, picks = 4, 4000
-	count := map[workers.Target]int{}
+	count := map[kvkey.Target]int{}
 	for range picks {
 		d, err := p.Pick(context.Background(), request(chain(1, 32)), kvCands(n))
 		if err != nil {
@@ -233,7 +233,7 @@ func TestKVTemperature(t *testing.T) {
 	cfg := DefaultKVConfig()
 	cfg.Temperature = 1
 	p := newTestKV(t, PolicyKV, cfg, KVDeps{Matcher: fixedMatcher{tgt(0): {G1: 64}}}, nil)
-	count := map[workers.Target]int{}
+	count := map[kvkey.Target]int{}
 	for range 2000 {
 		d, _ := p.Pick(context.Background(), request(chain(1, 128)), kvCands(2))
 		count[d.Chosen.Target]++
@@ -294,7 +294,7 @@ func TestKVModes(t *testing.T) {
 	approx := NewApproxIndex(DefaultKVConfig().Approximate)
 	approx.Record(tgt(1), hashes[:40])
 	m := fixedMatcher{tgt(0): {G1: 10}, tgt(1): {G1: 64}} // the stale index claims 64 for target 1
-	healthy := EventHealthFunc(func(t workers.Target) bool { return t == tgt(0) })
+	healthy := EventHealthFunc(func(t kvkey.Target) bool { return t == tgt(0) })
 	p := newTestKV(t, PolicyKV, DefaultKVConfig(), KVDeps{Matcher: m, Events: healthy, Approx: approx}, nil)
 	d, _ := p.Pick(context.Background(), request(hashes), kvCands(3))
 	got := []CandidateScore{d.Candidates[0], d.Candidates[1], d.Candidates[2]}

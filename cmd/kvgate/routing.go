@@ -14,6 +14,7 @@ import (
 
 	"github.com/kvgate/kvgate/configs"
 	"github.com/kvgate/kvgate/indexers"
+	"github.com/kvgate/kvgate/kvkey"
 	"github.com/kvgate/kvgate/router"
 	"github.com/kvgate/kvgate/server"
 	"github.com/kvgate/kvgate/sessions"
@@ -63,7 +64,7 @@ func buildRouting(ctx context.Context, cfg configs.Config, reg *workers.Registry
 		closers = append(closers, k.close)
 		rt.enricher, rt.sessions, rt.events = k.enricher, k.sessions, k.events
 		opts.KVDeps = k.deps
-		engOpts.Targets = func() []workers.Target { return allTargets(reg) }
+		engOpts.Targets = func() []kvkey.Target { return allTargets(reg) }
 		engOpts.MetricsClient = scrapeClient(cfg, reg)
 		engOpts.MetricsInterval = kvcfg.MetricsInterval.D()
 	}
@@ -79,7 +80,7 @@ func buildRouting(ctx context.Context, cfg configs.Config, reg *workers.Registry
 	reg.OnChange(func(w *workers.Worker, change string) {
 		if change == workers.ChangeReadmitted {
 			for rank := range w.DPSize() {
-				eng.Forget(workers.Target{Worker: w.URL(), DPRank: rank})
+				eng.Forget(kvkey.Target{Worker: w.URL(), DPRank: rank})
 			}
 		}
 	})
@@ -217,7 +218,7 @@ func buildKV(ctx context.Context, cfg configs.Config, kvcfg router.KVConfig, reg
 			log.Info("worker health flapped; checking its KV-event state", "worker", w.URL())
 			mgr.WorkerRestarted(w.URL())
 			for rank := range w.DPSize() {
-				sm.ApplyCleared(workers.Target{Worker: w.URL(), DPRank: rank})
+				sm.ApplyCleared(kvkey.Target{Worker: w.URL(), DPRank: rank})
 			}
 		}
 	})
@@ -248,11 +249,11 @@ func eventWorkers(cfg configs.Config) int {
 
 // allTargets lists every worker+rank of the fleet (routable or not: a worker's /metrics is
 // worth reading even while it is ejected).
-func allTargets(reg *workers.Registry) []workers.Target {
-	var out []workers.Target
+func allTargets(reg *workers.Registry) []kvkey.Target {
+	var out []kvkey.Target
 	for _, w := range reg.Workers() {
 		for rank := range w.DPSize() {
-			out = append(out, workers.Target{Worker: w.URL(), DPRank: rank})
+			out = append(out, kvkey.Target{Worker: w.URL(), DPRank: rank})
 		}
 	}
 	return out
@@ -298,7 +299,7 @@ func (f *sessionFeed) IndexChanged(cs *indexers.ChangeSet) {
 // (our hashes), our hash of the parent block (hasParent false for block 0 of a prompt) and the
 // event's session_id (vLLM attributes events to the X-Session-ID the gateway forwards). GPU
 // stores advance that session's frontier and graft the session forest.
-func (f *sessionFeed) BlocksStoredFrom(t workers.Target, tier indexers.Tier, hashes []uint64, parent uint64, hasParent bool, sessionID string) {
+func (f *sessionFeed) BlocksStoredFrom(t kvkey.Target, tier indexers.Tier, hashes []uint64, parent uint64, hasParent bool, sessionID string) {
 	if tier != indexers.G1 || f.m == nil {
 		return
 	}
@@ -311,14 +312,14 @@ func (f *sessionFeed) BlocksStoredFrom(t workers.Target, tier indexers.Tier, has
 }
 
 // BlocksRemoved recedes session frontiers past evicted GPU blocks.
-func (f *sessionFeed) BlocksRemoved(t workers.Target, tier indexers.Tier, hashes []uint64) {
+func (f *sessionFeed) BlocksRemoved(t kvkey.Target, tier indexers.Tier, hashes []uint64) {
 	if tier == indexers.G1 && f.m != nil {
 		f.m.ApplyRemoved(t, hashes)
 	}
 }
 
 // Cleared drops the target's session frontiers (AllBlocksCleared, or a reset of the target).
-func (f *sessionFeed) Cleared(t workers.Target, _ bool) {
+func (f *sessionFeed) Cleared(t kvkey.Target, _ bool) {
 	if f.m != nil {
 		f.m.ApplyCleared(t)
 	}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/kvgate/kvgate/configs"
 	"github.com/kvgate/kvgate/indexers"
+	"github.com/kvgate/kvgate/kvkey"
 	"github.com/kvgate/kvgate/router"
 	"github.com/kvgate/kvgate/sessions"
 	"github.com/kvgate/kvgate/workers"
@@ -66,7 +67,7 @@ func TestBuildRoutingSimplePolicies(t *testing.T) {
 			if rt.enricher != nil || rt.sessions != nil || rt.events != nil {
 				t.Errorf("simple policy got KV parts: %+v", rt)
 			}
-			if got := allTargets(reg); len(got) != 2 || got[1] != (workers.Target{Worker: "http://127.0.0.1:1", DPRank: 1}) {
+			if got := allTargets(reg); len(got) != 2 || got[1] != (kvkey.Target{Worker: "http://127.0.0.1:1", DPRank: 1}) {
 				t.Errorf("targets %v", got)
 			}
 		})
@@ -83,7 +84,7 @@ func TestSessionFeed(t *testing.T) {
 		t.Fatal(err)
 	}
 	feed := &sessionFeed{m: sm}
-	tgt := workers.Target{Worker: "http://w:1"}
+	tgt := kvkey.Target{Worker: "http://w:1"}
 	sm.Observe(sessions.Identity{SessionID: "s"})
 	depth := func() int {
 		fr := sm.Frontiers("s")
@@ -121,7 +122,7 @@ func TestSessionFeedChangeSet(t *testing.T) {
 		t.Fatal(err)
 	}
 	feed := &sessionFeed{m: sm}
-	tgt := workers.Target{Worker: "http://w:1"}
+	tgt := kvkey.Target{Worker: "http://w:1"}
 	sm.Observe(sessions.Identity{SessionID: "s"})
 	var cs indexers.ChangeSet
 	store := &indexers.BlockStored{BlockHashes: []indexers.WireHash{indexers.IntHash(1), indexers.IntHash(2)},
