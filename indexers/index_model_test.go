@@ -230,11 +230,11 @@ func (w *modelWorld) check(t *testing.T, ix *Index, step int, r *rand.Rand) {
 			if o.G1 != want[0] || o.G1+o.G2 != want[1] || o.G1+o.G2+o.G3 != want[2] {
 				t.Fatalf("step %d doc %d target %s: got %+v, model depths %v", step, d, tg, o, want)
 			}
-			if g := ix.DeepestG1(tg, q); g != want[0] {
+			if g := ix.DeepestG1(tg, typed(q)); g != want[0] {
 				t.Fatalf("step %d: DeepestG1 = %d, model %d", step, g, want[0])
 			}
 			h := q[r.IntN(len(q))]
-			if ix.IsResidentG1(tg, h) != w.resident(ti, 0, h) {
+			if ix.IsResidentG1(tg, kvkey.BlockHash(h)) != w.resident(ti, 0, h) {
 				t.Fatalf("step %d: IsResidentG1 disagrees", step)
 			}
 		}
@@ -305,7 +305,7 @@ func TestConcurrentReadersUnderWrites(t *testing.T) {
 					t.Fatalf("malformed overlap %+v for %d blocks", o, len(hs))
 				}
 			}
-			_ = ix.DeepestG1(w.targets[0], hs)
+			_ = ix.DeepestG1(w.targets[0], typed(hs))
 		}
 	}
 }

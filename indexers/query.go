@@ -161,20 +161,20 @@ func (m *matcher) scan(reg *registry, dirty tset) {
 }
 
 // IsResidentG1 reports whether block hash h is resident on t's GPU.
-func (ix *Index) IsResidentG1(t kvkey.Target, h uint64) bool {
+func (ix *Index) IsResidentG1(t kvkey.Target, h kvkey.BlockHash) bool {
 	ts := ix.reg.Load().byTarget[t]
-	return ts != nil && ix.lookup(h).in[0].has(ts.slot)
+	return ts != nil && ix.lookup(uint64(h)).in[0].has(ts.slot)
 }
 
 // DeepestG1 returns how many leading blocks of hashes are resident on t's GPU.
-func (ix *Index) DeepestG1(t kvkey.Target, hashes []uint64) int {
+func (ix *Index) DeepestG1(t kvkey.Target, hashes []kvkey.BlockHash) int {
 	ts := ix.reg.Load().byTarget[t]
 	if ts == nil || len(hashes) == 0 {
 		return 0
 	}
 	if ts.orphans[0].Load() != 0 {
 		for i, h := range hashes {
-			if !ix.lookup(h).in[0].has(ts.slot) {
+			if !ix.lookup(uint64(h)).in[0].has(ts.slot) {
 				return i
 			}
 		}
@@ -184,7 +184,7 @@ func (ix *Index) DeepestG1(t kvkey.Target, hashes []uint64) int {
 	lo, hi := 0, len(hashes)
 	for lo < hi {
 		mid := lo + (hi-lo)/2
-		if ix.lookup(hashes[mid]).in[0].has(ts.slot) {
+		if ix.lookup(uint64(hashes[mid])).in[0].has(ts.slot) {
 			lo = mid + 1
 		} else {
 			hi = mid

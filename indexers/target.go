@@ -233,7 +233,7 @@ func (ts *targetState) applyStored(e *BlockStored) {
 		if len(stored) > 0 {
 			cs.add(Change{Kind: ChangeStored, Tier: tier}, stored)
 		}
-		cs.add(Change{Kind: ChangeStoredRun, Tier: tier, Parent: runParent, HasParent: hasParent,
+		cs.add(Change{Kind: ChangeStoredRun, Tier: tier, Parent: kvkey.BlockHash(runParent), HasParent: hasParent,
 			SessionID: e.SessionID.V}, run)
 	}
 }

@@ -22,7 +22,7 @@ type ApproxIndex struct {
 	now     func() time.Time
 	bit     map[kvkey.Target]int
 	targets []*approxTarget
-	blocks  map[uint64]*approxBlock
+	blocks  map[kvkey.BlockHash]*approxBlock
 }
 
 // approxTarget is one target's LRU list of assumed-resident blocks (head = most recent).
@@ -33,7 +33,7 @@ type approxTarget struct {
 
 // approxNode is one (target, block) residency.
 type approxNode struct {
-	hash       uint64
+	hash       kvkey.BlockHash
 	bit        int
 	touched    time.Time
 	prev, next *approxNode
@@ -53,12 +53,12 @@ func NewApproxIndex(cfg ApproxConfig) *ApproxIndex {
 		budget: cfg.BlockBudget,
 		now:    time.Now,
 		bit:    make(map[kvkey.Target]int),
-		blocks: make(map[uint64]*approxBlock),
+		blocks: make(map[kvkey.BlockHash]*approxBlock),
 	}
 }
 
 // Record notes that the prompt with these chained block hashes was routed to t.
-func (a *ApproxIndex) Record(t kvkey.Target, hashes []uint64) {
+func (a *ApproxIndex) Record(t kvkey.Target, hashes []kvkey.BlockHash) {
 	if len(hashes) == 0 {
 		return
 	}
@@ -98,7 +98,7 @@ func (a *ApproxIndex) Record(t kvkey.Target, hashes []uint64) {
 
 // Match writes into out[i] how many leading blocks of hashes are assumed resident on
 // targets[i] (0 for a target never recorded). len(out) must be len(targets).
-func (a *ApproxIndex) Match(hashes []uint64, targets []kvkey.Target, out []int) {
+func (a *ApproxIndex) Match(hashes []kvkey.BlockHash, targets []kvkey.Target, out []int) {
 	clear(out)
 	if len(hashes) == 0 {
 		return

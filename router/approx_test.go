@@ -22,10 +22,10 @@ func TestApproxMatch(t *testing.T) {
 	a.Record(tgt(0), p)
 	a.Record(tgt(1), p[:8])
 	a.Record(tgt(2), chain(2, 20))
-	diverged := append(append([]uint64{}, p[:12]...), chain(3, 8)...)
+	diverged := append(append([]kvkey.BlockHash{}, p[:12]...), chain(3, 8)...)
 	cases := []struct {
 		name   string
-		hashes []uint64
+		hashes []kvkey.BlockHash
 		want   []int
 	}{
 		{"full prompt", p, []int{20, 8, 0, 0}},

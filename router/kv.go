@@ -234,7 +234,7 @@ func (p *KVPolicy) evaluate(req *Request, cands []Candidate, s *kvScratch) {
 }
 
 // loadOf fills the load term and the busy flag of one row.
-func (p *KVPolicy) loadOf(r *kvRow, c Candidate, hashes []uint64, bs float64, now time.Time) {
+func (p *KVPolicy) loadOf(r *kvRow, c Candidate, hashes []kvkey.BlockHash, bs float64, now time.Time) {
 	tl := p.load.get(c.Target)
 	var snap TargetLoad
 	shared := 0

@@ -22,20 +22,20 @@ import (
 // indexers.Index as a worst-case matcher (no bisection: every block of the prompt is looked up).
 type tierIndex struct {
 	pos    map[kvkey.Target]int
-	blocks map[uint64]*tierEntry
+	blocks map[kvkey.BlockHash]*tierEntry
 }
 
 type tierEntry struct{ g [3]uint64 } // bit per target position, ≤ 64 targets
 
 func newTierIndex(targets []kvkey.Target) *tierIndex {
-	ix := &tierIndex{pos: map[kvkey.Target]int{}, blocks: map[uint64]*tierEntry{}}
+	ix := &tierIndex{pos: map[kvkey.Target]int{}, blocks: map[kvkey.BlockHash]*tierEntry{}}
 	for i, t := range targets {
 		ix.pos[t] = i
 	}
 	return ix
 }
 
-func (ix *tierIndex) store(t kvkey.Target, tier int, hashes []uint64) {
+func (ix *tierIndex) store(t kvkey.Target, tier int, hashes []kvkey.BlockHash) {
 	bit := uint64(1) << ix.pos[t]
 	for _, h := range hashes {
 		e := ix.blocks[h]
@@ -47,7 +47,7 @@ func (ix *tierIndex) store(t kvkey.Target, tier int, hashes []uint64) {
 	}
 }
 
-func (ix *tierIndex) MatchTiers(hashes []uint64, targets []kvkey.Target, out []TierMatch) {
+func (ix *tierIndex) MatchTiers(hashes []kvkey.BlockHash, targets []kvkey.Target, out []TierMatch) {
 	var start, count [3][64]int32 // per tier and target bit: where its run began, its length
 	var alive [3]uint64           // targets whose run continues in tier k
 	if len(hashes) > 0 {

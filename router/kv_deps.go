@@ -16,14 +16,14 @@ type TierMatch struct {
 // out[i] the match of hashes on targets[i] (zero for a target the index does not know);
 // len(out) == len(targets). It must be safe for concurrent use.
 type PrefixMatcher interface {
-	MatchTiers(hashes []uint64, targets []kvkey.Target, out []TierMatch)
+	MatchTiers(hashes []kvkey.BlockHash, targets []kvkey.Target, out []TierMatch)
 }
 
 // RoutedRecorder is a PrefixMatcher that also learns which prompt was routed where: the KV
 // policy calls NoteRouted with the request's local and chained block hashes when a request is
 // begun on a target. It must be quick and safe for concurrent use, and may keep both slices.
 type RoutedRecorder interface {
-	NoteRouted(t kvkey.Target, local, seq []uint64)
+	NoteRouted(t kvkey.Target, local []uint64, seq []kvkey.BlockHash)
 }
 
 // EventHealth says whether a target's KV event stream is healthy, i.e. whether the event index
@@ -50,7 +50,7 @@ type HintSource interface {
 // source implements it, the policy calls it with the request's block hashes instead of Hints.
 type PrefixHintSource interface {
 	HintSource
-	HintsWithPrefix(sessionID, parentID string, hashes []uint64) []sessions.Hint
+	HintsWithPrefix(sessionID, parentID string, hashes []kvkey.BlockHash) []sessions.Hint
 }
 
 // Modes a target is scored in, as reported in CandidateScore.Mode.

@@ -14,7 +14,7 @@ import (
 // fixedMatcher answers every match with a fixed tier match per target (cost-function tests).
 type fixedMatcher map[kvkey.Target]TierMatch
 
-func (m fixedMatcher) MatchTiers(_ []uint64, targets []kvkey.Target, out []TierMatch) {
+func (m fixedMatcher) MatchTiers(_ []kvkey.BlockHash, targets []kvkey.Target, out []TierMatch) {
 	for i, t := range targets {
 		out[i] = m[t]
 	}
@@ -44,15 +44,15 @@ func kvCands(n int) []Candidate {
 }
 
 // chain returns n distinct block hashes standing for one prompt's chain; base separates prompts.
-func chain(base uint64, n int) []uint64 {
-	h := make([]uint64, n)
+func chain(base uint64, n int) []kvkey.BlockHash {
+	h := make([]kvkey.BlockHash, n)
 	for i := range h {
-		h[i] = base<<32 | uint64(i+1)
+		h[i] = kvkey.BlockHash(base<<32 | uint64(i+1))
 	}
 	return h
 }
 
-func request(hashes []uint64) *Request {
+func request(hashes []kvkey.BlockHash) *Request {
 	return &Request{Model: "m", PromptTokens: len(hashes) * 16, BlockHashes: hashes, BlockSize: 16}
 }
 

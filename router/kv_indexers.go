@@ -24,11 +24,11 @@ type indexMatcher struct {
 }
 
 // MatchTiers implements PrefixMatcher.
-func (m *indexMatcher) MatchTiers(hashes []uint64, targets []kvkey.Target, out []TierMatch) {
+func (m *indexMatcher) MatchTiers(hashes []kvkey.BlockHash, targets []kvkey.Target, out []TierMatch) {
 	clear(out)
 	buf := m.ov.Get().(*[]indexers.Overlap)
 	defer m.ov.Put(buf)
-	*buf = m.ix.MatchInto(kvkey.AsBlockHashes(hashes), *buf)
+	*buf = m.ix.MatchInto(hashes, *buf)
 	ov := *buf
 	if len(ov) == 0 {
 		return
@@ -58,8 +58,8 @@ func (m *indexMatcher) MatchTiers(hashes []uint64, targets []kvkey.Target, out [
 }
 
 // NoteRouted implements RoutedRecorder (indexers.Index.NoteRouted).
-func (m *indexMatcher) NoteRouted(t kvkey.Target, local, seq []uint64) {
-	m.ix.NoteRouted(t, local, kvkey.AsBlockHashes(seq))
+func (m *indexMatcher) NoteRouted(t kvkey.Target, local []uint64, seq []kvkey.BlockHash) {
+	m.ix.NoteRouted(t, local, seq)
 }
 
 // ManagerHealth reports a target's KV event stream healthy while its subscription is live or

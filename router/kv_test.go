@@ -345,10 +345,10 @@ func TestKVConfigValidate(t *testing.T) {
 // prefixHints implements PrefixHintSource and records the hashes it was given.
 type prefixHints struct {
 	fixedHints
-	got []uint64
+	got []kvkey.BlockHash
 }
 
-func (p *prefixHints) HintsWithPrefix(_, _ string, hashes []uint64) []sessions.Hint {
+func (p *prefixHints) HintsWithPrefix(_, _ string, hashes []kvkey.BlockHash) []sessions.Hint {
 	p.got = hashes
 	return append(p.fixedHints, sessions.Hint{Target: tgt(1), Rule: "sibling_prefix", Blocks: 30})
 }

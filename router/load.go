@@ -36,7 +36,7 @@ type targetLoad struct {
 	finished atomic.Int64
 
 	mu     sync.RWMutex
-	blocks map[uint64]int32 // refcount per sequence hash of the prompts of active requests
+	blocks map[kvkey.BlockHash]int32 // refcount per sequence hash of the prompts of active requests
 	live   map[*Handle]struct{}
 }
 
@@ -80,7 +80,7 @@ type Handle struct {
 	tl      *targetLoad
 	target  kvkey.Target
 	prefill int64
-	hashes  []uint64
+	hashes  []kvkey.BlockHash
 	started time.Time
 	stage   atomic.Int32 // stagePrefill → stageDecode → stageDone
 }
@@ -112,7 +112,7 @@ func (lt *LoadTracker) getOrCreate(t kvkey.Target) *targetLoad {
 	defer lt.mu.Unlock()
 	tl := lt.targets[t]
 	if tl == nil {
-		tl = &targetLoad{blocks: make(map[uint64]int32), live: make(map[*Handle]struct{})}
+		tl = &targetLoad{blocks: make(map[kvkey.BlockHash]int32), live: make(map[*Handle]struct{})}
 		lt.targets[t] = tl
 	}
 	return tl
@@ -208,7 +208,7 @@ func (tl *targetLoad) snapshot() TargetLoad {
 // on the target. The held set is prefix-closed (each request holds its whole chain, and a
 // chained hash names its whole prefix), so membership is monotone along the chain and a binary
 // search needs only log2(len) lookups.
-func (tl *targetLoad) sharedActive(hashes []uint64) int {
+func (tl *targetLoad) sharedActive(hashes []kvkey.BlockHash) int {
 	if tl.uniqueBlocks.Load() == 0 || len(hashes) == 0 {
 		return 0
 	}

@@ -46,7 +46,7 @@ func TestLoadSharedBlocksCountOnce(t *testing.T) {
 	hashes := chain(1, 10)
 	h1 := lt.Begin(tgt(0), request(hashes), 0)
 	h2 := lt.Begin(tgt(0), request(hashes[:6]), 0)
-	h3 := lt.Begin(tgt(0), request(append(append([]uint64{}, hashes[:4]...), chain(2, 3)...)), 0)
+	h3 := lt.Begin(tgt(0), request(append(append([]kvkey.BlockHash{}, hashes[:4]...), chain(2, 3)...)), 0)
 	if got := lt.Load(tgt(0)).ActiveBlocks; got != 13 {
 		t.Fatalf("active blocks %d, want 10 + 3 distinct", got)
 	}

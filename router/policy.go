@@ -12,7 +12,7 @@ import (
 type Request struct {
 	Model        string
 	PromptTokens int
-	BlockHashes  []uint64 // chained block hashes of the prompt's full blocks (tokenize.BlockHashes)
+	BlockHashes  []kvkey.BlockHash // chained block hashes of the prompt's full blocks (tokenize.BlockHashes)
 	// LocalHashes are the same blocks' unchained hashes (tokenize.LocalHashes), aligned with
 	// BlockHashes, or nil. The event index remembers them for the chosen target to recover the
 	// chain of stores whose parent it lost (indexers.Index.NoteRouted).

@@ -12,9 +12,9 @@ import (
 // index alone: every prefix is resident and the residency version never moves.
 type allResident struct{}
 
-func (allResident) ResidencyVersion(kvkey.Target) uint64      { return 0 }
-func (allResident) IsResidentG1(kvkey.Target, uint64) bool    { return true }
-func (allResident) DeepestG1(_ kvkey.Target, hs []uint64) int { return len(hs) }
+func (allResident) ResidencyVersion(kvkey.Target) uint64               { return 0 }
+func (allResident) IsResidentG1(kvkey.Target, kvkey.BlockHash) bool    { return true }
+func (allResident) DeepestG1(_ kvkey.Target, hs []kvkey.BlockHash) int { return len(hs) }
 
 const (
 	benchChain     = 256 // blocks per session chain
@@ -24,15 +24,15 @@ const (
 )
 
 // benchChains returns per session a 256-block chain: 128 shared blocks, then 128 of its own.
-func benchChains() [][]uint64 {
-	out := make([][]uint64, benchFrontiers)
+func benchChains() [][]kvkey.BlockHash {
+	out := make([][]kvkey.BlockHash, benchFrontiers)
 	for s := range out {
-		c := make([]uint64, benchChain)
+		c := make([]kvkey.BlockHash, benchChain)
 		for i := range c {
 			if i < benchShared {
-				c[i] = uint64(1 + i)
+				c[i] = kvkey.BlockHash(1 + i)
 			} else {
-				c[i] = uint64(1_000_000*(s+1) + i)
+				c[i] = kvkey.BlockHash(1_000_000*(s+1) + i)
 			}
 		}
 		out[s] = c
@@ -47,9 +47,9 @@ func benchTarget(s int) kvkey.Target {
 // prefixResident is an index stub that reports the first n blocks of any prompt resident.
 type prefixResident struct{ n int }
 
-func (*prefixResident) ResidencyVersion(kvkey.Target) uint64   { return 0 }
-func (*prefixResident) IsResidentG1(kvkey.Target, uint64) bool { return true }
-func (p *prefixResident) DeepestG1(_ kvkey.Target, hs []uint64) int {
+func (*prefixResident) ResidencyVersion(kvkey.Target) uint64            { return 0 }
+func (*prefixResident) IsResidentG1(kvkey.Target, kvkey.BlockHash) bool { return true }
+func (p *prefixResident) DeepestG1(_ kvkey.Target, hs []kvkey.BlockHash) int {
 	return min(p.n, len(hs))
 }
 
@@ -137,7 +137,7 @@ func BenchmarkStoredChainReplay(b *testing.B) {
 		for s, c := range chains {
 			t := targets[s]
 			for lo := 0; lo < len(c); lo += 16 {
-				var parent uint64
+				var parent kvkey.BlockHash
 				if lo > 0 {
 					parent = c[lo-1]
 				}
@@ -178,12 +178,12 @@ func BenchmarkMemoryPerSession(b *testing.B) {
 				if err != nil {
 					b.Fatal(err)
 				}
-				c := make([]uint64, benchChain)
+				c := make([]kvkey.BlockHash, benchChain)
 				for s := 0; s < n; s++ {
 					for k := range c {
-						c[k] = uint64(1 + k)
+						c[k] = kvkey.BlockHash(1 + k)
 						if mode == "own128" && k >= benchShared {
-							c[k] = uint64(1_000_000*(s+1) + k)
+							c[k] = kvkey.BlockHash(1_000_000*(s+1) + k)
 						}
 					}
 					m.OnRouted(fmt.Sprint("session-", s), benchTarget(s), c)

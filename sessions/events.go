@@ -12,7 +12,7 @@ import (
 // when the first block is block 0 of a prompt. When sessionID names a tracked session its frontier
 // on target advances to the last block; otherwise only the forest learns the parentage (grafting
 // temporary roots). Conflicting or cyclic parentage is rejected with an error and nothing changes.
-func (m *Manager) ApplyStored(target kvkey.Target, ourHashes []uint64, parentOurHash uint64, sessionID string) error {
+func (m *Manager) ApplyStored(target kvkey.Target, ourHashes []kvkey.BlockHash, parentOurHash kvkey.BlockHash, sessionID string) error {
 	if len(ourHashes) == 0 {
 		return nil
 	}
@@ -80,7 +80,7 @@ func (m *Manager) ApplyStored(target kvkey.Target, ourHashes []uint64, parentOur
 // ApplyRemoved recedes every frontier on target whose vouched prefix lost a block: it moves to
 // the parent of the topmost removed block on its path, the nearest ancestor not removed (dropped
 // when no vouched block is left above the gap).
-func (m *Manager) ApplyRemoved(target kvkey.Target, ourHashes []uint64) {
+func (m *Manager) ApplyRemoved(target kvkey.Target, ourHashes []kvkey.BlockHash) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	defer m.publish()

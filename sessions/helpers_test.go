@@ -13,28 +13,28 @@ import (
 // removals between the match and the session update.
 type fakeIndex struct {
 	mu        sync.Mutex
-	res       map[kvkey.Target]map[uint64]bool
+	res       map[kvkey.Target]map[kvkey.BlockHash]bool
 	ver       map[kvkey.Target]uint64
 	onDeepest func(call int)
 	calls     int
 }
 
 func newFakeIndex() *fakeIndex {
-	return &fakeIndex{res: map[kvkey.Target]map[uint64]bool{}, ver: map[kvkey.Target]uint64{}}
+	return &fakeIndex{res: map[kvkey.Target]map[kvkey.BlockHash]bool{}, ver: map[kvkey.Target]uint64{}}
 }
 
-func (x *fakeIndex) store(t kvkey.Target, hs ...uint64) {
+func (x *fakeIndex) store(t kvkey.Target, hs ...kvkey.BlockHash) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	if x.res[t] == nil {
-		x.res[t] = map[uint64]bool{}
+		x.res[t] = map[kvkey.BlockHash]bool{}
 	}
 	for _, h := range hs {
 		x.res[t][h] = true
 	}
 }
 
-func (x *fakeIndex) remove(t kvkey.Target, hs ...uint64) {
+func (x *fakeIndex) remove(t kvkey.Target, hs ...kvkey.BlockHash) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	for _, h := range hs {
@@ -49,13 +49,13 @@ func (x *fakeIndex) ResidencyVersion(t kvkey.Target) uint64 {
 	return x.ver[t]
 }
 
-func (x *fakeIndex) IsResidentG1(t kvkey.Target, h uint64) bool {
+func (x *fakeIndex) IsResidentG1(t kvkey.Target, h kvkey.BlockHash) bool {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	return x.res[t][h]
 }
 
-func (x *fakeIndex) DeepestG1(t kvkey.Target, hs []uint64) int {
+func (x *fakeIndex) DeepestG1(t kvkey.Target, hs []kvkey.BlockHash) int {
 	x.mu.Lock()
 	n := 0
 	for n < len(hs) && x.res[t][hs[n]] {

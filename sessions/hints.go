@@ -29,7 +29,7 @@ func (m *Manager) Hints(sessionID, parentID string) []Hint {
 // The hint table answers the common case alone (a session with affinity, or no parent); only a
 // session's first request with a parent takes the state lock, to read the relatives' in-flight
 // prompts in the forest.
-func (m *Manager) HintsWithPrefix(sessionID, parentID string, hashes []uint64) []Hint {
+func (m *Manager) HintsWithPrefix(sessionID, parentID string, hashes []kvkey.BlockHash) []Hint {
 	m.hints.mu.RLock()
 	hints := m.hintsLocked(sessionID, parentID)
 	needPrefix := m.idx != nil && *m.cfg.SiblingPrefix && len(hashes) > 0 && m.wantsPrefixLocked(sessionID, parentID)

@@ -25,7 +25,7 @@ func hintPairs(hs []Hint) []hintWant {
 }
 
 // route records a request of id (child of parent) routed to target with its whole prompt resident.
-func route(m *Manager, idx *fakeIndex, id, parent string, target kvkey.Target, prompt []uint64) {
+func route(m *Manager, idx *fakeIndex, id, parent string, target kvkey.Target, prompt []kvkey.BlockHash) {
 	m.Observe(Identity{SessionID: id, ParentID: parent})
 	idx.store(target, prompt...)
 	m.OnRouted(id, target, prompt)

@@ -13,9 +13,9 @@ type Residency interface {
 	// ResidencyVersion increases on every removal or clear on the target.
 	ResidencyVersion(t kvkey.Target) uint64
 	// IsResidentG1 reports whether the block is resident on the target's GPU.
-	IsResidentG1(t kvkey.Target, hash uint64) bool
+	IsResidentG1(t kvkey.Target, hash kvkey.BlockHash) bool
 	// DeepestG1 returns how many leading hashes are resident on the target's GPU.
-	DeepestG1(t kvkey.Target, hashes []uint64) int
+	DeepestG1(t kvkey.Target, hashes []kvkey.BlockHash) int
 }
 
 // Manager owns session state: identity records, affinity, the shared prefix forest with per-session

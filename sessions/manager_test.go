@@ -41,7 +41,7 @@ func TestOnRoutedAdvancesFrontierFromG1Match(t *testing.T) {
 	if len(lin) != 2 {
 		t.Fatalf("lineages = %d, want 2", len(lin))
 	}
-	anchor := uint64(3000)
+	anchor := kvkey.BlockHash(3000)
 	lin = m.Lineage("s1", tA, &anchor)
 	if len(lin) != 1 || !slices.Equal(lin[0], chain(3000, 3)) {
 		t.Fatalf("anchored lineage = %v", lin)
@@ -71,7 +71,7 @@ func TestStoredEventsAttributedBySession(t *testing.T) {
 		t.Fatalf("stats = %+v, want 8 nodes, 1 session", st)
 	}
 	// Conflicting parentage on an event is rejected with an error and changes nothing.
-	err := m.ApplyStored(tA, []uint64{prompt[5]}, 999, "s1")
+	err := m.ApplyStored(tA, []kvkey.BlockHash{prompt[5]}, 999, "s1")
 	if !errors.Is(err, ErrConflictingParent) {
 		t.Fatalf("err = %v, want ErrConflictingParent", err)
 	}
@@ -114,7 +114,7 @@ func TestRemovalRecedesFrontiers(t *testing.T) {
 	m.OnRouted("s1", tB, p)
 	// The tail block goes: s1 recedes by one; s2 (depth 7) is untouched.
 	idx.remove(tA, p[9])
-	m.ApplyRemoved(tA, []uint64{p[9]})
+	m.ApplyRemoved(tA, []kvkey.BlockHash{p[9]})
 	want := map[string]map[kvkey.Target][]int{"s1": {tA: {9}, tB: {10}}, "s2": {tA: {7}}}
 	for id, w := range want {
 		if got := frontierDepths(m, id); !reflect.DeepEqual(got, w) {
@@ -123,7 +123,7 @@ func TestRemovalRecedesFrontiers(t *testing.T) {
 	}
 	// A middle block goes: both recede to its parent (the nearest ancestor not removed); tB keeps all.
 	idx.remove(tA, p[4], p[5])
-	m.ApplyRemoved(tA, []uint64{p[5], p[4]})
+	m.ApplyRemoved(tA, []kvkey.BlockHash{p[5], p[4]})
 	want = map[string]map[kvkey.Target][]int{"s1": {tA: {4}, tB: {10}}, "s2": {tA: {4}}}
 	for id, w := range want {
 		if got := frontierDepths(m, id); !reflect.DeepEqual(got, w) {
@@ -131,7 +131,7 @@ func TestRemovalRecedesFrontiers(t *testing.T) {
 		}
 	}
 	// The root goes: the frontiers on tA disappear.
-	m.ApplyRemoved(tA, []uint64{p[0]})
+	m.ApplyRemoved(tA, []kvkey.BlockHash{p[0]})
 	if got := frontierDepths(m, "s2"); len(got) != 0 {
 		t.Fatalf("s2 after root removal: %v", got)
 	}
@@ -139,7 +139,7 @@ func TestRemovalRecedesFrontiers(t *testing.T) {
 		t.Fatalf("s1 after root removal: %v", got)
 	}
 	// Removing blocks nobody tracks is a no-op.
-	m.ApplyRemoved(tB, []uint64{12345})
+	m.ApplyRemoved(tB, []kvkey.BlockHash{12345})
 	checkInvariants(t, m)
 }
 
@@ -167,7 +167,7 @@ func TestSessionLRUEvictionReleasesNodes(t *testing.T) {
 	idx := newFakeIndex()
 	m, _ := newTestManager(t, Config{MaxSessions: 2}, idx)
 	for i, id := range []string{"s1", "s2"} {
-		p := chain(uint64(1000*(i+1)), 50)
+		p := chain(kvkey.BlockHash(1000*(i+1)), 50)
 		idx.store(tA, p...)
 		m.OnRouted(id, tA, p)
 	}
@@ -198,7 +198,7 @@ func TestForestCapEvictsOldSessions(t *testing.T) {
 	idx := newFakeIndex()
 	m, _ := newTestManager(t, Config{MaxNodes: 64, SiblingPrefix: new(bool)}, idx)
 	for i := range 5 {
-		p := chain(uint64(1000*(i+1)), 30)
+		p := chain(kvkey.BlockHash(1000*(i+1)), 30)
 		idx.store(tA, p...)
 		m.OnRouted(string(rune('a'+i)), tA, p)
 		checkInvariants(t, m)

@@ -14,7 +14,7 @@ import (
 func (x *fakeIndex) clearTarget(t kvkey.Target) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
-	x.res[t] = map[uint64]bool{}
+	x.res[t] = map[kvkey.BlockHash]bool{}
 	x.ver[t]++
 }
 
@@ -36,10 +36,10 @@ func TestModelRandomInterleavings(t *testing.T) {
 			m, clk := newTestManager(t, cfg, idx)
 			targets := []kvkey.Target{tA, tA1, tB, tC}
 			// Prompts are paths in a small trie: prompt p shares a prefix with prompt p-1.
-			var prompts [][]uint64
-			next := uint64(1)
+			var prompts [][]kvkey.BlockHash
+			next := kvkey.BlockHash(1)
 			for p := 0; p < 12; p++ {
-				var pr []uint64
+				var pr []kvkey.BlockHash
 				if p > 0 {
 					pr = append(pr, prompts[p-1][:rng.IntN(len(prompts[p-1])+1)]...)
 				}
@@ -65,7 +65,7 @@ func TestModelRandomInterleavings(t *testing.T) {
 					}
 					e := d + 1 + rng.IntN(len(pr)-d)
 					idx.store(tg, pr[d:e]...)
-					var parent uint64
+					var parent kvkey.BlockHash
 					if d > 0 {
 						parent = pr[d-1]
 					}
@@ -78,7 +78,7 @@ func TestModelRandomInterleavings(t *testing.T) {
 					}
 				case op < 8: // the worker evicts a resident block (any position)
 					idx.mu.Lock()
-					var hs []uint64
+					var hs []kvkey.BlockHash
 					for h := range idx.res[tg] {
 						hs = append(hs, h)
 					}
@@ -88,7 +88,7 @@ func TestModelRandomInterleavings(t *testing.T) {
 						continue
 					}
 					// vLLM sends one block per GPU BlockRemoved; batches also occur (CPU tiers, merges).
-					batch := []uint64{hs[rng.IntN(len(hs))]}
+					batch := []kvkey.BlockHash{hs[rng.IntN(len(hs))]}
 					for rng.IntN(3) == 0 {
 						batch = append(batch, hs[rng.IntN(len(hs))])
 					}
@@ -181,7 +181,7 @@ func TestConcurrentRoutesAndRemovals(t *testing.T) {
 		}
 		h := p[rng.IntN(len(p))]
 		idx.remove(tA, h)
-		m.ApplyRemoved(tA, []uint64{h})
+		m.ApplyRemoved(tA, []kvkey.BlockHash{h})
 	}
 	close(done)
 	wg.Wait()

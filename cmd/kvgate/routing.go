@@ -299,7 +299,7 @@ func (f *sessionFeed) IndexChanged(cs *indexers.ChangeSet) {
 // (our hashes), our hash of the parent block (hasParent false for block 0 of a prompt) and the
 // event's session_id (vLLM attributes events to the X-Session-ID the gateway forwards). GPU
 // stores advance that session's frontier and graft the session forest.
-func (f *sessionFeed) BlocksStoredFrom(t kvkey.Target, tier indexers.Tier, hashes []uint64, parent uint64, hasParent bool, sessionID string) {
+func (f *sessionFeed) BlocksStoredFrom(t kvkey.Target, tier indexers.Tier, hashes []kvkey.BlockHash, parent kvkey.BlockHash, hasParent bool, sessionID string) {
 	if tier != indexers.G1 || f.m == nil {
 		return
 	}
@@ -312,7 +312,7 @@ func (f *sessionFeed) BlocksStoredFrom(t kvkey.Target, tier indexers.Tier, hashe
 }
 
 // BlocksRemoved recedes session frontiers past evicted GPU blocks.
-func (f *sessionFeed) BlocksRemoved(t kvkey.Target, tier indexers.Tier, hashes []uint64) {
+func (f *sessionFeed) BlocksRemoved(t kvkey.Target, tier indexers.Tier, hashes []kvkey.BlockHash) {
 	if tier == indexers.G1 && f.m != nil {
 		f.m.ApplyRemoved(t, hashes)
 	}

@@ -98,11 +98,11 @@ func TestSessionFeed(t *testing.T) {
 		do   func()
 		want int
 	}{
-		{"host-tier store ignored", func() { feed.BlocksStoredFrom(tgt, indexers.G2, []uint64{11, 12}, 0, false, "s") }, 0},
-		{"GPU store of blocks 0-1", func() { feed.BlocksStoredFrom(tgt, indexers.G1, []uint64{11, 12}, 0, false, "s") }, 2},
-		{"GPU store extending it", func() { feed.BlocksStoredFrom(tgt, indexers.G1, []uint64{13, 14}, 12, true, "s") }, 4},
-		{"host-tier removal ignored", func() { feed.BlocksRemoved(tgt, indexers.G2, []uint64{13}) }, 4},
-		{"GPU removal recedes", func() { feed.BlocksRemoved(tgt, indexers.G1, []uint64{13, 14}) }, 2},
+		{"host-tier store ignored", func() { feed.BlocksStoredFrom(tgt, indexers.G2, []kvkey.BlockHash{11, 12}, 0, false, "s") }, 0},
+		{"GPU store of blocks 0-1", func() { feed.BlocksStoredFrom(tgt, indexers.G1, []kvkey.BlockHash{11, 12}, 0, false, "s") }, 2},
+		{"GPU store extending it", func() { feed.BlocksStoredFrom(tgt, indexers.G1, []kvkey.BlockHash{13, 14}, 12, true, "s") }, 4},
+		{"host-tier removal ignored", func() { feed.BlocksRemoved(tgt, indexers.G2, []kvkey.BlockHash{13}) }, 4},
+		{"GPU removal recedes", func() { feed.BlocksRemoved(tgt, indexers.G1, []kvkey.BlockHash{13, 14}) }, 2},
 		{"clear drops", func() { feed.Cleared(tgt, false) }, 0},
 	}
 	for _, st := range steps {
