@@ -108,7 +108,7 @@ func BenchmarkMatchBeforeAfter(b *testing.B) {
 				})
 			}
 			var before, after []time.Duration
-			var buf []Overlap // reused, as router.IndexMatcher does
+			var buf []Overlap // reused, as Index.MatchTiers does
 			for b.Loop() {
 				t0 := time.Now()
 				matchBefore(f.ix, f.query)

@@ -72,6 +72,9 @@ type Index struct {
 
 	regMu sync.Mutex               // serialises registry changes
 	reg   atomic.Pointer[registry] // copy-on-write registry read lock-free by queries
+
+	ovPool  sync.Pool // *[]Overlap: MatchTiers results, reused
+	posPool sync.Pool // map[kvkey.Target]int: target → position in MatchTiers' targets, reused
 }
 
 type registry struct {
@@ -96,6 +99,8 @@ func NewIndex(opt Options) *Index {
 	}
 	ix := &Index{opt: opt, table: newRWTable()}
 	ix.reg.Store(&registry{byTarget: map[kvkey.Target]*targetState{}})
+	ix.ovPool.New = func() any { return new([]Overlap) }
+	ix.posPool.New = func() any { return make(map[kvkey.Target]int, 64) }
 	return ix
 }
 

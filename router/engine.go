@@ -23,7 +23,7 @@ type Engine struct {
 	policy   Policy
 	kv       *KVPolicy // nil when the policy is not KV-aware
 	load     *LoadTracker
-	approx   *ApproxIndex
+	approx   *indexers.ApproxIndex
 	sessions *sessions.Manager // nil: no session tracking
 	events   *indexers.Manager // nil: no KV-event subscriptions
 	feedback *feedback
@@ -43,7 +43,7 @@ type EngineOptions struct {
 	// Load accounts in-flight load for non-KV policies (a new tracker when nil).
 	Load *LoadTracker
 	// Approx is taught every routing decision when set (non-KV policies only; see Policy).
-	Approx *ApproxIndex
+	Approx *indexers.ApproxIndex
 	// Sessions, when set, hears every request's identity (Start), every routed attempt
 	// (Lifecycle.Sent: OnRouted) and end-of-session requests (End), and backs DebugSession.
 	Sessions *sessions.Manager

@@ -95,7 +95,7 @@ func startE2EFleet(t *testing.T, events bool, tok *tokenize.Tokenizer) *e2eFleet
 	// Without events no subscription exists, so ManagerHealth puts every target in approximate mode.
 	deps := KVDeps{Approx: NewApproxIndex(DefaultKVConfig().Approximate), Events: ManagerHealth(mgr)}
 	if events {
-		deps.Matcher = IndexMatcher(ix)
+		deps.Matcher = ix
 	}
 	p, err := NewKV(DefaultKVConfig(), deps)
 	if err != nil {

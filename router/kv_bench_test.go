@@ -47,7 +47,7 @@ func (ix *tierIndex) store(t kvkey.Target, tier int, hashes []kvkey.BlockHash) {
 	}
 }
 
-func (ix *tierIndex) MatchTiers(hashes []kvkey.BlockHash, targets []kvkey.Target, out []TierMatch) {
+func (ix *tierIndex) MatchTiers(hashes []kvkey.BlockHash, targets []kvkey.Target, out []indexers.TierMatch) {
 	var start, count [3][64]int32 // per tier and target bit: where its run began, its length
 	var alive [3]uint64           // targets whose run continues in tier k
 	if len(hashes) > 0 {
@@ -90,10 +90,10 @@ func (ix *tierIndex) MatchTiers(hashes []kvkey.BlockHash, targets []kvkey.Target
 	for i, t := range targets {
 		p, ok := ix.pos[t]
 		if !ok {
-			out[i] = TierMatch{}
+			out[i] = indexers.TierMatch{}
 			continue
 		}
-		out[i] = TierMatch{G1: int(count[0][p]), G2: int(count[1][p]), G3: int(count[2][p])}
+		out[i] = indexers.TierMatch{G1: int(count[0][p]), G2: int(count[1][p]), G3: int(count[2][p])}
 	}
 }
 
@@ -115,9 +115,9 @@ func TestTierIndex(t *testing.T) {
 	ix.store(tgt(4), 0, p[:5])
 	ix.store(tgt(4), 2, p[5:9])
 	ix.store(tgt(5), 0, p[1:20]) // hole at block 0: nothing matches
-	out := make([]TierMatch, len(targets))
+	out := make([]indexers.TierMatch, len(targets))
 	ix.MatchTiers(p, targets, out)
-	want := []TierMatch{{G1: 30}, {G1: 10, G2: 15, G3: 15}, {G2: 12}, {G3: 7}, {G1: 5, G3: 4}, {}}
+	want := []indexers.TierMatch{{G1: 30}, {G1: 10, G2: 15, G3: 15}, {G2: 12}, {G3: 7}, {G1: 5, G3: 4}, {}}
 	for i := range want {
 		if out[i] != want[i] {
 			t.Errorf("target %d: %+v, want %+v", i, out[i], want[i])
@@ -209,12 +209,12 @@ func BenchmarkKVDecision(b *testing.B) {
 		b.ReportMetric(float64(cpu[len(cpu)/2].Nanoseconds()), "cpu-p50-ns")
 		b.ReportMetric(float64(cpu[len(cpu)*99/100].Nanoseconds()), "cpu-p99-ns")
 	}
-	b.Run("indexers/match+score+pick", func(b *testing.B) { run(b, KVDeps{Matcher: IndexMatcher(realIx)}, false) })
+	b.Run("indexers/match+score+pick", func(b *testing.B) { run(b, KVDeps{Matcher: realIx}, false) })
 	b.Run("tierIndex/match+score+pick", func(b *testing.B) { run(b, KVDeps{Matcher: ix}, false) })
 	b.Run("approximate/match+score+pick", func(b *testing.B) { run(b, KVDeps{Approx: approx}, false) })
 	b.Run("policy-only", func(b *testing.B) { run(b, KVDeps{Matcher: fixedMatcher{}}, false) })
 	// With Begin and Done: the load accounting and NoteRouted that a routed request adds.
-	b.Run("indexers/match+score+pick+begin", func(b *testing.B) { run(b, KVDeps{Matcher: IndexMatcher(realIx)}, true) })
+	b.Run("indexers/match+score+pick+begin", func(b *testing.B) { run(b, KVDeps{Matcher: realIx}, true) })
 }
 
 // threadCPU is the calling OS thread's CPU time (the goroutine is locked to its thread).

@@ -1,25 +1,12 @@
 package router
 
 import (
+	"github.com/kvgate/kvgate/indexers"
 	"github.com/kvgate/kvgate/kvkey"
 	"github.com/kvgate/kvgate/sessions"
 )
 
-// TierMatch is how far a prompt's leading blocks are resident on one target: G1 counts the
-// leading blocks on GPU; G2 the blocks in host memory that extend the prefix beyond G1; G3 the
-// blocks on disk that extend it beyond G1+G2 (docs/ARCHITECTURE.md, "The tiered index").
-type TierMatch struct {
-	G1, G2, G3 int
-}
-
-// PrefixMatcher answers tiered prefix matches from the KV-event index. MatchTiers writes into
-// out[i] the match of hashes on targets[i] (zero for a target the index does not know);
-// len(out) == len(targets). It must be safe for concurrent use.
-type PrefixMatcher interface {
-	MatchTiers(hashes []kvkey.BlockHash, targets []kvkey.Target, out []TierMatch)
-}
-
-// RoutedRecorder is a PrefixMatcher that also learns which prompt was routed where: the KV
+// RoutedRecorder is a Matcher that also learns which prompt was routed where: the KV
 // policy calls NoteRouted with the request's local and chained block hashes when a request is
 // begun on a target. It must be quick and safe for concurrent use, and may keep both slices.
 type RoutedRecorder interface {
@@ -64,9 +51,9 @@ const (
 // without Approx approximate targets get no overlap; without Load a private tracker is made;
 // without Hints no session preference applies.
 type KVDeps struct {
-	Matcher PrefixMatcher
+	Matcher indexers.Matcher // the exact, KV-event index (*indexers.Index)
 	Events  EventHealth
-	Approx  *ApproxIndex
+	Approx  *indexers.ApproxIndex
 	Load    *LoadTracker
 	Hints   HintSource
 }

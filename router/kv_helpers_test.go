@@ -7,14 +7,15 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvgate/kvgate/indexers"
 	"github.com/kvgate/kvgate/kvkey"
 	"github.com/kvgate/kvgate/sessions"
 )
 
 // fixedMatcher answers every match with a fixed tier match per target (cost-function tests).
-type fixedMatcher map[kvkey.Target]TierMatch
+type fixedMatcher map[kvkey.Target]indexers.TierMatch
 
-func (m fixedMatcher) MatchTiers(_ []kvkey.BlockHash, targets []kvkey.Target, out []TierMatch) {
+func (m fixedMatcher) MatchTiers(_ []kvkey.BlockHash, targets []kvkey.Target, out []indexers.TierMatch) {
 	for i, t := range targets {
 		out[i] = m[t]
 	}

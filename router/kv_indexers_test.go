@@ -49,9 +49,9 @@ func storeBlocks(tb testing.TB, ix *indexers.Index, t kvkey.Target, medium strin
 	}
 }
 
-// TestIndexMatcher: the adapter maps the real index's tiered overlaps onto the candidates, and
+// TestIndexAsMatcher: the real index (indexers.Matcher) maps its tiered overlaps onto the candidates, and
 // the kv policy routes by them.
-func TestIndexMatcher(t *testing.T) {
+func TestIndexAsMatcher(t *testing.T) {
 	ix := indexers.NewIndex(indexers.Options{BlockSize: 16})
 	tokens := promptTokens(7, 64*16)
 	hashes := tokenize.BlockHashes(tokens, 16, tokenize.HashOptions{})
@@ -60,21 +60,21 @@ func TestIndexMatcher(t *testing.T) {
 	storeBlocks(t, ix, tgt(1), indexers.MediumGPU, tokens, 0, 10, ext(1))
 	storeBlocks(t, ix, tgt(1), indexers.MediumCPU, tokens, 10, 60, ext(1))
 	storeBlocks(t, ix, tgt(2), indexers.MediumDisk, tokens, 0, 64, ext(2))
-	for _, n := range []int{4, 40} { // both adapter paths: linear scan and map
+	for _, n := range []int{4, 40} { // both MatchTiers paths: linear scan and map
 		cs := kvCands(n)
 		targets := make([]kvkey.Target, n)
 		for i, c := range cs {
 			targets[i] = c.Target
 		}
-		out := make([]TierMatch, n)
-		IndexMatcher(ix).MatchTiers(hashes, targets, out)
-		want := []TierMatch{{G1: 40}, {G1: 10, G2: 50}, {G3: 64}, {}}
+		out := make([]indexers.TierMatch, n)
+		ix.MatchTiers(hashes, targets, out)
+		want := []indexers.TierMatch{{G1: 40}, {G1: 10, G2: 50}, {G3: 64}, {}}
 		for i := range want {
 			if out[i] != want[i] {
 				t.Fatalf("n=%d target %d: %+v, want %+v", n, i, out[i], want[i])
 			}
 		}
-		p, err := NewKV(DefaultKVConfig(), KVDeps{Matcher: IndexMatcher(ix)})
+		p, err := NewKV(DefaultKVConfig(), KVDeps{Matcher: ix})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -171,7 +171,7 @@ func TestBeginNotesRoutedPrompt(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			p := newTestKV(t, PolicyKV, DefaultKVConfig(), KVDeps{Matcher: IndexMatcher(ix)}, nil)
+			p := newTestKV(t, PolicyKV, DefaultKVConfig(), KVDeps{Matcher: ix}, nil)
 			req := request(seq)
 			req.LocalHashes = tc.local
 			d, err := p.Pick(context.Background(), req, cands)
@@ -186,8 +186,8 @@ func TestBeginNotesRoutedPrompt(t *testing.T) {
 			if rec, _ := ix.ChainRecoveries(chosen); rec != tc.recovered {
 				t.Fatalf("%d recoveries, want %d", rec, tc.recovered)
 			}
-			out := make([]TierMatch, len(cands))
-			IndexMatcher(ix).MatchTiers(seq, []kvkey.Target{chosen}, out[:1])
+			out := make([]indexers.TierMatch, len(cands))
+			ix.MatchTiers(seq, []kvkey.Target{chosen}, out[:1])
 			if out[0].G1 != tc.wantG1 {
 				t.Fatalf("G1 %d, want %d", out[0].G1, tc.wantG1)
 			}

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvgate/kvgate/indexers"
 	"github.com/kvgate/kvgate/kvkey"
 	"github.com/kvgate/kvgate/sessions"
 )
@@ -23,43 +24,43 @@ func TestKVCost(t *testing.T) {
 	const blocks = 128
 	cases := []struct {
 		name    string
-		matches map[int]TierMatch
+		matches map[int]indexers.TierMatch
 		load    map[int]loadSpec
 		cands   []int
 		want    int
 	}{
 		{name: "most overlap wins at equal load",
-			matches: map[int]TierMatch{0: {G1: 10}, 1: {G1: 50}, 2: {G1: 0}},
+			matches: map[int]indexers.TierMatch{0: {G1: 10}, 1: {G1: 50}, 2: {G1: 0}},
 			cands:   []int{0, 1, 2}, want: 1},
 		{name: "overlap still wins under load lighter than the overlap",
 			// target 0: 64 uncached + (16 prefill + 16 decode) load = 96 < 128 (idle, no overlap)
-			matches: map[int]TierMatch{0: {G1: 64}},
+			matches: map[int]indexers.TierMatch{0: {G1: 64}},
 			load:    map[int]loadSpec{0: {otherBlocks: 16}},
 			cands:   []int{0, 1}, want: 0},
 		{name: "loaded worker loses to idle once load outweighs overlap",
 			// target 0: 64 + (48 + 48) = 160 > 128
-			matches: map[int]TierMatch{0: {G1: 64}},
+			matches: map[int]indexers.TierMatch{0: {G1: 64}},
 			load:    map[int]loadSpec{0: {otherBlocks: 48}},
 			cands:   []int{0, 1}, want: 1},
 		{name: "past its first token the other request weighs only its blocks",
 			// target 0: 64 + 48 = 112 < 128
-			matches: map[int]TierMatch{0: {G1: 64}},
+			matches: map[int]indexers.TierMatch{0: {G1: 64}},
 			load:    map[int]loadSpec{0: {otherBlocks: 48, firstToken: true}},
 			cands:   []int{0, 1}, want: 0},
 		{name: "G2 hit beats a miss",
-			matches: map[int]TierMatch{1: {G2: 100}},
+			matches: map[int]indexers.TierMatch{1: {G2: 100}},
 			cands:   []int{1, 2}, want: 1},
 		{name: "GPU hit beats the same G2 hit",
-			matches: map[int]TierMatch{0: {G1: 100}, 1: {G2: 100}},
+			matches: map[int]indexers.TierMatch{0: {G1: 100}, 1: {G2: 100}},
 			cands:   []int{0, 1, 2}, want: 0},
 		{name: "G3 hit beats a miss",
-			matches: map[int]TierMatch{1: {G2: 100}, 2: {G3: 100}},
+			matches: map[int]indexers.TierMatch{1: {G2: 100}, 2: {G3: 100}},
 			cands:   []int{2, 3}, want: 2},
 		{name: "G2 hit beats the same G3 hit",
-			matches: map[int]TierMatch{1: {G2: 100}, 2: {G3: 100}},
+			matches: map[int]indexers.TierMatch{1: {G2: 100}, 2: {G3: 100}},
 			cands:   []int{1, 2, 3}, want: 1},
 		{name: "tier extension adds to G1",
-			matches: map[int]TierMatch{0: {G1: 60}, 1: {G1: 60, G2: 40}},
+			matches: map[int]indexers.TierMatch{0: {G1: 60}, 1: {G1: 60, G2: 40}},
 			cands:   []int{0, 1}, want: 1},
 	}
 	for _, tc := range cases {

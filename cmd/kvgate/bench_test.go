@@ -49,7 +49,7 @@ func BenchmarkRequestRouting(b *testing.B) {
 	if err := ix.Apply(cands[3].Target, &indexers.EventBatch{Events: []indexers.Event{st}}); err != nil {
 		b.Fatal(err)
 	}
-	pol, err := router.NewKV(router.DefaultKVConfig(), router.KVDeps{Matcher: router.IndexMatcher(ix)})
+	pol, err := router.NewKV(router.DefaultKVConfig(), router.KVDeps{Matcher: ix})
 	if err != nil {
 		b.Fatal(err)
 	}

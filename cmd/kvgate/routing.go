@@ -229,7 +229,7 @@ func buildKV(ctx context.Context, cfg configs.Config, kvcfg router.KVConfig, reg
 		Hints:  sm,
 	}
 	if subscribed > 0 {
-		parts.deps.Matcher = router.IndexMatcher(ix)
+		parts.deps.Matcher = ix
 	}
 	parts.enricher = &enricher{tok: tok, blockSize: cfg.BlockSize, baseModel: cfg.Model}
 	log.Info("KV-aware routing ready", "policy", cfg.Router.Policy, "event_streams", subscribed,

@@ -1,4 +1,4 @@
-package router
+package indexers
 
 import (
 	"math/bits"
@@ -46,11 +46,12 @@ type approxBlock struct {
 	nodes []*approxNode
 }
 
-// NewApproxIndex returns an empty index with the given TTL and per-target block budget.
-func NewApproxIndex(cfg ApproxConfig) *ApproxIndex {
+// NewApproxIndex returns an empty index with the given TTL and per-target block budget
+// (router/routerconfig.Approx holds the configured values).
+func NewApproxIndex(ttl time.Duration, budget int) *ApproxIndex {
 	return &ApproxIndex{
-		ttl:    cfg.TTL.D(),
-		budget: cfg.BlockBudget,
+		ttl:    ttl,
+		budget: budget,
 		now:    time.Now,
 		bit:    make(map[kvkey.Target]int),
 		blocks: make(map[kvkey.BlockHash]*approxBlock),
@@ -96,9 +97,10 @@ func (a *ApproxIndex) Record(t kvkey.Target, hashes []kvkey.BlockHash) {
 	a.expireLocked(at, now)
 }
 
-// Match writes into out[i] how many leading blocks of hashes are assumed resident on
-// targets[i] (0 for a target never recorded). len(out) must be len(targets).
-func (a *ApproxIndex) Match(hashes []kvkey.BlockHash, targets []kvkey.Target, out []int) {
+// MatchTiers implements Matcher: out[i].G1 is how many leading blocks of hashes are assumed
+// resident on targets[i] (0 for a target never recorded); approximate mode predicts no host or
+// disk tier, so G2 and G3 stay 0. len(out) must be len(targets).
+func (a *ApproxIndex) MatchTiers(hashes []kvkey.BlockHash, targets []kvkey.Target, out []TierMatch) {
 	clear(out)
 	if len(hashes) == 0 {
 		return
@@ -149,9 +151,9 @@ func (a *ApproxIndex) Match(hashes []kvkey.BlockHash, targets []kvkey.Target, ou
 			continue
 		}
 		if depth[b] >= 0 {
-			out[i] = int(depth[b])
+			out[i].G1 = int(depth[b])
 		} else if b/64 < len(cur) && cur[b/64]&(1<<(b%64)) != 0 {
-			out[i] = len(hashes)
+			out[i].G1 = len(hashes)
 		}
 	}
 }
