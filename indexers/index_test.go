@@ -250,7 +250,7 @@ func TestTiersAndLifecycle(t *testing.T) {
 
 func TestMetricsAndSnapshot(t *testing.T) {
 	ix := NewIndex(Options{BlockSize: 4})
-	m, err := NewManager(ix, quietLog())
+	m, err := NewSubscribers(ix, quietLog())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -92,14 +92,14 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 }
 
 type liveRig struct {
-	m   *Manager
+	m   *Subscribers
 	ix  *Index
 	ctx context.Context
 }
 
 func newLiveRig(t *testing.T) *liveRig {
 	ix := NewIndex(Options{BlockSize: modelBS})
-	m, err := NewManager(ix, quietLog())
+	m, err := NewSubscribers(ix, quietLog())
 	if err != nil {
 		t.Fatal(err)
 	}

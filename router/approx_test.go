@@ -7,14 +7,14 @@ import (
 	"github.com/kvgate/kvgate/kvkey"
 )
 
-// TestApproxRepeatedPromptSticks: through the engine with no event index at all, a repeated
+// TestApproxRepeatedPromptSticks: through the dispatcher with no event index at all, a repeated
 // prompt goes back to the target that served it; a new prompt is free to go elsewhere.
 func TestApproxRepeatedPromptSticks(t *testing.T) {
 	p, err := NewKV(DefaultKVConfig(), KVDeps{Approx: NewApproxIndex(DefaultKVConfig().Approximate)})
 	if err != nil {
 		t.Fatal(err)
 	}
-	e, err := NewEngine(EngineOptions{KV: p})
+	e, err := NewDispatcher(DispatcherOptions{KV: p})
 	if err != nil {
 		t.Fatal(err)
 	}

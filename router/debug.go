@@ -75,7 +75,7 @@ type FleetView struct {
 
 // DebugTargets implements Debugger: subscription state, scoring mode, approximate blocks,
 // accounted load and the last metrics reading of each target.
-func (e *Engine) DebugTargets(ts []kvkey.Target) []TargetView {
+func (e *Dispatcher) DebugTargets(ts []kvkey.Target) []TargetView {
 	subs := map[kvkey.Target]*indexers.TargetDebug{}
 	if e.events != nil {
 		snap := e.events.Snapshot()
@@ -110,7 +110,7 @@ func (e *Engine) DebugTargets(ts []kvkey.Target) []TargetView {
 }
 
 // DebugFleet implements Debugger: session counters and the KV-event collectors.
-func (e *Engine) DebugFleet() FleetView {
+func (e *Dispatcher) DebugFleet() FleetView {
 	var out FleetView
 	if e.sessions != nil {
 		st := e.sessions.Stats()
@@ -125,7 +125,7 @@ func (e *Engine) DebugFleet() FleetView {
 // DebugSession implements Debugger: the session's parent, affinity, frontiers per
 // worker+rank, sibling group and next hints (sessions.SessionView); with lineage every
 // frontier lists its block lineage.
-func (e *Engine) DebugSession(id string, lineage bool) (any, error) {
+func (e *Dispatcher) DebugSession(id string, lineage bool) (any, error) {
 	if e.sessions == nil {
 		return nil, noSession(fmt.Sprintf("session %q is not tracked: sessions are tracked only with the kv and kv_no_load policies (policy is %s)",
 			id, e.Name()))

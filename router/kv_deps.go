@@ -33,7 +33,7 @@ type HintSource interface {
 }
 
 // PrefixHintSource is a HintSource that can also credit blocks it knows a target is computing
-// for a related session right now (sessions.Manager.HintsWithPrefix). When the KV policy's hint
+// for a related session right now (sessions.Tracker.HintsWithPrefix). When the KV policy's hint
 // source implements it, the policy calls it with the request's block hashes instead of Hints.
 type PrefixHintSource interface {
 	HintSource

@@ -87,7 +87,7 @@ func js(v any) string {
 }
 
 // pickAndBegin is Pick followed by Begin, the two steps the server takes for a proxied request.
-func pickAndBegin(ctx context.Context, e *Engine, req *Request, candidates []Candidate) (Decision, *Handle, error) {
+func pickAndBegin(ctx context.Context, e *Dispatcher, req *Request, candidates []Candidate) (Decision, *Handle, error) {
 	d, err := e.Pick(ctx, req, candidates)
 	if err != nil {
 		return Decision{}, nil, err

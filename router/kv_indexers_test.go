@@ -89,11 +89,11 @@ func TestIndexAsMatcher(t *testing.T) {
 	}
 }
 
-// TestManagerHealth: a subscription is trusted once its SUB is connected to a live PUB; one
+// TestSubscriberHealth: a subscription is trusted once its SUB is connected to a live PUB; one
 // whose publisher is unreachable (connecting), a stopped one and an unknown target are scored
 // in approximate mode.
-func TestManagerHealth(t *testing.T) {
-	mgr, err := indexers.NewManager(indexers.NewIndex(indexers.Options{}), slog.New(slog.DiscardHandler))
+func TestSubscriberHealth(t *testing.T) {
+	mgr, err := indexers.NewSubscribers(indexers.NewIndex(indexers.Options{}), slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -122,7 +122,7 @@ func TestManagerHealth(t *testing.T) {
 	dead := fmt.Sprintf("tcp://%s", l.Addr())
 	_ = l.Close()
 
-	h := ManagerHealth(mgr)
+	h := SubscriberHealth(mgr)
 	live, down := tgt(0), tgt(1)
 	for tg, e := range map[kvkey.Target]string{live: ep, down: dead} {
 		if err := mgr.Start(ctx, indexers.SubscriberConfig{Target: tg, Endpoint: e}); err != nil {

@@ -371,5 +371,5 @@ func TestKVPrefixHints(t *testing.T) {
 	}
 }
 
-// The sessions manager is the production hint source.
-var _ PrefixHintSource = (*sessions.Manager)(nil)
+// The session tracker is the production hint source.
+var _ PrefixHintSource = (*sessions.Tracker)(nil)

@@ -119,7 +119,7 @@ func sseUpstream(t *testing.T, chunks int) *httptest.Server {
 
 // relay does what the gateway's proxy does with a handle: route, stream, mark the first token
 // at the first event, release at the end whatever happens.
-func relay(ctx context.Context, e *Engine, req *Request, cs []Candidate, url string) error {
+func relay(ctx context.Context, e *Dispatcher, req *Request, cs []Candidate, url string) error {
 	_, h, err := pickAndBegin(ctx, e, req, cs)
 	if err != nil {
 		return err
@@ -166,7 +166,7 @@ func TestLoadReturnsToZeroAfterStreams(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e, err := NewEngine(EngineOptions{KV: p})
+	e, err := NewDispatcher(DispatcherOptions{KV: p})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -75,7 +75,7 @@ func BenchmarkOnRouted(b *testing.B) {
 			ids := make([]string, benchFrontiers)
 			gen := make([]int, benchFrontiers)
 			turn := make([]int, benchFrontiers)
-			// Session ids for restarts are made up front so the loop measures the manager only.
+			// Session ids for restarts are made up front so the loop measures the tracker only.
 			names := make([][]string, benchFrontiers)
 			for s := range ids {
 				targets[s] = benchTarget(s)

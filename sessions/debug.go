@@ -53,7 +53,7 @@ type HintView struct {
 }
 
 // Frontiers returns the session's frontiers on every target (nil for an unknown session).
-func (m *Manager) Frontiers(sessionID string) []Frontier {
+func (m *Tracker) Frontiers(sessionID string) []Frontier {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	s, _, ok := m.lookup(sessionID)
@@ -66,7 +66,7 @@ func (m *Manager) Frontiers(sessionID string) []Frontier {
 // Lineage returns, for each of the session's frontiers on target, the block hashes from the root
 // down to the frontier; with anchor non-nil, from that block down, skipping frontiers whose path
 // does not contain it.
-func (m *Manager) Lineage(sessionID string, target kvkey.Target, anchor *kvkey.BlockHash) [][]kvkey.BlockHash {
+func (m *Tracker) Lineage(sessionID string, target kvkey.Target, anchor *kvkey.BlockHash) [][]kvkey.BlockHash {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	s, _, ok := m.lookup(sessionID)
@@ -94,7 +94,7 @@ func (m *Manager) Lineage(sessionID string, target kvkey.Target, anchor *kvkey.B
 }
 
 // Debug returns the debug view of a session; withLineage adds every frontier's block lineage.
-func (m *Manager) Debug(sessionID string, withLineage bool) (SessionView, bool) {
+func (m *Tracker) Debug(sessionID string, withLineage bool) (SessionView, bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	s, _, ok := m.lookup(sessionID)
@@ -139,7 +139,7 @@ func (m *Manager) Debug(sessionID string, withLineage bool) (SessionView, bool) 
 	return v, true
 }
 
-func (m *Manager) frontierViews(s *session, withLineage bool) []Frontier {
+func (m *Tracker) frontierViews(s *session, withLineage bool) []Frontier {
 	out := make([]Frontier, 0, len(s.frontiers))
 	for _, fr := range s.frontiers {
 		slot, ok := m.f.resolve(fr.node)

@@ -60,7 +60,7 @@ type NodeRef struct {
 
 // forest is the shared logical forest of block hashes. Nodes live in a slab with a free list;
 // a node is reclaimed as soon as it has neither children nor frontier references. Not safe for
-// concurrent use: the Manager serialises access.
+// concurrent use: the Tracker serialises access.
 type forest struct {
 	nodes  []node
 	free   []uint32

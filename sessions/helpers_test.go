@@ -82,7 +82,7 @@ type fakeClock struct{ t time.Time }
 
 func (c *fakeClock) now() time.Time { return c.t }
 
-func newTestManager(t *testing.T, cfg Config, idx Residency) (*Manager, *fakeClock) {
+func newTestManager(t *testing.T, cfg Config, idx Residency) (*Tracker, *fakeClock) {
 	t.Helper()
 	m, err := New(cfg, idx, nil)
 	if err != nil {
@@ -94,7 +94,7 @@ func newTestManager(t *testing.T, cfg Config, idx Residency) (*Manager, *fakeClo
 }
 
 // frontierDepths returns target → depths of the session's frontiers there.
-func frontierDepths(m *Manager, id string) map[kvkey.Target][]int {
+func frontierDepths(m *Tracker, id string) map[kvkey.Target][]int {
 	out := map[kvkey.Target][]int{}
 	for _, f := range m.Frontiers(id) {
 		out[f.Target] = append(out[f.Target], f.Depth)
@@ -103,7 +103,7 @@ func frontierDepths(m *Manager, id string) map[kvkey.Target][]int {
 }
 
 // checkInvariants verifies the reverse map and forest reference counts against session state.
-func checkInvariants(t *testing.T, m *Manager) {
+func checkInvariants(t *testing.T, m *Tracker) {
 	t.Helper()
 	m.mu.Lock()
 	defer m.mu.Unlock()

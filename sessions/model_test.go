@@ -18,7 +18,7 @@ func (x *fakeIndex) clearTarget(t kvkey.Target) {
 	x.ver[t]++
 }
 
-// TestModelRandomInterleavings drives the manager with random routes, stored, removed and cleared
+// TestModelRandomInterleavings drives the tracker with random routes, stored, removed and cleared
 // events and session ends, applying each event to the fake physical index first (as the gateway
 // wires it), and checks after every step that (1) reference counts, the reverse map and leaf
 // reclamation are consistent, (2) every block on every frontier's known lineage is resident on
@@ -120,7 +120,7 @@ func TestModelRandomInterleavings(t *testing.T) {
 	}
 }
 
-func checkFrontiersResident(t *testing.T, m *Manager, idx *fakeIndex, step int) {
+func checkFrontiersResident(t *testing.T, m *Tracker, idx *fakeIndex, step int) {
 	t.Helper()
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -147,7 +147,7 @@ func checkFrontiersResident(t *testing.T, m *Manager, idx *fakeIndex, step int) 
 }
 
 // Routing and event application race (the gateway's request goroutines against the event
-// goroutine). Events go to the index first, then to the manager, as the gateway wires them; at
+// goroutine). Events go to the index first, then to the tracker, as the gateway wires them; at
 // the end no frontier may cover a block the index removed (docs/ARCHITECTURE.md, "Sessions and frontiers").
 func TestConcurrentRoutesAndRemovals(t *testing.T) {
 	idx := newFakeIndex()

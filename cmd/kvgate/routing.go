@@ -23,15 +23,15 @@ import (
 )
 
 // routing is everything that decides where a request goes: the policy (wrapped in a
-// router.Engine that accounts load and closes the loop on usage), the optional request enricher
-// (tokenizer → block hashes), the session manager, the KV-event subscriptions, and the
+// router.Dispatcher that accounts load and closes the loop on usage), the optional request enricher
+// (tokenizer → block hashes), the session tracker, the KV-event subscriptions, and the
 // background work they need, stopped by close.
 type routing struct {
-	engine   *router.Engine // the server's router.Router
-	enricher server.RequestEnricher
-	sessions *sessions.Manager
-	events   *indexers.Manager
-	close    func()
+	dispatcher *router.Dispatcher // the server's router.Router
+	enricher   server.RequestEnricher
+	sessions   *sessions.Tracker
+	events     *indexers.Subscribers
+	close      func()
 }
 
 // buildRouting assembles the routing for cfg. This is the one place where the KV-aware
@@ -55,7 +55,7 @@ func buildRouting(ctx context.Context, cfg configs.Config, reg *workers.Registry
 
 	kvcfg := cfg.Router.KV
 	opts := router.Options{Seed: cfg.Router.Seed, KV: kvcfg}
-	engOpts := router.EngineOptions{Registerer: prom, Log: log}
+	dispOpts := router.DispatcherOptions{Registerer: prom, Log: log}
 	if configs.KVAware(cfg.Router.Policy) {
 		k, err := buildKV(bg, cfg, kvcfg, reg, prom, log)
 		if err != nil {
@@ -64,28 +64,28 @@ func buildRouting(ctx context.Context, cfg configs.Config, reg *workers.Registry
 		closers = append(closers, k.close)
 		rt.enricher, rt.sessions, rt.events = k.enricher, k.sessions, k.events
 		opts.KVDeps = k.deps
-		engOpts.Targets = func() []kvkey.Target { return allTargets(reg) }
-		engOpts.MetricsClient = scrapeClient(cfg, reg)
-		engOpts.MetricsInterval = kvcfg.MetricsInterval.D()
+		dispOpts.Targets = func() []kvkey.Target { return allTargets(reg) }
+		dispOpts.MetricsClient = scrapeClient(cfg, reg)
+		dispOpts.MetricsInterval = kvcfg.MetricsInterval.D()
 	}
-	engOpts.Sessions, engOpts.Events = rt.sessions, rt.events
-	eng, err := router.Build(cfg.Router.Policy, opts, engOpts)
+	dispOpts.Sessions, dispOpts.Events = rt.sessions, rt.events
+	disp, err := router.Build(cfg.Router.Policy, opts, dispOpts)
 	if err != nil {
 		return nil, fmt.Errorf("router.policy: %w", err)
 	}
-	rt.engine = eng
+	rt.dispatcher = disp
 	// A worker whose /health flapped may have restarted with an empty cache: what approximate
 	// mode assumed about it is void (the event streams check the worker's replay ring and reset
 	// only if the engine restarted, see buildKV).
 	reg.OnChange(func(w *workers.Worker, change string) {
 		if change == workers.ChangeReadmitted {
 			for rank := range w.DPSize() {
-				eng.Forget(kvkey.Target{Worker: w.URL(), DPRank: rank})
+				disp.Forget(kvkey.Target{Worker: w.URL(), DPRank: rank})
 			}
 		}
 	})
 	done := make(chan struct{})
-	go func() { defer close(done); eng.Run(bg) }()
+	go func() { defer close(done); disp.Run(bg) }()
 	closers = append(closers, func() { <-done })
 	return rt, nil
 }
@@ -117,12 +117,12 @@ func sessionsConfig(s configs.Sessions) sessions.Config {
 type kvParts struct {
 	deps     router.KVDeps
 	enricher server.RequestEnricher
-	sessions *sessions.Manager
-	events   *indexers.Manager
+	sessions *sessions.Tracker
+	events   *indexers.Subscribers
 	close    func()
 }
 
-// buildKV loads the tokenizer, creates the event index with the session manager listening to
+// buildKV loads the tokenizer, creates the event index with the session tracker listening to
 // it, subscribes to every worker+rank that publishes KV events, and ties health flaps to the
 // subscriptions' restart handling.
 func buildKV(ctx context.Context, cfg configs.Config, kvcfg router.KVConfig, reg *workers.Registry, prom prometheus.Registerer, log *slog.Logger) (*kvParts, error) {
@@ -153,7 +153,7 @@ func buildKV(ctx context.Context, cfg configs.Config, kvcfg router.KVConfig, reg
 	if err != nil {
 		return nil, fmt.Errorf("sessions: %w", err)
 	}
-	mgr, err := indexers.NewManager(ix, log)
+	mgr, err := indexers.NewSubscribers(ix, log)
 	if err != nil {
 		return nil, err
 	}
@@ -223,7 +223,7 @@ func buildKV(ctx context.Context, cfg configs.Config, kvcfg router.KVConfig, reg
 		}
 	})
 	parts.deps = router.KVDeps{
-		Events: router.ManagerHealth(mgr),
+		Events: router.SubscriberHealth(mgr),
 		Approx: router.NewApproxIndex(kvcfg.Approximate),
 		Load:   router.NewLoadTracker(kvcfg.LoadExpiry.D()),
 		Hints:  sm,
@@ -271,14 +271,14 @@ func scrapeClient(cfg configs.Config, reg *workers.Registry) *http.Client {
 	})}
 }
 
-// sessionFeed passes the index's residency changes to the session manager. It runs on the
+// sessionFeed passes the index's residency changes to the session tracker. It runs on the
 // subscriber goroutine that applied the event, after the index applied it and released its
 // lock (indexers.ChangeConsumer).
-type sessionFeed struct{ m *sessions.Manager }
+type sessionFeed struct{ m *sessions.Tracker }
 
 var _ indexers.ChangeConsumer = (*sessionFeed)(nil)
 
-// IndexChanged replays one change set, in order, into the session manager.
+// IndexChanged replays one change set, in order, into the session tracker.
 func (f *sessionFeed) IndexChanged(cs *indexers.ChangeSet) {
 	for i := range cs.Changes {
 		c := &cs.Changes[i]
@@ -291,7 +291,7 @@ func (f *sessionFeed) IndexChanged(cs *indexers.ChangeSet) {
 			f.Cleared(cs.Target, c.AllTiers)
 		}
 		// ChangeStored is not forwarded: the ChangeStoredRun that follows it for the same event
-		// carries the whole run with its parent and session, which the session manager needs.
+		// carries the whole run with its parent and session, which the session tracker needs.
 	}
 }
 
@@ -307,7 +307,7 @@ func (f *sessionFeed) BlocksStoredFrom(t kvkey.Target, tier indexers.Tier, hashe
 		parent = 0 // sessions: 0 means the first block is a prompt's block 0
 	}
 	// A rejected update (conflicting or cyclic parentage) changed nothing and is counted by the
-	// session manager; the physical index already applied the event.
+	// session tracker; the physical index already applied the event.
 	_ = f.m.ApplyStored(t, hashes, parent, sessionID)
 }
 

@@ -44,7 +44,7 @@ func TestConfigMirrorsSessions(t *testing.T) {
 	}
 }
 
-// The simple policies need no tokenizer, index or sessions; they still run in an Engine so the
+// The simple policies need no tokenizer, index or sessions; they still run in a Dispatcher so the
 // gateway accounts load and reads usage the same way for every policy.
 func TestBuildRoutingSimplePolicies(t *testing.T) {
 	for _, name := range []string{"round_robin", "random", "least_loaded"} {
@@ -61,8 +61,8 @@ func TestBuildRoutingSimplePolicies(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer rt.close()
-			if rt.engine == nil || rt.engine.Name() != name {
-				t.Errorf("engine %v", rt.engine)
+			if rt.dispatcher == nil || rt.dispatcher.Name() != name {
+				t.Errorf("dispatcher %v", rt.dispatcher)
 			}
 			if rt.enricher != nil || rt.sessions != nil || rt.events != nil {
 				t.Errorf("simple policy got KV parts: %+v", rt)
@@ -74,7 +74,7 @@ func TestBuildRoutingSimplePolicies(t *testing.T) {
 	}
 }
 
-// The feed passes the index's GPU residency changes to the session manager, after the index
+// The feed passes the index's GPU residency changes to the session tracker, after the index
 // applied them: stored blocks attributed to a session advance its frontier, removals recede it,
 // a clear drops it; other tiers are ignored.
 func TestSessionFeed(t *testing.T) {
