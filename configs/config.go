@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/router/routerconfig"
+	"github.com/kvgate/kvgate/sessions/sessionsconfig"
 	"github.com/kvgate/kvgate/workers/healthconfig"
 )
 
@@ -151,32 +152,9 @@ type Limits struct {
 	MaxConnsPerIP int `yaml:"max_conns_per_ip"`
 }
 
-// Sessions names the request headers that carry session identity (docs/ARCHITECTURE.md, "Session
-// identity"; first match wins) and configures session affinity and parent-aware placement (KV-aware
-// policies only).
-type Sessions struct {
-	Headers       []string `yaml:"headers"`
-	ParentHeaders []string `yaml:"parent_headers"`
-	FinalHeaders  []string `yaml:"final_headers"`
-	// MaxSessions bounds tracked sessions (least recently used evicted).
-	MaxSessions int `yaml:"max_sessions"`
-	// MaxNodes bounds the shared session prefix forest (blocks).
-	MaxNodes int `yaml:"max_nodes"`
-	// AffinityBlocks is the credit, in prompt blocks, a session's earlier target gets; 0 disables.
-	AffinityBlocks float64 `yaml:"affinity_blocks"`
-	// ParentAware turns parent-aware placement of a new child session on.
-	ParentAware bool `yaml:"parent_aware"`
-	// ParentMode is whose placement a new child follows: parent, lineage_root or sibling_group.
-	ParentMode string `yaml:"parent_mode"`
-	// ParentBlocks is the credit, in prompt blocks, of a parent-aware hint; 0 disables it.
-	ParentBlocks float64 `yaml:"parent_blocks"`
-	// GroupTargets bounds how many targets a sibling group remembers.
-	GroupTargets int `yaml:"group_targets"`
-	// SiblingPrefix credits blocks the parent's or a sibling's in-flight request is computing.
-	SiblingPrefix bool `yaml:"sibling_prefix"`
-	// PendingTTL is how long such an in-flight prompt is credited.
-	PendingTTL Duration `yaml:"pending_ttl"`
-}
+// Sessions configures session identity, affinity and parent-aware placement; its owner is the
+// sessions package (sessionsconfig.Config, which documents each key).
+type Sessions = sessionsconfig.Config
 
 // Default returns the built-in defaults; configs/kvgate.yaml documents the same values.
 func Default() Config {
@@ -202,26 +180,8 @@ func Default() Config {
 			TokenizeQueueTimeout: Duration(10 * time.Second),
 			BodyReadTimeout:      Duration(30 * time.Second),
 		},
-		KVEvents: KVEvents{MaxMsgSize: 64 << 20, Settle: Duration(2 * time.Minute)},
-		Sessions: Sessions{
-			Headers: []string{
-				"X-Session-ID", "X-Dynamo-Session-ID", "X-Correlation-ID",
-				"X-Session-Affinity", "x-claude-code-session-id",
-			},
-			ParentHeaders: []string{
-				"X-Parent-Session-ID", "X-Dynamo-Parent-Session-ID", "x-claude-code-parent-agent-id",
-			},
-			FinalHeaders:   []string{"X-Dynamo-Session-Final"},
-			MaxSessions:    16384,
-			MaxNodes:       1 << 20,
-			AffinityBlocks: 16,
-			ParentAware:    true,
-			ParentMode:     "parent",
-			ParentBlocks:   16,
-			GroupTargets:   2,
-			SiblingPrefix:  true,
-			PendingTTL:     Duration(30 * time.Second),
-		},
+		KVEvents:        KVEvents{MaxMsgSize: 64 << 20, Settle: Duration(2 * time.Minute)},
+		Sessions:        sessionsconfig.Default(),
 		ShutdownTimeout: Duration(30 * time.Second),
 		LogLevel:        "info",
 	}

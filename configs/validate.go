@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"net/http"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -160,22 +159,7 @@ func (c *Config) Validate() error {
 	if c.Limits.MaxConnsPerIP < 0 {
 		bad("limits.max_conns_per_ip", "must not be negative, got %d", c.Limits.MaxConnsPerIP)
 	}
-	for i, h := range c.Sessions.Headers {
-		if !validHeaderName(h) {
-			bad(fmt.Sprintf("sessions.headers[%d]", i), "%q is not a valid HTTP header name", h)
-		}
-	}
-	for i, h := range c.Sessions.ParentHeaders {
-		if !validHeaderName(h) {
-			bad(fmt.Sprintf("sessions.parent_headers[%d]", i), "%q is not a valid HTTP header name", h)
-		}
-	}
-	for i, h := range c.Sessions.FinalHeaders {
-		if !validHeaderName(h) {
-			bad(fmt.Sprintf("sessions.final_headers[%d]", i), "%q is not a valid HTTP header name", h)
-		}
-	}
-	c.validateSessions(bad)
+	errs = append(errs, confval.Split(confval.Prefix("sessions.", c.Sessions.Validate()))...)
 	c.validateAuth(bad)
 	if c.ShutdownTimeout < 0 {
 		bad("shutdown_timeout", "must not be negative, got %s", c.ShutdownTimeout)
@@ -229,18 +213,6 @@ func checkZMQEndpoint(ep string) string {
 		return "must use tcp://, ipc:// or inproc://"
 	}
 	return ""
-}
-
-func validHeaderName(h string) bool {
-	if h == "" {
-		return false
-	}
-	for _, r := range h {
-		if r <= ' ' || r >= 0x7f || strings.ContainsRune("()<>@,;:\\\"/[]?={}", r) {
-			return false
-		}
-	}
-	return http.CanonicalHeaderKey(h) != ""
 }
 
 // validateKVEvents checks the kv_events section and the collector's topics.

@@ -243,7 +243,7 @@ func TestDispatcherSessionSteps(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			sm, err := sessions.New(sessions.Config{}, nil, nil)
+			sm, err := sessions.New(sessions.Defaults(), nil, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -283,7 +283,7 @@ func TestDispatcherSessionSteps(t *testing.T) {
 // TestDispatcherDebugViews: the dispatcher's debug views show its load and sessions, and say why a
 // session has no view.
 func TestDispatcherDebugViews(t *testing.T) {
-	sm, err := sessions.New(sessions.Config{}, nil, nil)
+	sm, err := sessions.New(sessions.Defaults(), nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -66,7 +66,7 @@ func BenchmarkOnRouted(b *testing.B) {
 		b.Run(mode, func(b *testing.B) {
 			inflight := mode == "advance+inflight"
 			idx := &prefixResident{}
-			m, err := New(Config{SiblingPrefix: &inflight}, idx, nil)
+			m, err := New(withSiblingPrefix(inflight), idx, nil)
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -117,7 +117,7 @@ func BenchmarkOnRouted(b *testing.B) {
 // first, one block per event as vLLM sends them. Reports blocks/s.
 func BenchmarkStoredChainReplay(b *testing.B) {
 	chains := benchChains()
-	m, err := New(Config{}, allResident{}, nil)
+	m, err := New(Defaults(), allResident{}, nil)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -174,7 +174,7 @@ func BenchmarkMemoryPerSession(b *testing.B) {
 				runtime.GC()
 				var before, after runtime.MemStats
 				runtime.ReadMemStats(&before)
-				m, err := New(Config{SiblingPrefix: &off}, allResident{}, nil)
+				m, err := New(withSiblingPrefix(off), allResident{}, nil)
 				if err != nil {
 					b.Fatal(err)
 				}
@@ -203,7 +203,7 @@ func BenchmarkMemoryPerSession(b *testing.B) {
 // (HintsWithPrefix walks their union once per target and binary-searches the new prompt).
 func BenchmarkHints(b *testing.B) {
 	on := true
-	m, err := New(Config{SiblingPrefix: &on}, &prefixResident{n: benchShared}, nil)
+	m, err := New(withSiblingPrefix(on), &prefixResident{n: benchShared}, nil)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -82,8 +82,13 @@ type fakeClock struct{ t time.Time }
 
 func (c *fakeClock) now() time.Time { return c.t }
 
-func newTestManager(t *testing.T, cfg Config, idx Residency) (*Tracker, *fakeClock) {
+// newTestManager builds a tracker from Defaults changed by set (nil: the defaults as they are).
+func newTestManager(t *testing.T, set func(*Config), idx Residency) (*Tracker, *fakeClock) {
 	t.Helper()
+	cfg := Defaults()
+	if set != nil {
+		set(&cfg)
+	}
 	m, err := New(cfg, idx, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -162,4 +167,11 @@ func checkInvariants(t *testing.T, m *Tracker) {
 			t.Fatalf("node %x is an unreferenced leaf that was not reclaimed", nd.hash)
 		}
 	}
+}
+
+// withSiblingPrefix returns Defaults with sibling-prefix credit on or off.
+func withSiblingPrefix(on bool) Config {
+	c := Defaults()
+	c.SiblingPrefix = on
+	return c
 }

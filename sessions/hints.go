@@ -32,7 +32,7 @@ func (m *Tracker) Hints(sessionID, parentID string) []Hint {
 func (m *Tracker) HintsWithPrefix(sessionID, parentID string, hashes []kvkey.BlockHash) []Hint {
 	m.hints.mu.RLock()
 	hints := m.hintsLocked(sessionID, parentID)
-	needPrefix := m.idx != nil && *m.cfg.SiblingPrefix && len(hashes) > 0 && m.wantsPrefixLocked(sessionID, parentID)
+	needPrefix := m.idx != nil && m.cfg.SiblingPrefix && len(hashes) > 0 && m.wantsPrefixLocked(sessionID, parentID)
 	m.hints.mu.RUnlock()
 	var cands []prefixCand
 	if needPrefix {
@@ -78,7 +78,7 @@ func (m *Tracker) hintsLocked(sessionID, parentID string) []Hint {
 	if parentID == "" && s != nil {
 		parentID = s.parent
 	}
-	if parentID == "" || parentID == sessionID || !*m.cfg.ParentAware || m.cfg.ParentBlocks <= 0 {
+	if parentID == "" || parentID == sessionID || !m.cfg.ParentAware || m.cfg.ParentBlocks <= 0 {
 		return nil
 	}
 	parent := m.hints.byID[parentID]

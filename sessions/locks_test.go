@@ -12,7 +12,7 @@ import (
 // Hint lookups read the hint table only: while event application holds the state lock (here
 // held by the test), Hints still answers, with the affinity published before.
 func TestHintsDoNotWaitForEventApplication(t *testing.T) {
-	m, err := New(Config{}, newFakeIndex(), slog.New(slog.DiscardHandler))
+	m, err := New(Defaults(), newFakeIndex(), slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -37,7 +37,7 @@ func TestHintsDoNotWaitForEventApplication(t *testing.T) {
 // Concurrent hint lookups during event application and routing are race-free, and the hint
 // table ends up agreeing with the state.
 func TestConcurrentHintsDuringApply(t *testing.T) {
-	m, err := New(Config{}, newFakeIndex(), slog.New(slog.DiscardHandler))
+	m, err := New(Defaults(), newFakeIndex(), slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}

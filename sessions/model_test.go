@@ -29,11 +29,12 @@ func TestModelRandomInterleavings(t *testing.T) {
 		t.Run(fmt.Sprint("seed", seed), func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(seed, 99))
 			idx := newFakeIndex()
-			cfg := Config{MaxSessions: 6, MaxNodes: 300, MaxFrontiersPerTarget: 2, MaxFrontiersPerSession: 4}
-			if seed%2 == 0 {
-				cfg.MaxLineageBlocks = 5
-			}
-			m, clk := newTestManager(t, cfg, idx)
+			m, clk := newTestManager(t, func(c *Config) {
+				c.MaxSessions, c.MaxNodes, c.MaxFrontiersPerTarget, c.MaxFrontiersPerSession = 6, 300, 2, 4
+				if seed%2 == 0 {
+					c.MaxLineageBlocks = 5
+				}
+			}, idx)
 			targets := []kvkey.Target{tA, tA1, tB, tC}
 			// Prompts are paths in a small trie: prompt p shares a prefix with prompt p-1.
 			var prompts [][]kvkey.BlockHash
@@ -151,7 +152,7 @@ func checkFrontiersResident(t *testing.T, m *Tracker, idx *fakeIndex, step int) 
 // the end no frontier may cover a block the index removed (docs/ARCHITECTURE.md, "Sessions and frontiers").
 func TestConcurrentRoutesAndRemovals(t *testing.T) {
 	idx := newFakeIndex()
-	m, _ := newTestManager(t, Config{MaxSessions: 32}, idx)
+	m, _ := newTestManager(t, func(c *Config) { c.MaxSessions = 32 }, idx)
 	p := chain(1, 64)
 	done := make(chan struct{})
 	var wg sync.WaitGroup

@@ -76,7 +76,7 @@ func (m *Tracker) routedLocked(sessionID string, target kvkey.Target, hashes []k
 	if n < 0 {
 		n = len(matched)
 	}
-	if *m.cfg.SiblingPrefix {
+	if m.cfg.SiblingPrefix {
 		if len(hashes) > n {
 			m.setPending(r, target, hashes)
 		} else if s, ok := m.resolveSess(r); ok {

@@ -90,27 +90,21 @@ func buildRouting(ctx context.Context, cfg configs.Config, reg *workers.Registry
 	return rt, nil
 }
 
-// sessionsConfig maps the sessions config keys onto sessions.Config. The config says 0 for
-// "off" where sessions.Config says negative (its 0 means "default").
+// sessionsConfig maps the sessions section (sessionsconfig.Config) onto the tracker's config.
+// Both take every value as given (0 credit = that hint off), so the keys copy over unchanged;
+// the identity headers go to the server's identity parser, not here.
 func sessionsConfig(s configs.Sessions) sessions.Config {
-	off := func(v float64) float64 {
-		if v == 0 {
-			return -1
-		}
-		return v
-	}
-	parentAware, siblingPrefix := s.ParentAware, s.SiblingPrefix
-	return sessions.Config{
-		MaxSessions:    s.MaxSessions,
-		MaxNodes:       s.MaxNodes,
-		AffinityBlocks: off(s.AffinityBlocks),
-		ParentAware:    &parentAware,
-		ParentMode:     s.ParentMode,
-		ParentBlocks:   off(s.ParentBlocks),
-		GroupTargets:   s.GroupTargets,
-		SiblingPrefix:  &siblingPrefix,
-		PendingTTL:     s.PendingTTL.D(),
-	}
+	c := sessions.Defaults()
+	c.MaxSessions = s.MaxSessions
+	c.MaxNodes = s.MaxNodes
+	c.AffinityBlocks = s.AffinityBlocks
+	c.ParentAware = s.ParentAware
+	c.ParentMode = s.ParentMode
+	c.ParentBlocks = s.ParentBlocks
+	c.GroupTargets = s.GroupTargets
+	c.SiblingPrefix = s.SiblingPrefix
+	c.PendingTTL = s.PendingTTL.D()
+	return c
 }
 
 // kvParts are the KV-aware policies' collaborators built by buildKV.
