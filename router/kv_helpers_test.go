@@ -26,11 +26,10 @@ type fixedHints []sessions.Hint
 
 func (h fixedHints) Hints(string, string) []sessions.Hint { return h }
 
-// fakeClock is a settable clock for TTL and staleness tests.
+// fakeClock is a settable clock for staleness tests.
 type fakeClock struct{ t time.Time }
 
-func (c *fakeClock) now() time.Time          { return c.t }
-func (c *fakeClock) advance(d time.Duration) { c.t = c.t.Add(d) }
+func (c *fakeClock) now() time.Time { return c.t }
 
 func tgt(i int) kvkey.Target {
 	return kvkey.Target{Worker: "http://127.0.0.1:81" + string(rune('0'+i/10)) + string(rune('0'+i%10)), DPRank: 0}
