@@ -57,7 +57,7 @@ type beforeMatcher struct {
 }
 
 func (m *beforeMatcher) f(i int) [numTiers]tset {
-	e := m.ix.lookup(uint64(m.h[i]))
+	e := m.ix.lookup(m.h[i])
 	return [numTiers]tset{e.in[0].and(m.all[0]), e.in[1].and(m.all[1]), e.in[2].and(m.all[2])}
 }
 

@@ -71,12 +71,10 @@ func (cs *ChangeSet) reset(t kvkey.Target) {
 // Empty reports whether the set holds no change.
 func (cs *ChangeSet) Empty() bool { return len(cs.Changes) == 0 }
 
-// add records a change with a copy of hs (our block hashes, as the target's maps hold them).
-func (cs *ChangeSet) add(c Change, hs []uint64) {
+// add records a change with a copy of hs.
+func (cs *ChangeSet) add(c Change, hs []kvkey.BlockHash) {
 	c.lo = len(cs.hashes)
-	for _, h := range hs {
-		cs.hashes = append(cs.hashes, kvkey.BlockHash(h))
-	}
+	cs.hashes = append(cs.hashes, hs...)
 	c.hi = len(cs.hashes)
 	cs.Changes = append(cs.Changes, c)
 }

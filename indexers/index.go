@@ -105,10 +105,12 @@ func NewIndex(opt Options) *Index {
 }
 
 // lookup returns a block's residency (zero if unknown).
-func (ix *Index) lookup(h uint64) gentry { return ix.table.get(h) }
+func (ix *Index) lookup(h kvkey.BlockHash) gentry { return ix.table.get(h) }
 
 // setBits sets (on) or clears slot in every nested set of mask for block h.
-func (ix *Index) setBits(h uint64, slot int, mask uint8, on bool) { ix.table.update(h, slot, mask, on) }
+func (ix *Index) setBits(h kvkey.BlockHash, slot int, mask uint8, on bool) {
+	ix.table.update(h, slot, mask, on)
+}
 
 // target returns (registering if needed) the state of t.
 func (ix *Index) target(t kvkey.Target) (*targetState, error) {

@@ -407,7 +407,7 @@ func TestPlaceholderAfterEviction(t *testing.T) {
 			for k := range numTiers {
 				want := int64(0)
 				for i := 1; i < len(q); i++ {
-					if ix.lookup(uint64(q[i])).in[k].has(ts.slot) && !ix.lookup(uint64(q[i-1])).in[k].has(ts.slot) {
+					if ix.lookup(q[i]).in[k].has(ts.slot) && !ix.lookup(q[i-1]).in[k].has(ts.slot) {
 						want++
 					}
 				}
