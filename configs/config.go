@@ -10,8 +10,9 @@ import (
 	"github.com/kvgate/kvgate/workers/healthconfig"
 )
 
-// Config is the whole kvgate configuration. Zero values are replaced by Default's values only
-// where Default sets them; Load applies file, then KVGATE_* environment, then flags.
+// Config is the whole kvgate configuration. Load starts from Default and applies the file, then
+// KVGATE_* environment, then flags; a key that is set keeps its value, zero included (0 is never
+// "use the default"). Each section's type, defaults and validation belong to its package.
 type Config struct {
 	Listen string `yaml:"listen"`
 	// AdminListen is the address of the admin listener serving /debug/*; "" (the default)
