@@ -3,12 +3,16 @@ package configs
 import (
 	"time"
 
+	"github.com/kvgate/kvgate/indexers/eventsconfig"
 	"github.com/kvgate/kvgate/router/routerconfig"
+	"github.com/kvgate/kvgate/server/serverconfig"
+	"github.com/kvgate/kvgate/sessions/sessionsconfig"
 	"github.com/kvgate/kvgate/workers/healthconfig"
 )
 
-// Config is the whole kvgate configuration. Zero values are replaced by Default's values only
-// where Default sets them; Load applies file, then KVGATE_* environment, then flags.
+// Config is the whole kvgate configuration. Load starts from Default and applies the file, then
+// KVGATE_* environment, then flags; a key that is set keeps its value, zero included (0 is never
+// "use the default"). Each section's type, defaults and validation belong to its package.
 type Config struct {
 	Listen string `yaml:"listen"`
 	// AdminListen is the address of the admin listener serving /debug/*; "" (the default)
@@ -67,19 +71,9 @@ type Auth struct {
 	WorkerAPIKey string `yaml:"worker_api_key"`
 }
 
-// KVEvents configures how kvgate follows the workers' KV events (per-worker endpoints are in
-// Worker).
-type KVEvents struct {
-	// Listen, when set, is the address of the collector: kvgate binds one SUB there for workers
-	// that publish by connecting out (vLLM connects when its endpoint has no "*"). Every worker
-	// with a topic and no kv_events is fed through it, attributed by its exact topic.
-	Listen string `yaml:"listen"`
-	// MaxMsgSize is ZMQ_MAXMSGSIZE on every KV-event socket: a larger message drops the
-	// connection (which is then re-established).
-	MaxMsgSize ByteSize `yaml:"max_msg_size"`
-	// Settle is how long a worker+rank whose event index lost batches stays approximate.
-	Settle Duration `yaml:"settle"`
-}
+// KVEvents configures how kvgate follows the workers' KV events; its owner is the indexers
+// package (eventsconfig.Config, which documents each key).
+type KVEvents = eventsconfig.Config
 
 // CollectorWorker reports whether w is fed through the collector (kv_events.listen).
 func (c *Config) CollectorWorker(w Worker) bool {
@@ -114,69 +108,21 @@ type Router struct {
 // Approximate configures the cache prediction for workers without (healthy) KV events.
 type Approximate = routerconfig.Approx
 
-// Proxy bounds how requests are forwarded to workers.
-type Proxy struct {
-	MaxRetries            int      `yaml:"max_retries"`
-	MaxBodyBytes          ByteSize `yaml:"max_body_bytes"`
-	DialTimeout           Duration `yaml:"dial_timeout"`
-	ResponseHeaderTimeout Duration `yaml:"response_header_timeout"`
-	StreamIdleTimeout     Duration `yaml:"stream_idle_timeout"`
-	IdleConnTimeout       Duration `yaml:"idle_conn_timeout"`
-	MaxIdleConnsPerWorker int      `yaml:"max_idle_conns_per_worker"`
-	// ExposeRoutingHeaders adds X-Kvgate-Worker and X-Kvgate-Cached-Blocks to responses. Off by
-	// default: the cached-block count lets a client test guesses of other users' prompts.
-	ExposeRoutingHeaders bool `yaml:"expose_routing_headers"`
-}
+// Proxy bounds how requests are forwarded to workers; its owner is the server
+// (serverconfig.Proxy, which documents each key).
+type Proxy = serverconfig.Proxy
 
 // Health configures active /health probing of workers; its owner is the workers package
 // (healthconfig.Config, which documents each key).
 type Health = healthconfig.Config
 
-// Limits bound what one client can make the gateway spend.
-type Limits struct {
-	// MaxModelLen is the longest prompt+output in tokens (vllm serve --max-model-len); prompts
-	// of at least this many tokens get vLLM's 400 before anything is sent. 0 learns it from the
-	// workers' /v1/models max_model_len.
-	MaxModelLen int `yaml:"max_model_len"`
-	// MaxConcurrentTokenizations caps requests being tokenized at once; 0 = GOMAXPROCS.
-	MaxConcurrentTokenizations int `yaml:"max_concurrent_tokenizations"`
-	// TokenizeQueue caps requests waiting for a tokenization slot; beyond it they get 503.
-	TokenizeQueue int `yaml:"tokenize_queue"`
-	// TokenizeQueueTimeout is the longest wait for a tokenization slot (then 503).
-	TokenizeQueueTimeout Duration `yaml:"tokenize_queue_timeout"`
-	// BodyReadTimeout bounds reading one request's body after its headers; 0 = none. Responses
-	// (streams) are never timed out by it.
-	BodyReadTimeout Duration `yaml:"body_read_timeout"`
-	// MaxConnsPerIP caps concurrent client connections from one IP address; 0 = no cap.
-	MaxConnsPerIP int `yaml:"max_conns_per_ip"`
-}
+// Limits bound what one client can make the gateway spend; their owner is the server
+// (serverconfig.Limits, which documents each key).
+type Limits = serverconfig.Limits
 
-// Sessions names the request headers that carry session identity (docs/ARCHITECTURE.md, "Session
-// identity"; first match wins) and configures session affinity and parent-aware placement (KV-aware
-// policies only).
-type Sessions struct {
-	Headers       []string `yaml:"headers"`
-	ParentHeaders []string `yaml:"parent_headers"`
-	FinalHeaders  []string `yaml:"final_headers"`
-	// MaxSessions bounds tracked sessions (least recently used evicted).
-	MaxSessions int `yaml:"max_sessions"`
-	// MaxNodes bounds the shared session prefix forest (blocks).
-	MaxNodes int `yaml:"max_nodes"`
-	// AffinityBlocks is the credit, in prompt blocks, a session's earlier target gets; 0 disables.
-	AffinityBlocks float64 `yaml:"affinity_blocks"`
-	// ParentAware turns parent-aware placement of a new child session on.
-	ParentAware bool `yaml:"parent_aware"`
-	// ParentMode is whose placement a new child follows: parent, lineage_root or sibling_group.
-	ParentMode string `yaml:"parent_mode"`
-	// ParentBlocks is the credit, in prompt blocks, of a parent-aware hint; 0 disables it.
-	ParentBlocks float64 `yaml:"parent_blocks"`
-	// GroupTargets bounds how many targets a sibling group remembers.
-	GroupTargets int `yaml:"group_targets"`
-	// SiblingPrefix credits blocks the parent's or a sibling's in-flight request is computing.
-	SiblingPrefix bool `yaml:"sibling_prefix"`
-	// PendingTTL is how long such an in-flight prompt is credited.
-	PendingTTL Duration `yaml:"pending_ttl"`
-}
+// Sessions configures session identity, affinity and parent-aware placement; its owner is the
+// sessions package (sessionsconfig.Config, which documents each key).
+type Sessions = sessionsconfig.Config
 
 // Default returns the built-in defaults; configs/kvgate.yaml documents the same values.
 func Default() Config {
@@ -187,41 +133,11 @@ func Default() Config {
 			Policy: PolicyAuto,
 			KV:     routerconfig.Default(),
 		},
-		Proxy: Proxy{
-			MaxRetries:            2,
-			MaxBodyBytes:          32 << 20,
-			DialTimeout:           Duration(5 * time.Second),
-			ResponseHeaderTimeout: Duration(10 * time.Minute),
-			StreamIdleTimeout:     Duration(5 * time.Minute),
-			IdleConnTimeout:       Duration(90 * time.Second),
-			MaxIdleConnsPerWorker: 128,
-		},
-		Health: healthconfig.Default(),
-		Limits: Limits{
-			TokenizeQueue:        64,
-			TokenizeQueueTimeout: Duration(10 * time.Second),
-			BodyReadTimeout:      Duration(30 * time.Second),
-		},
-		KVEvents: KVEvents{MaxMsgSize: 64 << 20, Settle: Duration(2 * time.Minute)},
-		Sessions: Sessions{
-			Headers: []string{
-				"X-Session-ID", "X-Dynamo-Session-ID", "X-Correlation-ID",
-				"X-Session-Affinity", "x-claude-code-session-id",
-			},
-			ParentHeaders: []string{
-				"X-Parent-Session-ID", "X-Dynamo-Parent-Session-ID", "x-claude-code-parent-agent-id",
-			},
-			FinalHeaders:   []string{"X-Dynamo-Session-Final"},
-			MaxSessions:    16384,
-			MaxNodes:       1 << 20,
-			AffinityBlocks: 16,
-			ParentAware:    true,
-			ParentMode:     "parent",
-			ParentBlocks:   16,
-			GroupTargets:   2,
-			SiblingPrefix:  true,
-			PendingTTL:     Duration(30 * time.Second),
-		},
+		Proxy:           serverconfig.DefaultProxy(),
+		Health:          healthconfig.Default(),
+		Limits:          serverconfig.DefaultLimits(),
+		KVEvents:        eventsconfig.Default(),
+		Sessions:        sessionsconfig.Default(),
 		ShutdownTimeout: Duration(30 * time.Second),
 		LogLevel:        "info",
 	}

@@ -387,3 +387,40 @@ func TestCollectorWorkers(t *testing.T) {
 		}
 	}
 }
+
+// TestZeroTurnsOff: 0 is a value, not "the default": the spelling scripts/compare-policies.sh
+// uses to run kv without session hints loads, is valid and keeps the credits at 0 (off).
+func TestZeroTurnsOff(t *testing.T) {
+	base := []string{"--model", "m", "--worker", "http://127.0.0.1:1"}
+	cases := []struct {
+		name string
+		args []string
+		doc  string
+	}{
+		{"flags", append(base, "--sessions-affinity-blocks", "0", "--sessions-parent-aware=false", "--sessions-parent-blocks", "0", "--sessions-sibling-prefix=false"), ""},
+		{"yaml", base, "sessions:\n  affinity_blocks: 0\n  parent_blocks: 0\n  parent_aware: false\n  sibling_prefix: false\n"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			args := tc.args
+			if tc.doc != "" {
+				path := filepath.Join(t.TempDir(), "kvgate.yaml")
+				if err := os.WriteFile(path, []byte(tc.doc), 0o600); err != nil {
+					t.Fatal(err)
+				}
+				args = append(append([]string{}, args...), "--config", path)
+			}
+			c, err := Load(args, envOf(nil), io.Discard)
+			if err != nil {
+				t.Fatal(err)
+			}
+			s := c.Sessions
+			if s.AffinityBlocks != 0 || s.ParentBlocks != 0 || s.ParentAware || s.SiblingPrefix {
+				t.Fatalf("sessions = %+v, want every hint off", s)
+			}
+			if d := Default().Sessions; s.MaxSessions != d.MaxSessions || s.GroupTargets != d.GroupTargets {
+				t.Fatalf("keys left out lost their defaults: %+v", s)
+			}
+		})
+	}
+}

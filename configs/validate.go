@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"net/http"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -117,65 +116,14 @@ func (c *Config) Validate() error {
 		}
 	}
 
+	errs = append(errs, confval.Split(confval.Prefix("kv_events.", c.KVEvents.Validate()))...)
 	c.validateKVEvents(bad)
 	c.validateRouter(bad)
 	errs = append(errs, confval.Split(confval.Prefix("router.", c.Router.KV.Validate()))...)
-	if c.Proxy.MaxRetries < 0 || c.Proxy.MaxRetries > 16 {
-		bad("proxy.max_retries", "must be between 0 and 16, got %d", c.Proxy.MaxRetries)
-	}
-	if c.Proxy.MaxBodyBytes <= 0 {
-		bad("proxy.max_body_bytes", "must be positive, got %d", c.Proxy.MaxBodyBytes)
-	}
-	if c.Proxy.DialTimeout <= 0 {
-		bad("proxy.dial_timeout", "must be positive, got %s", c.Proxy.DialTimeout)
-	}
-	if c.Proxy.ResponseHeaderTimeout < 0 {
-		bad("proxy.response_header_timeout", "must not be negative, got %s", c.Proxy.ResponseHeaderTimeout)
-	}
-	if c.Proxy.StreamIdleTimeout < 0 {
-		bad("proxy.stream_idle_timeout", "must not be negative, got %s", c.Proxy.StreamIdleTimeout)
-	}
-	if c.Proxy.IdleConnTimeout < 0 {
-		bad("proxy.idle_conn_timeout", "must not be negative, got %s", c.Proxy.IdleConnTimeout)
-	}
-	if c.Proxy.MaxIdleConnsPerWorker < 1 {
-		bad("proxy.max_idle_conns_per_worker", "must be at least 1, got %d", c.Proxy.MaxIdleConnsPerWorker)
-	}
+	errs = append(errs, confval.Split(confval.Prefix("proxy.", c.Proxy.Validate()))...)
 	errs = append(errs, confval.Split(confval.Prefix("health.", c.Health.Validate()))...)
-	if c.Limits.MaxModelLen < 0 {
-		bad("limits.max_model_len", "must not be negative, got %d", c.Limits.MaxModelLen)
-	}
-	if c.Limits.MaxConcurrentTokenizations < 0 {
-		bad("limits.max_concurrent_tokenizations", "must not be negative, got %d", c.Limits.MaxConcurrentTokenizations)
-	}
-	if c.Limits.TokenizeQueue < 0 {
-		bad("limits.tokenize_queue", "must not be negative, got %d", c.Limits.TokenizeQueue)
-	}
-	if c.Limits.TokenizeQueueTimeout < 0 {
-		bad("limits.tokenize_queue_timeout", "must not be negative, got %s", c.Limits.TokenizeQueueTimeout)
-	}
-	if c.Limits.BodyReadTimeout < 0 {
-		bad("limits.body_read_timeout", "must not be negative, got %s", c.Limits.BodyReadTimeout)
-	}
-	if c.Limits.MaxConnsPerIP < 0 {
-		bad("limits.max_conns_per_ip", "must not be negative, got %d", c.Limits.MaxConnsPerIP)
-	}
-	for i, h := range c.Sessions.Headers {
-		if !validHeaderName(h) {
-			bad(fmt.Sprintf("sessions.headers[%d]", i), "%q is not a valid HTTP header name", h)
-		}
-	}
-	for i, h := range c.Sessions.ParentHeaders {
-		if !validHeaderName(h) {
-			bad(fmt.Sprintf("sessions.parent_headers[%d]", i), "%q is not a valid HTTP header name", h)
-		}
-	}
-	for i, h := range c.Sessions.FinalHeaders {
-		if !validHeaderName(h) {
-			bad(fmt.Sprintf("sessions.final_headers[%d]", i), "%q is not a valid HTTP header name", h)
-		}
-	}
-	c.validateSessions(bad)
+	errs = append(errs, confval.Split(confval.Prefix("limits.", c.Limits.Validate()))...)
+	errs = append(errs, confval.Split(confval.Prefix("sessions.", c.Sessions.Validate()))...)
 	c.validateAuth(bad)
 	if c.ShutdownTimeout < 0 {
 		bad("shutdown_timeout", "must not be negative, got %s", c.ShutdownTimeout)
@@ -231,32 +179,12 @@ func checkZMQEndpoint(ep string) string {
 	return ""
 }
 
-func validHeaderName(h string) bool {
-	if h == "" {
-		return false
-	}
-	for _, r := range h {
-		if r <= ' ' || r >= 0x7f || strings.ContainsRune("()<>@,;:\\\"/[]?={}", r) {
-			return false
-		}
-	}
-	return http.CanonicalHeaderKey(h) != ""
-}
-
-// validateKVEvents checks the kv_events section and the collector's topics.
+// validateKVEvents checks what of kv_events spans sections: the collector's workers and topics.
 func (c *Config) validateKVEvents(bad func(key, format string, args ...any)) {
-	k := c.KVEvents
-	if k.MaxMsgSize < 1024 {
-		bad("kv_events.max_msg_size", "must be at least 1KiB, got %d", k.MaxMsgSize)
-	}
-	if k.Settle <= 0 {
-		bad("kv_events.settle", "must be a positive duration, got %s", k.Settle)
-	}
-	if k.Listen == "" {
+	// The section's own keys are checked by its owner (eventsconfig.Config.Validate, see
+	// Validate); what spans sections, the collector's workers and their topics, is checked here.
+	if c.KVEvents.Listen == "" {
 		return
-	}
-	if msg := checkBindEndpoint(k.Listen); msg != "" {
-		bad("kv_events.listen", "%q %s", k.Listen, msg)
 	}
 	topics := map[string]int{}
 	for i, w := range c.Workers {
@@ -272,27 +200,4 @@ func (c *Config) validateKVEvents(bad func(key, format string, args ...any)) {
 	if len(topics) == 0 {
 		bad("kv_events.listen", "is set but no worker is fed through it (give a worker a topic and no kv_events)")
 	}
-}
-
-// checkBindEndpoint checks an address kvgate binds: tcp://host:port (host may be *) or
-// ipc://path.
-func checkBindEndpoint(ep string) string {
-	scheme, rest, ok := strings.Cut(ep, "://")
-	if !ok {
-		return "is not a ZMQ endpoint (tcp://host:port or ipc://path)"
-	}
-	switch scheme {
-	case "tcp":
-		host, port, err := net.SplitHostPort(rest)
-		if err != nil || host == "" || port == "" || port == "*" || port == "0" {
-			return "must be tcp://host:port with a fixed port (workers connect to it)"
-		}
-	case "ipc":
-		if rest == "" {
-			return "has an empty path"
-		}
-	default:
-		return "must use tcp:// or ipc://"
-	}
-	return ""
 }

@@ -57,7 +57,7 @@ type beforeMatcher struct {
 }
 
 func (m *beforeMatcher) f(i int) [numTiers]tset {
-	e := m.ix.lookup(uint64(m.h[i]))
+	e := m.ix.lookup(m.h[i])
 	return [numTiers]tset{e.in[0].and(m.all[0]), e.in[1].and(m.all[1]), e.in[2].and(m.all[2])}
 }
 
@@ -108,7 +108,7 @@ func BenchmarkMatchBeforeAfter(b *testing.B) {
 				})
 			}
 			var before, after []time.Duration
-			var buf []Overlap // reused, as router.IndexMatcher does
+			var buf []Overlap // reused, as Index.MatchTiers does
 			for b.Loop() {
 				t0 := time.Now()
 				matchBefore(f.ix, f.query)

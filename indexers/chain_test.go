@@ -358,7 +358,7 @@ func TestNoteRoutedConcurrentWithApply(t *testing.T) {
 // TestRecoveryMetrics: recoveries and failures are exported per target.
 func TestRecoveryMetrics(t *testing.T) {
 	ix := NewIndex(Options{BlockSize: 4})
-	m, err := NewManager(ix, quietLog())
+	m, err := NewSubscribers(ix, quietLog())
 	if err != nil {
 		t.Fatal(err)
 	}

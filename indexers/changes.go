@@ -26,8 +26,8 @@ type Change struct {
 	Kind ChangeKind
 	Tier Tier
 	// Hashes aliases the ChangeSet's memory: valid until the set is reused.
-	Hashes    []uint64
-	Parent    uint64
+	Hashes    []kvkey.BlockHash
+	Parent    kvkey.BlockHash
 	HasParent bool
 	SessionID string
 	AllTiers  bool
@@ -43,7 +43,7 @@ type Change struct {
 type ChangeSet struct {
 	Target  kvkey.Target
 	Changes []Change
-	hashes  []uint64
+	hashes  []kvkey.BlockHash
 }
 
 // ChangeConsumer hears change sets after the index applied them and released its lock, on the
@@ -72,7 +72,7 @@ func (cs *ChangeSet) reset(t kvkey.Target) {
 func (cs *ChangeSet) Empty() bool { return len(cs.Changes) == 0 }
 
 // add records a change with a copy of hs.
-func (cs *ChangeSet) add(c Change, hs []uint64) {
+func (cs *ChangeSet) add(c Change, hs []kvkey.BlockHash) {
 	c.lo = len(cs.hashes)
 	cs.hashes = append(cs.hashes, hs...)
 	c.hi = len(cs.hashes)

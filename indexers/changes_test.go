@@ -1,6 +1,7 @@
 package indexers
 
 import (
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -23,7 +24,7 @@ func (c *reentrantConsumer) IndexChanged(cs *ChangeSet) {
 		c.kinds = append(c.kinds, ch.Kind)
 	}
 	_ = c.ix.Match(c.q)
-	_ = c.ix.DeepestG1(cs.Target, raw(c.q))
+	_ = c.ix.DeepestG1(cs.Target, c.q)
 	// A write on the same target takes its lock; an empty batch changes nothing.
 	_ = c.ix.Apply(cs.Target, &EventBatch{})
 }
@@ -89,9 +90,9 @@ func TestChangeSetReuse(t *testing.T) {
 			&BlockRemoved{BlockHashes: exts(4, 3)}}},
 	}
 	want := [][]Change{
-		{{Kind: ChangeStored, Hashes: raw(q[:2])}, {Kind: ChangeStoredRun, Hashes: raw(q[:2]), SessionID: "s"}},
-		{{Kind: ChangeStored, Hashes: raw(q[2:])}, {Kind: ChangeStoredRun, Hashes: raw(q[2:]), Parent: uint64(q[1]), HasParent: true},
-			{Kind: ChangeRemoved, Hashes: raw([]kvkey.BlockHash{q[3], q[2]})}},
+		{{Kind: ChangeStored, Hashes: q[:2]}, {Kind: ChangeStoredRun, Hashes: q[:2], SessionID: "s"}},
+		{{Kind: ChangeStored, Hashes: q[2:]}, {Kind: ChangeStoredRun, Hashes: q[2:], Parent: q[1], HasParent: true},
+			{Kind: ChangeRemoved, Hashes: []kvkey.BlockHash{q[3], q[2]}}},
 	}
 	recorded, plain := NewIndex(Options{BlockSize: 4}), NewIndex(Options{BlockSize: 4})
 	var cs ChangeSet
@@ -108,7 +109,7 @@ func TestChangeSetReuse(t *testing.T) {
 		for j, w := range want[i] {
 			g := cs.Changes[j]
 			if g.Kind != w.Kind || g.Parent != w.Parent || g.HasParent != w.HasParent || g.SessionID != w.SessionID ||
-				!equalU64(g.Hashes, w.Hashes) {
+				!slices.Equal(g.Hashes, w.Hashes) {
 				t.Errorf("batch %d change %d = %+v, want %+v", i, j, g, w)
 			}
 		}
@@ -116,18 +117,6 @@ func TestChangeSetReuse(t *testing.T) {
 	if a, b := dumpTarget(recorded, tg), dumpTarget(plain, tg); len(a) != len(b) {
 		t.Fatalf("recorded index holds %d blocks, plain %d", len(a), len(b))
 	}
-}
-
-func equalU64(a, b []uint64) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }
 
 // Recording change sets while routers match concurrently is race-free.
@@ -148,7 +137,7 @@ func TestApplyToConcurrentMatch(t *testing.T) {
 					return
 				default:
 					_ = ix.Match(q)
-					_ = ix.DeepestG1(tg, raw(q))
+					_ = ix.DeepestG1(tg, q)
 				}
 			}
 		}()

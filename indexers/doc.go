@@ -4,12 +4,12 @@
 //
 // The Index is a pure data structure: it calls nobody. Index.ApplyTo, ResetTo and
 // RemoveTargetTo record what they changed in a caller-owned ChangeSet while holding the
-// target's lock; the Subscriber (or the Manager, for a forgotten target) hands that set to its
+// target's lock; the Subscriber (or the Subscribers, for a forgotten target) hands that set to its
 // ChangeConsumer only after the call returned, on the goroutine that applied it.
 //
 // Lock order (a lock may be taken while holding the ones listed before it, never the reverse):
 //
-//  1. Manager.mu (subscriptions registry): held only for map updates; nothing index-side is
+//  1. Subscribers.mu (subscriptions registry): held only for map updates; nothing index-side is
 //     taken under it.
 //  2. Index.regMu (target registry): held while registering or removing a target; takes
 //     targetState.mu (RemoveTarget's reset) and the table shard locks.

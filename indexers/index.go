@@ -72,6 +72,9 @@ type Index struct {
 
 	regMu sync.Mutex               // serialises registry changes
 	reg   atomic.Pointer[registry] // copy-on-write registry read lock-free by queries
+
+	ovPool  sync.Pool // *[]Overlap: MatchTiers results, reused
+	posPool sync.Pool // map[kvkey.Target]int: target → position in MatchTiers' targets, reused
 }
 
 type registry struct {
@@ -96,14 +99,18 @@ func NewIndex(opt Options) *Index {
 	}
 	ix := &Index{opt: opt, table: newRWTable()}
 	ix.reg.Store(&registry{byTarget: map[kvkey.Target]*targetState{}})
+	ix.ovPool.New = func() any { return new([]Overlap) }
+	ix.posPool.New = func() any { return make(map[kvkey.Target]int, 64) }
 	return ix
 }
 
 // lookup returns a block's residency (zero if unknown).
-func (ix *Index) lookup(h uint64) gentry { return ix.table.get(h) }
+func (ix *Index) lookup(h kvkey.BlockHash) gentry { return ix.table.get(h) }
 
 // setBits sets (on) or clears slot in every nested set of mask for block h.
-func (ix *Index) setBits(h uint64, slot int, mask uint8, on bool) { ix.table.update(h, slot, mask, on) }
+func (ix *Index) setBits(h kvkey.BlockHash, slot int, mask uint8, on bool) {
+	ix.table.update(h, slot, mask, on)
+}
 
 // target returns (registering if needed) the state of t.
 func (ix *Index) target(t kvkey.Target) (*targetState, error) {

@@ -126,7 +126,7 @@ func (w *modelWorld) step(r *rand.Rand, ti int) Event {
 					if e.refs == [numTiers]int{} {
 						delete(m, x)
 						if w.lower[ti] {
-							w.removed[ti][x] = e.our
+							w.removed[ti][x] = uint64(e.our)
 						}
 					}
 					return &BlockRemoved{BlockHashes: []WireHash{IntHash(x)}, Medium: Some(tierMedium[t])}
@@ -137,7 +137,7 @@ func (w *modelWorld) step(r *rand.Rand, ti int) Event {
 	case op < 19:
 		for x, e := range m {
 			if w.lower[ti] && e.refs[G1] > 0 && e.refs == [numTiers]int{G1: e.refs[G1]} {
-				w.removed[ti][x] = e.our
+				w.removed[ti][x] = uint64(e.our)
 			}
 			e.refs[G1] = 0
 			if e.refs == [numTiers]int{} {
@@ -154,7 +154,7 @@ func (w *modelWorld) step(r *rand.Rand, ti int) Event {
 
 func (w *modelWorld) resident(ti int, k int, our uint64) bool {
 	for _, e := range w.ext[ti] {
-		if e.our == our {
+		if uint64(e.our) == our {
 			for j := 0; j <= k; j++ {
 				if e.refs[j] > 0 {
 					return true
@@ -230,11 +230,11 @@ func (w *modelWorld) check(t *testing.T, ix *Index, step int, r *rand.Rand) {
 			if o.G1 != want[0] || o.G1+o.G2 != want[1] || o.G1+o.G2+o.G3 != want[2] {
 				t.Fatalf("step %d doc %d target %s: got %+v, model depths %v", step, d, tg, o, want)
 			}
-			if g := ix.DeepestG1(tg, q); g != want[0] {
+			if g := ix.DeepestG1(tg, typed(q)); g != want[0] {
 				t.Fatalf("step %d: DeepestG1 = %d, model %d", step, g, want[0])
 			}
 			h := q[r.IntN(len(q))]
-			if ix.IsResidentG1(tg, h) != w.resident(ti, 0, h) {
+			if ix.IsResidentG1(tg, kvkey.BlockHash(h)) != w.resident(ti, 0, h) {
 				t.Fatalf("step %d: IsResidentG1 disagrees", step)
 			}
 		}
@@ -260,11 +260,11 @@ func (w *modelWorld) checkOrphans(t *testing.T, ix *Index, step int) {
 			seen := map[uint64]bool{}
 			want := int64(0)
 			for _, e := range w.ext[ti] {
-				if seen[e.our] || !w.resident(ti, k, e.our) {
+				if seen[uint64(e.our)] || !w.resident(ti, k, uint64(e.our)) {
 					continue
 				}
-				seen[e.our] = true
-				if p, ok := parent[e.our]; ok && !w.resident(ti, k, p) {
+				seen[uint64(e.our)] = true
+				if p, ok := parent[uint64(e.our)]; ok && !w.resident(ti, k, p) {
 					want++
 				}
 			}
@@ -305,7 +305,7 @@ func TestConcurrentReadersUnderWrites(t *testing.T) {
 					t.Fatalf("malformed overlap %+v for %d blocks", o, len(hs))
 				}
 			}
-			_ = ix.DeepestG1(w.targets[0], hs)
+			_ = ix.DeepestG1(w.targets[0], typed(hs))
 		}
 	}
 }

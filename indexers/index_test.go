@@ -35,7 +35,7 @@ func apply(t *testing.T, ix *Index, tg kvkey.Target, evs ...Event) {
 	}
 }
 
-// raw returns block hashes as the bare uint64s that DeepestG1, IsResidentG1 and ChangeSets use.
+// raw returns block hashes as bare uint64s, as the reference model keys them.
 func raw(q []kvkey.BlockHash) []uint64 {
 	out := make([]uint64, len(q))
 	for i, h := range q {
@@ -123,8 +123,8 @@ type recChanges struct {
 
 // attrRun is one ChangeStoredRun.
 type attrRun struct {
-	hashes    []uint64
-	parent    uint64
+	hashes    []kvkey.BlockHash
+	parent    kvkey.BlockHash
 	hasParent bool
 	session   string
 }
@@ -139,7 +139,7 @@ func (r *recChanges) IndexChanged(cs *ChangeSet) {
 		case ChangeCleared:
 			r.log = append(r.log, map[bool]string{true: "reset", false: "cleared G1"}[c.AllTiers])
 		case ChangeStoredRun:
-			r.runs = append(r.runs, attrRun{append([]uint64(nil), c.Hashes...), c.Parent, c.HasParent, c.SessionID})
+			r.runs = append(r.runs, attrRun{append([]kvkey.BlockHash(nil), c.Hashes...), c.Parent, c.HasParent, c.SessionID})
 		}
 	}
 }
@@ -194,7 +194,7 @@ func TestTiersAndLifecycle(t *testing.T) {
 	// Duplicate store of the same hash: one removal keeps it resident.
 	rec.apply(t, ix, b, gpu(b, 91))
 	rec.apply(t, ix, b, &BlockRemoved{BlockHashes: exts(91), Medium: Some(MediumGPU)})
-	if !ix.IsResidentG1(b, uint64(q[0])) {
+	if !ix.IsResidentG1(b, q[0]) {
 		t.Fatal("ref-counted block dropped after one of two removals")
 	}
 	// A store whose parent was never seen is dropped and counted.
@@ -204,7 +204,7 @@ func TestTiersAndLifecycle(t *testing.T) {
 	rec.apply(t, ix, b, &BlockStored{BlockHashes: exts(91), TokenIDs: toks[:4], BlockSize: 4, Medium: Some(MediumGPU),
 		GroupIdx: Some[int64](1), KVCacheSpecKind: Some("sliding_window")})
 	rec.apply(t, ix, b, &BlockRemoved{BlockHashes: exts(91), Medium: Some(MediumGPU), GroupIdx: Some[int64](1)})
-	if !ix.IsResidentG1(b, uint64(q[0])) {
+	if !ix.IsResidentG1(b, q[0]) {
 		t.Fatal("a sliding-window removal evicted an attention block")
 	}
 	tsB := ix.reg.Load().byTarget[b]
@@ -220,7 +220,7 @@ func TestTiersAndLifecycle(t *testing.T) {
 		// block 0 left GPU, so nothing leads from block 0 any more
 		t.Fatalf("a after clear: %+v", o)
 	}
-	if !ix.IsResidentG1(b, uint64(q[1])) || ix.ResidencyVersion(a) <= v {
+	if !ix.IsResidentG1(b, q[1]) || ix.ResidencyVersion(a) <= v {
 		t.Fatal("clear leaked to b or did not bump a's version")
 	}
 	tsA := ix.reg.Load().byTarget[a]
@@ -238,7 +238,7 @@ func TestTiersAndLifecycle(t *testing.T) {
 	if err := ix.AddTarget(c); err != nil {
 		t.Fatal(err)
 	}
-	if got := ix.Match(q); len(got) != 0 || ix.IsResidentG1(c, uint64(q[0])) || ix.IsResidentG1(b, uint64(q[0])) {
+	if got := ix.Match(q); len(got) != 0 || ix.IsResidentG1(c, q[0]) || ix.IsResidentG1(b, q[0]) {
 		t.Fatalf("stale residency after RemoveTarget: %+v", got)
 	}
 	want := []string{"stored G1 4", "stored G1 2", "stored G2 2", "removed G1 1", "removed G1 1", "stored G3 1",
@@ -250,7 +250,7 @@ func TestTiersAndLifecycle(t *testing.T) {
 
 func TestMetricsAndSnapshot(t *testing.T) {
 	ix := NewIndex(Options{BlockSize: 4})
-	m, err := NewManager(ix, quietLog())
+	m, err := NewSubscribers(ix, quietLog())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -407,7 +407,7 @@ func TestPlaceholderAfterEviction(t *testing.T) {
 			for k := range numTiers {
 				want := int64(0)
 				for i := 1; i < len(q); i++ {
-					if ix.lookup(uint64(q[i])).in[k].has(ts.slot) && !ix.lookup(uint64(q[i-1])).in[k].has(ts.slot) {
+					if ix.lookup(q[i]).in[k].has(ts.slot) && !ix.lookup(q[i-1]).in[k].has(ts.slot) {
 						want++
 					}
 				}
@@ -434,9 +434,9 @@ func TestStoredRuns(t *testing.T) {
 			Medium: Some(MediumGPU), SessionID: Some("kid")},
 		&BlockStored{BlockHashes: exts(1), TokenIDs: toks[:4], BlockSize: 4, Medium: Some(MediumGPU)})
 	want := []attrRun{
-		{raw(q[:2]), 0, false, "root"},
-		{raw(q[2:4]), uint64(q[1]), true, "kid"},
-		{raw(q[:1]), 0, false, ""},
+		{q[:2], 0, false, "root"},
+		{q[2:4], q[1], true, "kid"},
+		{q[:1], 0, false, ""},
 	}
 	if len(rec.runs) != len(want) {
 		t.Fatalf("got %d runs, want %d", len(rec.runs), len(want))

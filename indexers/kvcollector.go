@@ -102,7 +102,7 @@ func (c *collectorFeed) route(m LiveMessage) *Subscriber {
 // StartCollector binds cfg.Listen and follows every target's stream through it until ctx
 // ends or Close. The targets show in Snapshot and EventsHealthy like subscribed ones; Stop on
 // one of them only forgets it.
-func (m *Manager) StartCollector(ctx context.Context, cfg CollectorConfig) error {
+func (m *Subscribers) StartCollector(ctx context.Context, cfg CollectorConfig) error {
 	if cfg.Listen == "" {
 		return fmt.Errorf("kv-events collector: no listen address")
 	}
@@ -157,7 +157,7 @@ func (m *Manager) StartCollector(ctx context.Context, cfg CollectorConfig) error
 }
 
 // runCollector binds and runs the shared feed, retrying with backoff after socket errors.
-func (m *Manager) runCollector(ctx context.Context, c *collectorFeed, subs []*Subscriber) {
+func (m *Subscribers) runCollector(ctx context.Context, c *collectorFeed, subs []*Subscriber) {
 	d := SubscriberConfig{RcvHWM: c.cfg.RcvHWM, ReconnectMin: c.cfg.ReconnectMin, ReconnectMax: c.cfg.ReconnectMax,
 		MaxMsgSize: c.cfg.MaxMsgSize}
 	d.defaults()
@@ -194,7 +194,7 @@ func (m *Manager) runCollector(ctx context.Context, c *collectorFeed, subs []*Su
 	}
 }
 
-func (m *Manager) collectorSession(ctx context.Context, c *collectorFeed, subs []*Subscriber, d SubscriberConfig) error {
+func (m *Subscribers) collectorSession(ctx context.Context, c *collectorFeed, subs []*Subscriber, d SubscriberConfig) error {
 	sub, err := m.zctx.NewSocket(zmq.SUB)
 	if err != nil {
 		return fmt.Errorf("sub socket: %w", err)
@@ -215,7 +215,7 @@ func (m *Manager) collectorSession(ctx context.Context, c *collectorFeed, subs [
 }
 
 // Collectors returns every collector's state and unknown-topic counters.
-func (m *Manager) Collectors() []CollectorDebug {
+func (m *Subscribers) Collectors() []CollectorDebug {
 	m.mu.Lock()
 	cs := append([]*collectorFeed(nil), m.collectors...)
 	m.mu.Unlock()

@@ -44,7 +44,7 @@ func newScenario(t testing.TB, seed uint64, n int, layout Layout) scenario {
 }
 
 // groundTruth applies batches [from, to) directly to a fresh index.
-func (sc scenario) groundTruth(t testing.TB, tg kvkey.Target, from, to int) map[uint64][numTiers]int32 {
+func (sc scenario) groundTruth(t testing.TB, tg kvkey.Target, from, to int) map[kvkey.BlockHash][numTiers]int32 {
 	ix := NewIndex(Options{BlockSize: modelBS})
 	if err := ix.AddTarget(tg); err != nil {
 		t.Fatal(err)
@@ -62,9 +62,9 @@ func (sc scenario) groundTruth(t testing.TB, tg kvkey.Target, from, to int) map[
 }
 
 // dumpTarget is a target's residency: our hash → references per tier.
-func dumpTarget(ix *Index, tg kvkey.Target) map[uint64][numTiers]int32 {
+func dumpTarget(ix *Index, tg kvkey.Target) map[kvkey.BlockHash][numTiers]int32 {
 	ts := ix.reg.Load().byTarget[tg]
-	out := map[uint64][numTiers]int32{}
+	out := map[kvkey.BlockHash][numTiers]int32{}
 	if ts == nil {
 		return out
 	}
@@ -92,14 +92,14 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 }
 
 type liveRig struct {
-	m   *Manager
+	m   *Subscribers
 	ix  *Index
 	ctx context.Context
 }
 
 func newLiveRig(t *testing.T) *liveRig {
 	ix := NewIndex(Options{BlockSize: modelBS})
-	m, err := NewManager(ix, quietLog())
+	m, err := NewSubscribers(ix, quietLog())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,7 +9,7 @@ import (
 // collector exports per-target index and subscription metrics from the live counters at
 // scrape time, so targets that come and go need no label bookkeeping.
 type collector struct {
-	m *Manager
+	m *Subscribers
 
 	events, blocks, dropped, resident, orphans  *prometheus.Desc
 	batches, gaps, replays, resets, parseErrors *prometheus.Desc
@@ -18,13 +18,13 @@ type collector struct {
 	droppedBatches, mode, unknownTopic          *prometheus.Desc
 }
 
-// Register registers the manager's metrics (prefix kvgate_kv_) with reg.
-func (m *Manager) Register(reg prometheus.Registerer) error {
+// Register registers the subscriptions' metrics (prefix kvgate_kv_) with reg.
+func (m *Subscribers) Register(reg prometheus.Registerer) error {
 	return reg.Register(m.Collector())
 }
 
-// Collector returns the manager's metrics collector.
-func (m *Manager) Collector() prometheus.Collector {
+// Collector returns the subscriptions' metrics collector.
+func (m *Subscribers) Collector() prometheus.Collector {
 	l := []string{"worker", "dp_rank"}
 	d := func(name, help string, extra ...string) *prometheus.Desc {
 		return prometheus.NewDesc("kvgate_kv_"+name, help, append(append([]string{}, l...), extra...), nil)

@@ -105,7 +105,7 @@ func (a *tiers) eq(b *tiers) bool {
 // f sets out to the clean targets holding block i, per nested set, restricted to within (the
 // members at an earlier position: monotonicity, enforced against racing writers).
 func (m *matcher) f(i int, within, out *tiers) {
-	e := m.ix.lookup(uint64(m.h[i]))
+	e := m.ix.lookup(m.h[i])
 	for k := range numTiers {
 		for w := range len(tset{}) {
 			out[k][w] = e.in[k][w] & m.all[k][w] & within[k][w]
@@ -152,7 +152,7 @@ func (m *matcher) scan(reg *registry, dirty tset) {
 		if alive[0].empty() && alive[1].empty() && alive[2].empty() {
 			return
 		}
-		e := m.ix.lookup(uint64(m.h[i]))
+		e := m.ix.lookup(m.h[i])
 		for k := range numTiers {
 			alive[k] = alive[k].and(e.in[k])
 			alive[k].each(func(s int) { m.depth[k][s] = int32(i + 1) })
@@ -161,13 +161,13 @@ func (m *matcher) scan(reg *registry, dirty tset) {
 }
 
 // IsResidentG1 reports whether block hash h is resident on t's GPU.
-func (ix *Index) IsResidentG1(t kvkey.Target, h uint64) bool {
+func (ix *Index) IsResidentG1(t kvkey.Target, h kvkey.BlockHash) bool {
 	ts := ix.reg.Load().byTarget[t]
 	return ts != nil && ix.lookup(h).in[0].has(ts.slot)
 }
 
 // DeepestG1 returns how many leading blocks of hashes are resident on t's GPU.
-func (ix *Index) DeepestG1(t kvkey.Target, hashes []uint64) int {
+func (ix *Index) DeepestG1(t kvkey.Target, hashes []kvkey.BlockHash) int {
 	ts := ix.reg.Load().byTarget[t]
 	if ts == nil || len(hashes) == 0 {
 		return 0

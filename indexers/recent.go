@@ -10,7 +10,7 @@ const DefaultRecentlyRemoved = 4096
 // hash and its parent's, enough to re-create the node (with its chain position, which keeps the
 // orphan accounting exact) without token ids.
 type removedBlock struct {
-	our, parentOur uint64
+	our, parentOur kvkey.BlockHash
 	hasParent      bool
 }
 
@@ -32,7 +32,7 @@ type recentRemoved struct {
 
 type removedSlot struct {
 	ext            kvkey.EngineHash
-	our, parentOur uint64
+	our, parentOur kvkey.BlockHash
 	tag            uint64 // generation<<1 | hasParent; 0 = empty
 }
 

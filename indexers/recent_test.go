@@ -32,13 +32,13 @@ func TestRecentRemoved(t *testing.T) {
 	for _, tc := range tests {
 		var r recentRemoved
 		for h := range uint64(3 * tc.slots) {
-			r.record(tc.capacity, kvkey.EngineHash(h*7919), removedBlock{our: h, parentOur: h - 1, hasParent: h > 0})
+			r.record(tc.capacity, kvkey.EngineHash(h*7919), removedBlock{our: kvkey.BlockHash(h), parentOur: kvkey.BlockHash(h - 1), hasParent: h > 0})
 		}
 		if len(r.slots) != tc.slots || r.len() > tc.slots {
 			t.Fatalf("capacity %d: %d slots, %d remembered; want %d slots", tc.capacity, len(r.slots), r.len(), tc.slots)
 		}
 		last := uint64(3*tc.slots - 1)
-		if b, ok := r.take(kvkey.EngineHash(last * 7919)); !ok || b.our != last || b.parentOur != last-1 || !b.hasParent {
+		if b, ok := r.take(kvkey.EngineHash(last * 7919)); !ok || b.our != kvkey.BlockHash(last) || b.parentOur != kvkey.BlockHash(last-1) || !b.hasParent {
 			t.Fatalf("capacity %d: newest entry %+v %v", tc.capacity, b, ok)
 		}
 		r.reset()

@@ -31,7 +31,7 @@ import (
 //     size plus SeqConfig.JumpMargin is only followed once the next batch continues from it.
 //   - A reset whose rebuild reaches back to the engine's first batch (seq 0, or 1 for publishers
 //     counting from 1) leaves the index exact. Otherwise batches were lost and the target is
-//     approximate (Manager.EventsHealthy reports false, so the router scores it from its own
+//     approximate (Subscribers.EventsHealthy reports false, so the router scores it from its own
 //     decisions) until there is evidence the index is trustworthy again: an engine restart
 //     followed from its first batch (its cache starts empty), an AllBlocksCleared applied, or
 //     the settle window (SeqConfig.SettleTime, and SettleBatches when set) passing since.

@@ -53,7 +53,7 @@ type SubscriberConfig struct {
 	// SettleBatches, when > 0, also leaves approximate mode after that many applied batches.
 	SettleBatches uint64
 	// Consumer, if set, hears every change set the subscriber's index updates made, after the
-	// index released its lock (Manager sets it from Manager.SetConsumer).
+	// index released its lock (Subscribers sets it from Subscribers.SetConsumer).
 	Consumer ChangeConsumer
 }
 

@@ -1,6 +1,10 @@
 package indexers
 
-import "sync"
+import (
+	"sync"
+
+	"github.com/kvgate/kvgate/kvkey"
+)
 
 // The global block table maps our block hash → gentry (target bitsets per nested set), split
 // into shards so writers of different targets rarely meet: a Go map per shard under an RWMutex,
@@ -13,7 +17,7 @@ import "sync"
 type rwTable struct {
 	shards [numShards]struct {
 		mu sync.RWMutex
-		m  map[uint64]gentry
+		m  map[kvkey.BlockHash]gentry
 		_  [40]byte
 	}
 }
@@ -21,12 +25,12 @@ type rwTable struct {
 func newRWTable() *rwTable {
 	t := &rwTable{}
 	for i := range t.shards {
-		t.shards[i].m = map[uint64]gentry{}
+		t.shards[i].m = map[kvkey.BlockHash]gentry{}
 	}
 	return t
 }
 
-func (t *rwTable) get(h uint64) gentry {
+func (t *rwTable) get(h kvkey.BlockHash) gentry {
 	s := &t.shards[(h>>32^h)&(numShards-1)]
 	s.mu.RLock()
 	e := s.m[h]
@@ -34,7 +38,7 @@ func (t *rwTable) get(h uint64) gentry {
 	return e
 }
 
-func (t *rwTable) update(h uint64, slot int, mask uint8, on bool) {
+func (t *rwTable) update(h kvkey.BlockHash, slot int, mask uint8, on bool) {
 	s := &t.shards[(h>>32^h)&(numShards-1)]
 	s.mu.Lock()
 	e := s.m[h]
@@ -50,8 +54,8 @@ func (t *rwTable) update(h uint64, slot int, mask uint8, on bool) {
 // blockTable is what the index needs from the global table (an interface so a test can count
 // Match's lookups).
 type blockTable interface {
-	get(h uint64) gentry
-	update(h uint64, slot int, mask uint8, on bool)
+	get(h kvkey.BlockHash) gentry
+	update(h kvkey.BlockHash, slot int, mask uint8, on bool)
 }
 
 // apply sets (on) or clears target slot in the nested sets of mask.

@@ -12,7 +12,7 @@ type countingTable struct {
 	gets int
 }
 
-func (c *countingTable) get(h uint64) gentry { c.gets++; return c.blockTable.get(h) }
+func (c *countingTable) get(h kvkey.BlockHash) gentry { c.gets++; return c.blockTable.get(h) }
 
 // Match resolves orphan-free targets by bisection and exits early: one lookup when nobody
 // holds block 0, O(targets × log n) otherwise, a linear walk only for targets with orphans.

@@ -22,7 +22,7 @@ type extEntry struct {
 // node itself is absent so orphan accounting stays exact. A node lives while res or kids is
 // non-zero.
 type node struct {
-	our    uint64
+	our    kvkey.BlockHash
 	parent int32 // slab index of the parent node, -1 for a root
 	res    [numTiers]int32
 	kids   [numTiers]int32
@@ -54,7 +54,7 @@ type targetState struct {
 
 	mu     sync.Mutex
 	ext    map[kvkey.EngineHash]extEntry
-	byOur  map[uint64]int32
+	byOur  map[kvkey.BlockHash]int32
 	slab   []node
 	free   []int32
 	groups uint64 // group_idx values whose stores were accepted (removals of others are ignored)
@@ -64,8 +64,8 @@ type targetState struct {
 	lowerTiers bool
 	buf        []byte
 	keys       []uint64
-	out        [numTiers][]uint64 // scratch: blocks that became resident or left, per tier
-	run        []uint64           // scratch: a store's whole run in chain order
+	out        [numTiers][]kvkey.BlockHash // scratch: blocks that became resident or left, per tier
+	run        []kvkey.BlockHash           // scratch: a store's whole run in chain order
 	// cs records the changes of the ApplyTo/ResetTo in progress (nil: none), under mu.
 	cs     *ChangeSet
 	locals []uint64 // scratch: a store's local block hashes
@@ -95,7 +95,7 @@ func newTargetState(ix *Index, t kvkey.Target, slot int) *targetState {
 func (ts *targetState) clearMaps() {
 	ts.ext = map[kvkey.EngineHash]extEntry{}
 	ts.anchors = map[kvkey.EngineHash]anchor{}
-	ts.byOur = map[uint64]int32{}
+	ts.byOur = map[kvkey.BlockHash]int32{}
 	ts.slab = ts.slab[:0]
 	ts.free = ts.free[:0]
 }
@@ -105,7 +105,7 @@ func (ts *targetState) blocks() int { return len(ts.byOur) }
 
 // nodeFor returns the node of our hash, creating it under parent if absent. An existing node
 // that is in no set takes the parent given now (its old parent may have been freed).
-func (ts *targetState) nodeFor(our uint64, parent int32) int32 {
+func (ts *targetState) nodeFor(our kvkey.BlockHash, parent int32) int32 {
 	if i, ok := ts.byOur[our]; ok {
 		if ts.slab[i].memberMask() == 0 {
 			ts.slab[i].parent = parent
@@ -182,7 +182,7 @@ func (ts *targetState) applyStored(e *BlockStored) {
 		locals = append(locals, kvkey.LocalBlockHash(e.TokenIDs[i*bs:(i+1)*bs], ts.keys, seed, ts.buf[:0]))
 	}
 	ts.locals = locals
-	var parentOur uint64
+	var parentOur kvkey.BlockHash
 	parent := int32(-1)
 	hasParent := false
 	var prefix []kvkey.BlockHash // set when the parent was recovered: our hashes of blocks 0..k-1
@@ -190,7 +190,7 @@ func (ts *targetState) applyStored(e *BlockStored) {
 		if pe, ok := ts.ext[e.ParentBlockHash.V.Engine()]; ok {
 			parent, parentOur = pe.node, ts.slab[pe.node].our
 		} else if prefix, ok = ts.recoverParent(locals); ok {
-			parentOur = uint64(prefix[len(prefix)-1])
+			parentOur = prefix[len(prefix)-1]
 			ts.stats.recovered.Add(1)
 		} else {
 			// Without the parent's hash of ours the chain cannot be computed; indexing the run
@@ -215,9 +215,9 @@ func (ts *targetState) applyStored(e *BlockStored) {
 	run := ts.run[:0]
 	for i, h := range e.BlockHashes {
 		local := locals[i]
-		our := local
+		our := kvkey.BlockHash(local) // a root block: its chained hash is its local hash (kvkey.SequenceHashes)
 		if parent >= 0 {
-			our = uint64(kvkey.ChainHash(kvkey.BlockHash(parentOur), local))
+			our = kvkey.ChainHash(parentOur, local)
 		}
 		var became bool
 		parent, became = ts.storeOne(h.Engine(), our, parent, tier)
@@ -263,14 +263,14 @@ func (ts *targetState) recoverParent(locals []uint64) ([]kvkey.BlockHash, bool) 
 // that no event can name them, are made resident in tier too, but only as long as the anchor
 // stays there: its removal, a clear of the tier or a reset takes them away again. It returns
 // the anchor's node and stored with the blocks that became resident appended.
-func (ts *targetState) anchor(ext kvkey.EngineHash, prefix []kvkey.BlockHash, tier Tier, stored []uint64) (int32, []uint64) {
+func (ts *targetState) anchor(ext kvkey.EngineHash, prefix []kvkey.BlockHash, tier Tier, stored []kvkey.BlockHash) (int32, []kvkey.BlockHash) {
 	parent := int32(-1)
 	var nodes []int32
 	if n := len(prefix) - 1; n > 0 {
 		nodes = make([]int32, 0, n)
 	}
 	for _, h := range prefix[:len(prefix)-1] {
-		our := uint64(h)
+		our := h
 		i := ts.nodeFor(our, parent)
 		if ts.ref(i, tier) {
 			stored = append(stored, our)
@@ -278,7 +278,7 @@ func (ts *targetState) anchor(ext kvkey.EngineHash, prefix []kvkey.BlockHash, ti
 		nodes = append(nodes, i)
 		parent = i
 	}
-	our := uint64(prefix[len(prefix)-1])
+	our := prefix[len(prefix)-1]
 	i, became := ts.storeOne(ext, our, parent, tier)
 	if became {
 		stored = append(stored, our)
@@ -291,7 +291,7 @@ func (ts *targetState) anchor(ext kvkey.EngineHash, prefix []kvkey.BlockHash, ti
 
 // releaseAnchor drops the prefix references of the anchor ext once it left tier; it appends
 // the blocks that stopped being resident to removed.
-func (ts *targetState) releaseAnchor(ext kvkey.EngineHash, tier Tier, removed []uint64) []uint64 {
+func (ts *targetState) releaseAnchor(ext kvkey.EngineHash, tier Tier, removed []kvkey.BlockHash) []kvkey.BlockHash {
 	a, ok := ts.anchors[ext]
 	if !ok || a.tier != tier {
 		return removed
@@ -331,7 +331,7 @@ func validChain(e *BlockStored) bool {
 func (ts *targetState) storeTokenless(e *BlockStored, tier Tier) {
 	stored := ts.out[tier][:0]
 	for _, h := range e.BlockHashes {
-		var our uint64
+		var our kvkey.BlockHash
 		var parent int32
 		if x, ok := ts.ext[h.Engine()]; ok {
 			n := &ts.slab[x.node]
@@ -354,7 +354,7 @@ func (ts *targetState) storeTokenless(e *BlockStored, tier Tier) {
 // resolveRemoved finds a worker hash whose last reference was removed recently (the GPU copy
 // evicted before the CPU offload's placeholder store arrived): our hash and the parent node,
 // re-created outside every set if it is gone too, so the block keeps its chain position.
-func (ts *targetState) resolveRemoved(ext kvkey.EngineHash) (our uint64, parent int32, ok bool) {
+func (ts *targetState) resolveRemoved(ext kvkey.EngineHash) (our kvkey.BlockHash, parent int32, ok bool) {
 	b, ok := ts.recent.take(ext)
 	if !ok {
 		return 0, -1, false
@@ -387,7 +387,7 @@ func (ts *targetState) rememberRemovals() bool { return ts.lowerTiers && ts.ix.o
 
 // storeOne adds one reference; it returns the node and whether the block became resident in
 // the tier.
-func (ts *targetState) storeOne(ext kvkey.EngineHash, our uint64, parent int32, tier Tier) (int32, bool) {
+func (ts *targetState) storeOne(ext kvkey.EngineHash, our kvkey.BlockHash, parent int32, tier Tier) (int32, bool) {
 	x, ok := ts.ext[ext]
 	if ok && ts.slab[x.node].our != our {
 		// The worker reuses a hash for different content: its earlier state is stale.

@@ -6,8 +6,8 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/indexers"
+	"github.com/kvgate/kvgate/kvkey"
 	"github.com/kvgate/kvgate/sessions"
-	"github.com/kvgate/kvgate/workers"
 )
 
 // Debugger serves the routing side's part of the admin listener's debug endpoints as JSON-able
@@ -15,7 +15,7 @@ import (
 type Debugger interface {
 	// DebugTargets returns, in order, what routing knows about each target for
 	// GET /debug/workers.
-	DebugTargets(ts []workers.Target) []TargetView
+	DebugTargets(ts []kvkey.Target) []TargetView
 	// DebugFleet returns the fleet-wide part of GET /debug/workers.
 	DebugFleet() FleetView
 	// DebugSession returns the body of GET /debug/sessions/{id}; an error wrapping
@@ -75,12 +75,12 @@ type FleetView struct {
 
 // DebugTargets implements Debugger: subscription state, scoring mode, approximate blocks,
 // accounted load and the last metrics reading of each target.
-func (e *Engine) DebugTargets(ts []workers.Target) []TargetView {
-	subs := map[workers.Target]*indexers.TargetDebug{}
+func (e *Dispatcher) DebugTargets(ts []kvkey.Target) []TargetView {
+	subs := map[kvkey.Target]*indexers.TargetDebug{}
 	if e.events != nil {
 		snap := e.events.Snapshot()
 		for i := range snap {
-			subs[workers.Target{Worker: snap[i].Worker, DPRank: snap[i].DPRank}] = &snap[i]
+			subs[kvkey.Target{Worker: snap[i].Worker, DPRank: snap[i].DPRank}] = &snap[i]
 		}
 	}
 	now := time.Now()
@@ -110,7 +110,7 @@ func (e *Engine) DebugTargets(ts []workers.Target) []TargetView {
 }
 
 // DebugFleet implements Debugger: session counters and the KV-event collectors.
-func (e *Engine) DebugFleet() FleetView {
+func (e *Dispatcher) DebugFleet() FleetView {
 	var out FleetView
 	if e.sessions != nil {
 		st := e.sessions.Stats()
@@ -125,7 +125,7 @@ func (e *Engine) DebugFleet() FleetView {
 // DebugSession implements Debugger: the session's parent, affinity, frontiers per
 // worker+rank, sibling group and next hints (sessions.SessionView); with lineage every
 // frontier lists its block lineage.
-func (e *Engine) DebugSession(id string, lineage bool) (any, error) {
+func (e *Dispatcher) DebugSession(id string, lineage bool) (any, error) {
 	if e.sessions == nil {
 		return nil, noSession(fmt.Sprintf("session %q is not tracked: sessions are tracked only with the kv and kv_no_load policies (policy is %s)",
 			id, e.Name()))

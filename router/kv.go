@@ -10,9 +10,9 @@ import (
 	"sync"
 	"time"
 
+	"github.com/kvgate/kvgate/indexers"
+	"github.com/kvgate/kvgate/kvkey"
 	"github.com/kvgate/kvgate/sessions"
-
-	"github.com/kvgate/kvgate/workers"
 )
 
 // Policy names of the KV-aware policies.
@@ -43,10 +43,10 @@ type KVPolicy struct {
 	name    string
 	cfg     KVConfig
 	noLoad  bool
-	matcher PrefixMatcher
-	routed  RoutedRecorder // the matcher, when it records routed prompts
+	matcher indexers.Matcher // exact: read for targets whose events are healthy
+	routed  RoutedRecorder   // the matcher, when it records routed prompts
 	events  EventHealth
-	approx  *ApproxIndex
+	approx  *indexers.ApproxIndex // approximate: read for the others
 	load    *LoadTracker
 	hints   HintSource
 	now     func() time.Time
@@ -56,16 +56,16 @@ type KVPolicy struct {
 
 // kvScratch holds per-decision buffers, pooled to keep the hot path allocation-light.
 type kvScratch struct {
-	targets []workers.Target
-	matches []TierMatch
-	approx  []int
+	targets []kvkey.Target
+	matches []indexers.TierMatch
+	approx  []indexers.TierMatch
 	rows    []kvRow
 }
 
 // kvRow is one candidate's evaluation.
 type kvRow struct {
 	mode      string
-	match     TierMatch
+	match     indexers.TierMatch
 	hint      float64
 	prefHint  float64 // the part of hint from preference rules, applied beyond the clamp
 	hintRule  string
@@ -119,7 +119,7 @@ func (p *KVPolicy) Config() KVConfig { return p.cfg }
 func (p *KVPolicy) Load() *LoadTracker { return p.load }
 
 // Approx returns the approximate index the policy reads (nil if none).
-func (p *KVPolicy) Approx() *ApproxIndex { return p.approx }
+func (p *KVPolicy) Approx() *indexers.ApproxIndex { return p.approx }
 
 // Begin accounts the request's load on the chosen target and, in
 // predict-on-route fashion, records its blocks there in the approximate index (the chosen
@@ -178,12 +178,9 @@ func (p *KVPolicy) evaluate(req *Request, cands []Candidate, s *kvScratch) {
 	if p.matcher != nil && len(hashes) > 0 {
 		p.matcher.MatchTiers(hashes, s.targets, s.matches)
 	}
-	if anyApprox {
-		if p.approx != nil {
-			p.approx.Match(hashes, s.targets, s.approx)
-		} else {
-			clear(s.approx)
-		}
+	clear(s.approx)
+	if anyApprox && p.approx != nil && len(hashes) > 0 {
+		p.approx.MatchTiers(hashes, s.targets, s.approx)
 	}
 	if p.hints != nil && (req.SessionID != "" || req.ParentSessionID != "") {
 		var hs []sessions.Hint
@@ -221,7 +218,7 @@ func (p *KVPolicy) evaluate(req *Request, cands []Candidate, s *kvScratch) {
 		if r.mode == ModeEvents {
 			r.match = s.matches[i]
 		} else {
-			r.match = TierMatch{G1: s.approx[i]}
+			r.match = s.approx[i]
 		}
 		credit := float64(r.match.G1) + p.cfg.G2Credit*float64(r.match.G2) + p.cfg.G3Credit*float64(r.match.G3)
 		r.noHint = math.Max(reqBlocks-credit, 0)
@@ -235,7 +232,7 @@ func (p *KVPolicy) evaluate(req *Request, cands []Candidate, s *kvScratch) {
 }
 
 // loadOf fills the load term and the busy flag of one row.
-func (p *KVPolicy) loadOf(r *kvRow, c Candidate, hashes []uint64, bs float64, now time.Time) {
+func (p *KVPolicy) loadOf(r *kvRow, c Candidate, hashes []kvkey.BlockHash, bs float64, now time.Time) {
 	tl := p.load.get(c.Target)
 	var snap TargetLoad
 	shared := 0
@@ -284,7 +281,7 @@ func grow[T any](s []T, n int) []T {
 
 // Mode reports how the policy currently scores t: ModeEvents when the event index is trusted
 // for it, else ModeApproximate (for GET /debug/workers).
-func (p *KVPolicy) Mode(t workers.Target) string {
+func (p *KVPolicy) Mode(t kvkey.Target) string {
 	if p.matcher != nil && (p.events == nil || p.events.EventsHealthy(t)) {
 		return ModeEvents
 	}

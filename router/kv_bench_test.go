@@ -12,8 +12,8 @@ import (
 
 	"github.com/kvgate/kvgate/confval"
 	"github.com/kvgate/kvgate/indexers"
+	"github.com/kvgate/kvgate/kvkey"
 	"github.com/kvgate/kvgate/tokenize"
-	"github.com/kvgate/kvgate/workers"
 )
 
 // tierIndex is a plain linear-walk tiered block index (per block: the set of targets holding
@@ -21,21 +21,21 @@ import (
 // G3 extending G2, docs/ARCHITECTURE.md "The tiered index"). The decision benchmark runs it beside the real
 // indexers.Index as a worst-case matcher (no bisection: every block of the prompt is looked up).
 type tierIndex struct {
-	pos    map[workers.Target]int
-	blocks map[uint64]*tierEntry
+	pos    map[kvkey.Target]int
+	blocks map[kvkey.BlockHash]*tierEntry
 }
 
 type tierEntry struct{ g [3]uint64 } // bit per target position, ≤ 64 targets
 
-func newTierIndex(targets []workers.Target) *tierIndex {
-	ix := &tierIndex{pos: map[workers.Target]int{}, blocks: map[uint64]*tierEntry{}}
+func newTierIndex(targets []kvkey.Target) *tierIndex {
+	ix := &tierIndex{pos: map[kvkey.Target]int{}, blocks: map[kvkey.BlockHash]*tierEntry{}}
 	for i, t := range targets {
 		ix.pos[t] = i
 	}
 	return ix
 }
 
-func (ix *tierIndex) store(t workers.Target, tier int, hashes []uint64) {
+func (ix *tierIndex) store(t kvkey.Target, tier int, hashes []kvkey.BlockHash) {
 	bit := uint64(1) << ix.pos[t]
 	for _, h := range hashes {
 		e := ix.blocks[h]
@@ -47,7 +47,7 @@ func (ix *tierIndex) store(t workers.Target, tier int, hashes []uint64) {
 	}
 }
 
-func (ix *tierIndex) MatchTiers(hashes []uint64, targets []workers.Target, out []TierMatch) {
+func (ix *tierIndex) MatchTiers(hashes []kvkey.BlockHash, targets []kvkey.Target, out []indexers.TierMatch) {
 	var start, count [3][64]int32 // per tier and target bit: where its run began, its length
 	var alive [3]uint64           // targets whose run continues in tier k
 	if len(hashes) > 0 {
@@ -90,17 +90,17 @@ func (ix *tierIndex) MatchTiers(hashes []uint64, targets []workers.Target, out [
 	for i, t := range targets {
 		p, ok := ix.pos[t]
 		if !ok {
-			out[i] = TierMatch{}
+			out[i] = indexers.TierMatch{}
 			continue
 		}
-		out[i] = TierMatch{G1: int(count[0][p]), G2: int(count[1][p]), G3: int(count[2][p])}
+		out[i] = indexers.TierMatch{G1: int(count[0][p]), G2: int(count[1][p]), G3: int(count[2][p])}
 	}
 }
 
 // TestTierIndex checks the benchmark's stand-in index against a per-target reference walk, so
 // the benchmark measures a correct matcher.
 func TestTierIndex(t *testing.T) {
-	targets := make([]workers.Target, 6)
+	targets := make([]kvkey.Target, 6)
 	for i := range targets {
 		targets[i] = tgt(i)
 	}
@@ -115,9 +115,9 @@ func TestTierIndex(t *testing.T) {
 	ix.store(tgt(4), 0, p[:5])
 	ix.store(tgt(4), 2, p[5:9])
 	ix.store(tgt(5), 0, p[1:20]) // hole at block 0: nothing matches
-	out := make([]TierMatch, len(targets))
+	out := make([]indexers.TierMatch, len(targets))
 	ix.MatchTiers(p, targets, out)
-	want := []TierMatch{{G1: 30}, {G1: 10, G2: 15, G3: 15}, {G2: 12}, {G3: 7}, {G1: 5, G3: 4}, {}}
+	want := []indexers.TierMatch{{G1: 30}, {G1: 10, G2: 15, G3: 15}, {G2: 12}, {G3: 7}, {G1: 5, G3: 4}, {}}
 	for i := range want {
 		if out[i] != want[i] {
 			t.Errorf("target %d: %+v, want %+v", i, out[i], want[i])
@@ -135,7 +135,7 @@ func TestTierIndex(t *testing.T) {
 func BenchmarkKVDecision(b *testing.B) {
 	const nTargets, nBlocks = 64, 2048
 	cs := kvCands(nTargets)
-	targets := make([]workers.Target, nTargets)
+	targets := make([]kvkey.Target, nTargets)
 	for i, c := range cs {
 		targets[i] = c.Target
 	}
@@ -209,12 +209,12 @@ func BenchmarkKVDecision(b *testing.B) {
 		b.ReportMetric(float64(cpu[len(cpu)/2].Nanoseconds()), "cpu-p50-ns")
 		b.ReportMetric(float64(cpu[len(cpu)*99/100].Nanoseconds()), "cpu-p99-ns")
 	}
-	b.Run("indexers/match+score+pick", func(b *testing.B) { run(b, KVDeps{Matcher: IndexMatcher(realIx)}, false) })
+	b.Run("indexers/match+score+pick", func(b *testing.B) { run(b, KVDeps{Matcher: realIx}, false) })
 	b.Run("tierIndex/match+score+pick", func(b *testing.B) { run(b, KVDeps{Matcher: ix}, false) })
 	b.Run("approximate/match+score+pick", func(b *testing.B) { run(b, KVDeps{Approx: approx}, false) })
 	b.Run("policy-only", func(b *testing.B) { run(b, KVDeps{Matcher: fixedMatcher{}}, false) })
 	// With Begin and Done: the load accounting and NoteRouted that a routed request adds.
-	b.Run("indexers/match+score+pick+begin", func(b *testing.B) { run(b, KVDeps{Matcher: IndexMatcher(realIx)}, true) })
+	b.Run("indexers/match+score+pick+begin", func(b *testing.B) { run(b, KVDeps{Matcher: realIx}, true) })
 }
 
 // threadCPU is the calling OS thread's CPU time (the goroutine is locked to its thread).

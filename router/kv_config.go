@@ -2,6 +2,7 @@ package router
 
 import (
 	"github.com/kvgate/kvgate/confval"
+	"github.com/kvgate/kvgate/indexers"
 	"github.com/kvgate/kvgate/router/routerconfig"
 )
 
@@ -19,3 +20,8 @@ func DefaultKVConfig() KVConfig { return routerconfig.Default() }
 
 // validateKV checks cfg and names every problem by its full key ("router.decode_weight").
 func validateKV(cfg KVConfig) error { return confval.Prefix("router.", cfg.Validate()) }
+
+// NewApproxIndex returns the approximate index configured by cfg (indexers.NewApproxIndex).
+func NewApproxIndex(cfg ApproxConfig) *indexers.ApproxIndex {
+	return indexers.NewApproxIndex(cfg.TTL.D(), cfg.BlockBudget)
+}

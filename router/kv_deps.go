@@ -1,43 +1,30 @@
 package router
 
 import (
+	"github.com/kvgate/kvgate/indexers"
+	"github.com/kvgate/kvgate/kvkey"
 	"github.com/kvgate/kvgate/sessions"
-	"github.com/kvgate/kvgate/workers"
 )
 
-// TierMatch is how far a prompt's leading blocks are resident on one target: G1 counts the
-// leading blocks on GPU; G2 the blocks in host memory that extend the prefix beyond G1; G3 the
-// blocks on disk that extend it beyond G1+G2 (docs/ARCHITECTURE.md, "The tiered index").
-type TierMatch struct {
-	G1, G2, G3 int
-}
-
-// PrefixMatcher answers tiered prefix matches from the KV-event index. MatchTiers writes into
-// out[i] the match of hashes on targets[i] (zero for a target the index does not know);
-// len(out) == len(targets). It must be safe for concurrent use.
-type PrefixMatcher interface {
-	MatchTiers(hashes []uint64, targets []workers.Target, out []TierMatch)
-}
-
-// RoutedRecorder is a PrefixMatcher that also learns which prompt was routed where: the KV
+// RoutedRecorder is a Matcher that also learns which prompt was routed where: the KV
 // policy calls NoteRouted with the request's local and chained block hashes when a request is
 // begun on a target. It must be quick and safe for concurrent use, and may keep both slices.
 type RoutedRecorder interface {
-	NoteRouted(t workers.Target, local, seq []uint64)
+	NoteRouted(t kvkey.Target, local []uint64, seq []kvkey.BlockHash)
 }
 
 // EventHealth says whether a target's KV event stream is healthy, i.e. whether the event index
 // can be trusted for it. Targets for which it returns false are scored in approximate mode.
 // The indexers' subscriber state is meant to satisfy it.
 type EventHealth interface {
-	EventsHealthy(t workers.Target) bool
+	EventsHealthy(t kvkey.Target) bool
 }
 
 // EventHealthFunc adapts a function to EventHealth.
-type EventHealthFunc func(t workers.Target) bool
+type EventHealthFunc func(t kvkey.Target) bool
 
 // EventsHealthy calls f.
-func (f EventHealthFunc) EventsHealthy(t workers.Target) bool { return f(t) }
+func (f EventHealthFunc) EventsHealthy(t kvkey.Target) bool { return f(t) }
 
 // HintSource yields soft placement preferences for a request from session state (the sessions
 // package). Hints are credited as extra cached blocks; they never override busy thresholds.
@@ -46,11 +33,11 @@ type HintSource interface {
 }
 
 // PrefixHintSource is a HintSource that can also credit blocks it knows a target is computing
-// for a related session right now (sessions.Manager.HintsWithPrefix). When the KV policy's hint
+// for a related session right now (sessions.Tracker.HintsWithPrefix). When the KV policy's hint
 // source implements it, the policy calls it with the request's block hashes instead of Hints.
 type PrefixHintSource interface {
 	HintSource
-	HintsWithPrefix(sessionID, parentID string, hashes []uint64) []sessions.Hint
+	HintsWithPrefix(sessionID, parentID string, hashes []kvkey.BlockHash) []sessions.Hint
 }
 
 // Modes a target is scored in, as reported in CandidateScore.Mode.
@@ -64,9 +51,9 @@ const (
 // without Approx approximate targets get no overlap; without Load a private tracker is made;
 // without Hints no session preference applies.
 type KVDeps struct {
-	Matcher PrefixMatcher
+	Matcher indexers.Matcher // the exact, KV-event index (*indexers.Index)
 	Events  EventHealth
-	Approx  *ApproxIndex
+	Approx  *indexers.ApproxIndex
 	Load    *LoadTracker
 	Hints   HintSource
 }

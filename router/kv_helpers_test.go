@@ -7,14 +7,15 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvgate/kvgate/indexers"
+	"github.com/kvgate/kvgate/kvkey"
 	"github.com/kvgate/kvgate/sessions"
-	"github.com/kvgate/kvgate/workers"
 )
 
 // fixedMatcher answers every match with a fixed tier match per target (cost-function tests).
-type fixedMatcher map[workers.Target]TierMatch
+type fixedMatcher map[kvkey.Target]indexers.TierMatch
 
-func (m fixedMatcher) MatchTiers(_ []uint64, targets []workers.Target, out []TierMatch) {
+func (m fixedMatcher) MatchTiers(_ []kvkey.BlockHash, targets []kvkey.Target, out []indexers.TierMatch) {
 	for i, t := range targets {
 		out[i] = m[t]
 	}
@@ -25,14 +26,13 @@ type fixedHints []sessions.Hint
 
 func (h fixedHints) Hints(string, string) []sessions.Hint { return h }
 
-// fakeClock is a settable clock for TTL and staleness tests.
+// fakeClock is a settable clock for staleness tests.
 type fakeClock struct{ t time.Time }
 
-func (c *fakeClock) now() time.Time          { return c.t }
-func (c *fakeClock) advance(d time.Duration) { c.t = c.t.Add(d) }
+func (c *fakeClock) now() time.Time { return c.t }
 
-func tgt(i int) workers.Target {
-	return workers.Target{Worker: "http://127.0.0.1:81" + string(rune('0'+i/10)) + string(rune('0'+i%10)), DPRank: 0}
+func tgt(i int) kvkey.Target {
+	return kvkey.Target{Worker: "http://127.0.0.1:81" + string(rune('0'+i/10)) + string(rune('0'+i%10)), DPRank: 0}
 }
 
 func kvCands(n int) []Candidate {
@@ -44,15 +44,15 @@ func kvCands(n int) []Candidate {
 }
 
 // chain returns n distinct block hashes standing for one prompt's chain; base separates prompts.
-func chain(base uint64, n int) []uint64 {
-	h := make([]uint64, n)
+func chain(base uint64, n int) []kvkey.BlockHash {
+	h := make([]kvkey.BlockHash, n)
 	for i := range h {
-		h[i] = base<<32 | uint64(i+1)
+		h[i] = kvkey.BlockHash(base<<32 | uint64(i+1))
 	}
 	return h
 }
 
-func request(hashes []uint64) *Request {
+func request(hashes []kvkey.BlockHash) *Request {
 	return &Request{Model: "m", PromptTokens: len(hashes) * 16, BlockHashes: hashes, BlockSize: 16}
 }
 
@@ -86,7 +86,7 @@ func js(v any) string {
 }
 
 // pickAndBegin is Pick followed by Begin, the two steps the server takes for a proxied request.
-func pickAndBegin(ctx context.Context, e *Engine, req *Request, candidates []Candidate) (Decision, *Handle, error) {
+func pickAndBegin(ctx context.Context, e *Dispatcher, req *Request, candidates []Candidate) (Decision, *Handle, error) {
 	d, err := e.Pick(ctx, req, candidates)
 	if err != nil {
 		return Decision{}, nil, err

@@ -11,8 +11,8 @@ import (
 	zmq "github.com/pebbe/zmq4"
 
 	"github.com/kvgate/kvgate/indexers"
+	"github.com/kvgate/kvgate/kvkey"
 	"github.com/kvgate/kvgate/tokenize"
-	"github.com/kvgate/kvgate/workers"
 )
 
 // promptTokens returns n deterministic pseudo-random token ids; seed separates prompts.
@@ -31,7 +31,7 @@ func promptTokens(seed uint32, n int) []uint32 {
 // storeBlocks announces blocks [from, to) of tokens (block size 16) on target t in the given
 // medium, as vLLM would: one BlockStored whose parent is block from−1. ext gives the worker's
 // opaque hash of a block index.
-func storeBlocks(tb testing.TB, ix *indexers.Index, t workers.Target, medium string, tokens []uint32, from, to int, ext func(int) uint64) {
+func storeBlocks(tb testing.TB, ix *indexers.Index, t kvkey.Target, medium string, tokens []uint32, from, to int, ext func(int) uint64) {
 	tb.Helper()
 	e := &indexers.BlockStored{
 		TokenIDs:  tokens[from*16 : to*16],
@@ -49,9 +49,9 @@ func storeBlocks(tb testing.TB, ix *indexers.Index, t workers.Target, medium str
 	}
 }
 
-// TestIndexMatcher: the adapter maps the real index's tiered overlaps onto the candidates, and
+// TestIndexAsMatcher: the real index (indexers.Matcher) maps its tiered overlaps onto the candidates, and
 // the kv policy routes by them.
-func TestIndexMatcher(t *testing.T) {
+func TestIndexAsMatcher(t *testing.T) {
 	ix := indexers.NewIndex(indexers.Options{BlockSize: 16})
 	tokens := promptTokens(7, 64*16)
 	hashes := tokenize.BlockHashes(tokens, 16, tokenize.HashOptions{})
@@ -60,21 +60,21 @@ func TestIndexMatcher(t *testing.T) {
 	storeBlocks(t, ix, tgt(1), indexers.MediumGPU, tokens, 0, 10, ext(1))
 	storeBlocks(t, ix, tgt(1), indexers.MediumCPU, tokens, 10, 60, ext(1))
 	storeBlocks(t, ix, tgt(2), indexers.MediumDisk, tokens, 0, 64, ext(2))
-	for _, n := range []int{4, 40} { // both adapter paths: linear scan and map
+	for _, n := range []int{4, 40} { // both MatchTiers paths: linear scan and map
 		cs := kvCands(n)
-		targets := make([]workers.Target, n)
+		targets := make([]kvkey.Target, n)
 		for i, c := range cs {
 			targets[i] = c.Target
 		}
-		out := make([]TierMatch, n)
-		IndexMatcher(ix).MatchTiers(hashes, targets, out)
-		want := []TierMatch{{G1: 40}, {G1: 10, G2: 50}, {G3: 64}, {}}
+		out := make([]indexers.TierMatch, n)
+		ix.MatchTiers(hashes, targets, out)
+		want := []indexers.TierMatch{{G1: 40}, {G1: 10, G2: 50}, {G3: 64}, {}}
 		for i := range want {
 			if out[i] != want[i] {
 				t.Fatalf("n=%d target %d: %+v, want %+v", n, i, out[i], want[i])
 			}
 		}
-		p, err := NewKV(DefaultKVConfig(), KVDeps{Matcher: IndexMatcher(ix)})
+		p, err := NewKV(DefaultKVConfig(), KVDeps{Matcher: ix})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -89,11 +89,11 @@ func TestIndexMatcher(t *testing.T) {
 	}
 }
 
-// TestManagerHealth: a subscription is trusted once its SUB is connected to a live PUB; one
+// TestSubscriberHealth: a subscription is trusted once its SUB is connected to a live PUB; one
 // whose publisher is unreachable (connecting), a stopped one and an unknown target are scored
 // in approximate mode.
-func TestManagerHealth(t *testing.T) {
-	mgr, err := indexers.NewManager(indexers.NewIndex(indexers.Options{}), slog.New(slog.DiscardHandler))
+func TestSubscriberHealth(t *testing.T) {
+	mgr, err := indexers.NewSubscribers(indexers.NewIndex(indexers.Options{}), slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -122,9 +122,9 @@ func TestManagerHealth(t *testing.T) {
 	dead := fmt.Sprintf("tcp://%s", l.Addr())
 	_ = l.Close()
 
-	h := ManagerHealth(mgr)
+	h := SubscriberHealth(mgr)
 	live, down := tgt(0), tgt(1)
-	for tg, e := range map[workers.Target]string{live: ep, down: dead} {
+	for tg, e := range map[kvkey.Target]string{live: ep, down: dead} {
 		if err := mgr.Start(ctx, indexers.SubscriberConfig{Target: tg, Endpoint: e}); err != nil {
 			t.Fatal(err)
 		}
@@ -171,7 +171,7 @@ func TestBeginNotesRoutedPrompt(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			p := newTestKV(t, PolicyKV, DefaultKVConfig(), KVDeps{Matcher: IndexMatcher(ix)}, nil)
+			p := newTestKV(t, PolicyKV, DefaultKVConfig(), KVDeps{Matcher: ix}, nil)
 			req := request(seq)
 			req.LocalHashes = tc.local
 			d, err := p.Pick(context.Background(), req, cands)
@@ -186,8 +186,8 @@ func TestBeginNotesRoutedPrompt(t *testing.T) {
 			if rec, _ := ix.ChainRecoveries(chosen); rec != tc.recovered {
 				t.Fatalf("%d recoveries, want %d", rec, tc.recovered)
 			}
-			out := make([]TierMatch, len(cands))
-			IndexMatcher(ix).MatchTiers(seq, []workers.Target{chosen}, out[:1])
+			out := make([]indexers.TierMatch, len(cands))
+			ix.MatchTiers(seq, []kvkey.Target{chosen}, out[:1])
 			if out[0].G1 != tc.wantG1 {
 				t.Fatalf("G1 %d, want %d", out[0].G1, tc.wantG1)
 			}

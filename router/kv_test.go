@@ -6,8 +6,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvgate/kvgate/indexers"
+	"github.com/kvgate/kvgate/kvkey"
 	"github.com/kvgate/kvgate/sessions"
-	"github.com/kvgate/kvgate/workers"
 )
 
 // loadSpec puts load on a target before the decision: a request of otherBlocks blocks with
@@ -23,43 +24,43 @@ func TestKVCost(t *testing.T) {
 	const blocks = 128
 	cases := []struct {
 		name    string
-		matches map[int]TierMatch
+		matches map[int]indexers.TierMatch
 		load    map[int]loadSpec
 		cands   []int
 		want    int
 	}{
 		{name: "most overlap wins at equal load",
-			matches: map[int]TierMatch{0: {G1: 10}, 1: {G1: 50}, 2: {G1: 0}},
+			matches: map[int]indexers.TierMatch{0: {G1: 10}, 1: {G1: 50}, 2: {G1: 0}},
 			cands:   []int{0, 1, 2}, want: 1},
 		{name: "overlap still wins under load lighter than the overlap",
 			// target 0: 64 uncached + (16 prefill + 16 decode) load = 96 < 128 (idle, no overlap)
-			matches: map[int]TierMatch{0: {G1: 64}},
+			matches: map[int]indexers.TierMatch{0: {G1: 64}},
 			load:    map[int]loadSpec{0: {otherBlocks: 16}},
 			cands:   []int{0, 1}, want: 0},
 		{name: "loaded worker loses to idle once load outweighs overlap",
 			// target 0: 64 + (48 + 48) = 160 > 128
-			matches: map[int]TierMatch{0: {G1: 64}},
+			matches: map[int]indexers.TierMatch{0: {G1: 64}},
 			load:    map[int]loadSpec{0: {otherBlocks: 48}},
 			cands:   []int{0, 1}, want: 1},
 		{name: "past its first token the other request weighs only its blocks",
 			// target 0: 64 + 48 = 112 < 128
-			matches: map[int]TierMatch{0: {G1: 64}},
+			matches: map[int]indexers.TierMatch{0: {G1: 64}},
 			load:    map[int]loadSpec{0: {otherBlocks: 48, firstToken: true}},
 			cands:   []int{0, 1}, want: 0},
 		{name: "G2 hit beats a miss",
-			matches: map[int]TierMatch{1: {G2: 100}},
+			matches: map[int]indexers.TierMatch{1: {G2: 100}},
 			cands:   []int{1, 2}, want: 1},
 		{name: "GPU hit beats the same G2 hit",
-			matches: map[int]TierMatch{0: {G1: 100}, 1: {G2: 100}},
+			matches: map[int]indexers.TierMatch{0: {G1: 100}, 1: {G2: 100}},
 			cands:   []int{0, 1, 2}, want: 0},
 		{name: "G3 hit beats a miss",
-			matches: map[int]TierMatch{1: {G2: 100}, 2: {G3: 100}},
+			matches: map[int]indexers.TierMatch{1: {G2: 100}, 2: {G3: 100}},
 			cands:   []int{2, 3}, want: 2},
 		{name: "G2 hit beats the same G3 hit",
-			matches: map[int]TierMatch{1: {G2: 100}, 2: {G3: 100}},
+			matches: map[int]indexers.TierMatch{1: {G2: 100}, 2: {G3: 100}},
 			cands:   []int{1, 2, 3}, want: 1},
 		{name: "tier extension adds to G1",
-			matches: map[int]TierMatch{0: {G1: 60}, 1: {G1: 60, G2: 40}},
+			matches: map[int]indexers.TierMatch{0: {G1: 60}, 1: {G1: 60, G2: 40}},
 			cands:   []int{0, 1}, want: 1},
 	}
 	for _, tc := range cases {
@@ -210,7 +211,7 @@ func TestKVMetricsCorrection(t *testing.T) {
 func TestKVTiesSpread(t *testing.T) {
 	p := newTestKV(t, PolicyKV, DefaultKVConfig(), KVDeps{Matcher: fixedMatcher{}}, nil)
 	const n, picks = 4, 4000
-	count := map[workers.Target]int{}
+	count := map[kvkey.Target]int{}
 	for range picks {
 		d, err := p.Pick(context.Background(), request(chain(1, 32)), kvCands(n))
 		if err != nil {
@@ -233,7 +234,7 @@ func TestKVTemperature(t *testing.T) {
 	cfg := DefaultKVConfig()
 	cfg.Temperature = 1
 	p := newTestKV(t, PolicyKV, cfg, KVDeps{Matcher: fixedMatcher{tgt(0): {G1: 64}}}, nil)
-	count := map[workers.Target]int{}
+	count := map[kvkey.Target]int{}
 	for range 2000 {
 		d, _ := p.Pick(context.Background(), request(chain(1, 128)), kvCands(2))
 		count[d.Chosen.Target]++
@@ -294,7 +295,7 @@ func TestKVModes(t *testing.T) {
 	approx := NewApproxIndex(DefaultKVConfig().Approximate)
 	approx.Record(tgt(1), hashes[:40])
 	m := fixedMatcher{tgt(0): {G1: 10}, tgt(1): {G1: 64}} // the stale index claims 64 for target 1
-	healthy := EventHealthFunc(func(t workers.Target) bool { return t == tgt(0) })
+	healthy := EventHealthFunc(func(t kvkey.Target) bool { return t == tgt(0) })
 	p := newTestKV(t, PolicyKV, DefaultKVConfig(), KVDeps{Matcher: m, Events: healthy, Approx: approx}, nil)
 	d, _ := p.Pick(context.Background(), request(hashes), kvCands(3))
 	got := []CandidateScore{d.Candidates[0], d.Candidates[1], d.Candidates[2]}
@@ -345,10 +346,10 @@ func TestKVConfigValidate(t *testing.T) {
 // prefixHints implements PrefixHintSource and records the hashes it was given.
 type prefixHints struct {
 	fixedHints
-	got []uint64
+	got []kvkey.BlockHash
 }
 
-func (p *prefixHints) HintsWithPrefix(_, _ string, hashes []uint64) []sessions.Hint {
+func (p *prefixHints) HintsWithPrefix(_, _ string, hashes []kvkey.BlockHash) []sessions.Hint {
 	p.got = hashes
 	return append(p.fixedHints, sessions.Hint{Target: tgt(1), Rule: "sibling_prefix", Blocks: 30})
 }
@@ -370,5 +371,5 @@ func TestKVPrefixHints(t *testing.T) {
 	}
 }
 
-// The sessions manager is the production hint source.
-var _ PrefixHintSource = (*sessions.Manager)(nil)
+// The session tracker is the production hint source.
+var _ PrefixHintSource = (*sessions.Tracker)(nil)

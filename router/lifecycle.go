@@ -7,7 +7,7 @@ import (
 
 // Router is the one interface between the HTTP front (package server) and routing. The server
 // knows nothing else of the routing side: load accounting, the approximate index, session
-// updates and usage feedback all hang off the calls below. *Engine implements it.
+// updates and usage feedback all hang off the calls below. *Dispatcher implements it.
 //
 // Per client request the server calls Start once (before routing; the returned end once the
 // request is over, however it ended), then Route once per attempt (each retry on another
@@ -39,10 +39,10 @@ type Lifecycle interface {
 	Failed(err error)
 }
 
-// attempt is the Engine's Lifecycle: the load handle, the post-selection session update and
+// attempt is the Dispatcher's Lifecycle: the load handle, the post-selection session update and
 // the usage feedback of one routed attempt.
 type attempt struct {
-	e     *Engine
+	e     *Dispatcher
 	req   *Request
 	d     Decision
 	h     *Handle

@@ -6,7 +6,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/kvgate/kvgate/workers"
+	"github.com/kvgate/kvgate/kvkey"
 )
 
 // LoadTracker is the gateway's own view of the load on each target, Dynamo-style
@@ -16,7 +16,7 @@ import (
 // concurrent use; reads for scoring take no global lock.
 type LoadTracker struct {
 	mu      sync.RWMutex
-	targets map[workers.Target]*targetLoad
+	targets map[kvkey.Target]*targetLoad
 	expiry  time.Duration
 	now     func() time.Time
 }
@@ -36,7 +36,7 @@ type targetLoad struct {
 	finished atomic.Int64
 
 	mu     sync.RWMutex
-	blocks map[uint64]int32 // refcount per sequence hash of the prompts of active requests
+	blocks map[kvkey.BlockHash]int32 // refcount per sequence hash of the prompts of active requests
 	live   map[*Handle]struct{}
 }
 
@@ -59,7 +59,7 @@ type metricsMark struct {
 
 // mark reads t's counters; a scrape takes it before asking the worker, so that whatever ends
 // while the request is in flight is discounted from the (then already stale) report.
-func (lt *LoadTracker) mark(t workers.Target) metricsMark {
+func (lt *LoadTracker) mark(t kvkey.Target) metricsMark {
 	tl := lt.getOrCreate(t)
 	return metricsMark{released: tl.released.Load(), finished: tl.finished.Load(), set: true}
 }
@@ -78,9 +78,9 @@ type TargetLoad struct {
 type Handle struct {
 	lt      *LoadTracker
 	tl      *targetLoad
-	target  workers.Target
+	target  kvkey.Target
 	prefill int64
-	hashes  []uint64
+	hashes  []kvkey.BlockHash
 	started time.Time
 	stage   atomic.Int32 // stagePrefill → stageDecode → stageDone
 }
@@ -94,17 +94,17 @@ const (
 // NewLoadTracker returns a tracker that force-releases handles older than expiry (see
 // KVConfig.LoadExpiry) when Expire runs.
 func NewLoadTracker(expiry time.Duration) *LoadTracker {
-	return &LoadTracker{targets: make(map[workers.Target]*targetLoad), expiry: expiry, now: time.Now}
+	return &LoadTracker{targets: make(map[kvkey.Target]*targetLoad), expiry: expiry, now: time.Now}
 }
 
-func (lt *LoadTracker) get(t workers.Target) *targetLoad {
+func (lt *LoadTracker) get(t kvkey.Target) *targetLoad {
 	lt.mu.RLock()
 	tl := lt.targets[t]
 	lt.mu.RUnlock()
 	return tl
 }
 
-func (lt *LoadTracker) getOrCreate(t workers.Target) *targetLoad {
+func (lt *LoadTracker) getOrCreate(t kvkey.Target) *targetLoad {
 	if tl := lt.get(t); tl != nil {
 		return tl
 	}
@@ -112,7 +112,7 @@ func (lt *LoadTracker) getOrCreate(t workers.Target) *targetLoad {
 	defer lt.mu.Unlock()
 	tl := lt.targets[t]
 	if tl == nil {
-		tl = &targetLoad{blocks: make(map[uint64]int32), live: make(map[*Handle]struct{})}
+		tl = &targetLoad{blocks: make(map[kvkey.BlockHash]int32), live: make(map[*Handle]struct{})}
 		lt.targets[t] = tl
 	}
 	return tl
@@ -121,7 +121,7 @@ func (lt *LoadTracker) getOrCreate(t workers.Target) *targetLoad {
 // Begin accounts a request routed to t: its prompt tokens not expected to be cached
 // (prompt − cachedBlocks×block size) as prefill in flight, and its prompt blocks as held. The
 // handle keeps req.BlockHashes until Done; the caller must not modify that slice meanwhile.
-func (lt *LoadTracker) Begin(t workers.Target, req *Request, cachedBlocks int) *Handle {
+func (lt *LoadTracker) Begin(t kvkey.Target, req *Request, cachedBlocks int) *Handle {
 	tl := lt.getOrCreate(t)
 	prefill := int64(req.PromptTokens - cachedBlocks*blockSizeOf(req))
 	if prefill < 0 {
@@ -143,7 +143,7 @@ func (lt *LoadTracker) Begin(t workers.Target, req *Request, cachedBlocks int) *
 }
 
 // Target is the target the handle's load is accounted on.
-func (h *Handle) Target() workers.Target { return h.target }
+func (h *Handle) Target() kvkey.Target { return h.target }
 
 // FirstToken moves the request from prefill to decode: its prompt tokens stop counting as
 // prefill in flight; its blocks stay held until Done.
@@ -187,7 +187,7 @@ func (h *Handle) Done() {
 }
 
 // Load returns the gateway's accounting of t (zero for a target never seen).
-func (lt *LoadTracker) Load(t workers.Target) TargetLoad {
+func (lt *LoadTracker) Load(t kvkey.Target) TargetLoad {
 	tl := lt.get(t)
 	if tl == nil {
 		return TargetLoad{}
@@ -208,7 +208,7 @@ func (tl *targetLoad) snapshot() TargetLoad {
 // on the target. The held set is prefix-closed (each request holds its whole chain, and a
 // chained hash names its whole prefix), so membership is monotone along the chain and a binary
 // search needs only log2(len) lookups.
-func (tl *targetLoad) sharedActive(hashes []uint64) int {
+func (tl *targetLoad) sharedActive(hashes []kvkey.BlockHash) int {
 	if tl.uniqueBlocks.Load() == 0 || len(hashes) == 0 {
 		return 0
 	}
@@ -225,7 +225,7 @@ func (tl *targetLoad) sharedActive(hashes []uint64) int {
 }
 
 // UpdateMetrics records a worker's own report for target t; scoring uses it while it is fresh.
-func (lt *LoadTracker) UpdateMetrics(t workers.Target, m WorkerMetrics) {
+func (lt *LoadTracker) UpdateMetrics(t kvkey.Target, m WorkerMetrics) {
 	if m.At.IsZero() {
 		m.At = lt.now()
 	}
@@ -245,7 +245,7 @@ func (tl *targetLoad) sinceSample(m WorkerMetrics) (activeBlocks, requests float
 }
 
 // Metrics returns the last report for t if it is not older than maxAge.
-func (lt *LoadTracker) Metrics(t workers.Target, maxAge time.Duration) (WorkerMetrics, bool) {
+func (lt *LoadTracker) Metrics(t kvkey.Target, maxAge time.Duration) (WorkerMetrics, bool) {
 	tl := lt.get(t)
 	if tl == nil {
 		return WorkerMetrics{}, false

@@ -13,10 +13,11 @@ import (
 	"sync"
 	"time"
 
-	"github.com/kvgate/kvgate/workers"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
+
+	"github.com/kvgate/kvgate/kvkey"
 )
 
 // maxMetricsBody bounds how much of one /metrics response is read.
@@ -141,7 +142,7 @@ func (lt *LoadTracker) feedMetrics(worker string, ranks []int, body io.Reader, s
 				KVUsage: shared.KVUsage, NumGPUBlocks: shared.NumGPUBlocks}
 		}
 		m.At, m.mark = sent, marks[r]
-		lt.UpdateMetrics(workers.Target{Worker: worker, DPRank: r}, m)
+		lt.UpdateMetrics(kvkey.Target{Worker: worker, DPRank: r}, m)
 	}
 	return nil
 }
@@ -152,7 +153,7 @@ type Scraper struct {
 	Client   *http.Client
 	Interval time.Duration
 	// Targets lists the targets to scrape; it is called on every round so the fleet may change.
-	Targets func() []workers.Target
+	Targets func() []kvkey.Target
 	Log     *slog.Logger
 }
 
@@ -213,7 +214,7 @@ func (s *Scraper) scrape(ctx context.Context, worker string, ranks []int) error 
 	sent := s.Tracker.now()
 	marks := make(map[int]metricsMark, len(ranks))
 	for _, r := range ranks {
-		marks[r] = s.Tracker.mark(workers.Target{Worker: worker, DPRank: r})
+		marks[r] = s.Tracker.mark(kvkey.Target{Worker: worker, DPRank: r})
 	}
 	resp, err := client.Do(req)
 	if err != nil {

@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvgate/kvgate/workers"
+	"github.com/kvgate/kvgate/kvkey"
 )
 
 // vllmMetrics is shaped like a vLLM v1 /metrics page with two DP engines.
@@ -76,7 +76,7 @@ func TestFeedMetricsRanks(t *testing.T) {
 				t.Fatal(err)
 			}
 			for r, w := range tc.want {
-				got, ok := lt.Metrics(workers.Target{Worker: "http://w", DPRank: r}, time.Minute)
+				got, ok := lt.Metrics(kvkey.Target{Worker: "http://w", DPRank: r}, time.Minute)
 				got.At, got.mark = time.Time{}, metricsMark{}
 				if !ok || got != w {
 					t.Errorf("rank %d: %+v (fresh %v), want %+v", r, got, ok, w)
@@ -100,8 +100,8 @@ func TestScraper(t *testing.T) {
 	}))
 	defer dead.Close()
 	lt := NewLoadTracker(time.Hour)
-	targets := []workers.Target{{Worker: srv.URL, DPRank: 0}, {Worker: srv.URL, DPRank: 1}, {Worker: dead.URL}}
-	s := &Scraper{Tracker: lt, Interval: time.Second, Targets: func() []workers.Target { return targets }}
+	targets := []kvkey.Target{{Worker: srv.URL, DPRank: 0}, {Worker: srv.URL, DPRank: 1}, {Worker: dead.URL}}
+	s := &Scraper{Tracker: lt, Interval: time.Second, Targets: func() []kvkey.Target { return targets }}
 	s.ScrapeOnce(context.Background())
 	if m, ok := lt.Metrics(targets[0], time.Minute); !ok || m.Waiting != 2 || m.Running != 4 {
 		t.Fatalf("rank 0: %+v %v", m, ok)

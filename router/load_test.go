@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvgate/kvgate/workers"
+	"github.com/kvgate/kvgate/kvkey"
 )
 
 func TestLoadHandleLifecycle(t *testing.T) {
@@ -46,7 +46,7 @@ func TestLoadSharedBlocksCountOnce(t *testing.T) {
 	hashes := chain(1, 10)
 	h1 := lt.Begin(tgt(0), request(hashes), 0)
 	h2 := lt.Begin(tgt(0), request(hashes[:6]), 0)
-	h3 := lt.Begin(tgt(0), request(append(append([]uint64{}, hashes[:4]...), chain(2, 3)...)), 0)
+	h3 := lt.Begin(tgt(0), request(append(append([]kvkey.BlockHash{}, hashes[:4]...), chain(2, 3)...)), 0)
 	if got := lt.Load(tgt(0)).ActiveBlocks; got != 13 {
 		t.Fatalf("active blocks %d, want 10 + 3 distinct", got)
 	}
@@ -119,7 +119,7 @@ func sseUpstream(t *testing.T, chunks int) *httptest.Server {
 
 // relay does what the gateway's proxy does with a handle: route, stream, mark the first token
 // at the first event, release at the end whatever happens.
-func relay(ctx context.Context, e *Engine, req *Request, cs []Candidate, url string) error {
+func relay(ctx context.Context, e *Dispatcher, req *Request, cs []Candidate, url string) error {
 	_, h, err := pickAndBegin(ctx, e, req, cs)
 	if err != nil {
 		return err
@@ -166,7 +166,7 @@ func TestLoadReturnsToZeroAfterStreams(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e, err := NewEngine(EngineOptions{KV: p})
+	e, err := NewDispatcher(DispatcherOptions{KV: p})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -221,7 +221,7 @@ func TestLoadConcurrentHandles(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			h := lt.Begin(workers.Target{Worker: "w", DPRank: i % 2}, request(chain(uint64(i%3), 32)), i%4)
+			h := lt.Begin(kvkey.Target{Worker: "w", DPRank: i % 2}, request(chain(uint64(i%3), 32)), i%4)
 			var inner sync.WaitGroup
 			inner.Add(2)
 			go func() { defer inner.Done(); h.FirstToken() }()
@@ -232,7 +232,7 @@ func TestLoadConcurrentHandles(t *testing.T) {
 	}
 	wg.Wait()
 	for r := range 2 {
-		if got := lt.Load(workers.Target{Worker: "w", DPRank: r}); got != (TargetLoad{}) {
+		if got := lt.Load(kvkey.Target{Worker: "w", DPRank: r}); got != (TargetLoad{}) {
 			t.Fatalf("rank %d: %+v", r, got)
 		}
 	}
@@ -285,9 +285,9 @@ func TestScraperMarksBeforeSending(t *testing.T) {
 			"vllm:cache_config_info{block_size=\"16\",num_gpu_blocks=\"1000\"} 1\n")
 	}))
 	defer srv.Close()
-	target := workers.Target{Worker: srv.URL}
+	target := kvkey.Target{Worker: srv.URL}
 	h = lt.Begin(target, request(chain(1, 80)), 0)
-	s := &Scraper{Tracker: lt, Client: srv.Client(), Interval: time.Second, Targets: func() []workers.Target { return []workers.Target{target} }}
+	s := &Scraper{Tracker: lt, Client: srv.Client(), Interval: time.Second, Targets: func() []kvkey.Target { return []kvkey.Target{target} }}
 	s.ScrapeOnce(context.Background())
 	m, ok := lt.Metrics(target, time.Minute)
 	if !ok || m.NumGPUBlocks != 1000 {

@@ -4,7 +4,7 @@ import (
 	"context"
 	"net/http"
 
-	"github.com/kvgate/kvgate/workers"
+	"github.com/kvgate/kvgate/kvkey"
 )
 
 // Request is what a policy sees of one request. Fields a policy does not need may be empty:
@@ -12,7 +12,7 @@ import (
 type Request struct {
 	Model        string
 	PromptTokens int
-	BlockHashes  []uint64 // chained block hashes of the prompt's full blocks (tokenize.BlockHashes)
+	BlockHashes  []kvkey.BlockHash // chained block hashes of the prompt's full blocks (tokenize.BlockHashes)
 	// LocalHashes are the same blocks' unchained hashes (tokenize.LocalHashes), aligned with
 	// BlockHashes, or nil. The event index remembers them for the chosen target to recover the
 	// chain of stores whose parent it lost (indexers.Index.NoteRouted).
@@ -28,13 +28,13 @@ type Request struct {
 
 // Candidate is a healthy routing target the policy may choose, with the load the gateway sees.
 type Candidate struct {
-	workers.Target
+	kvkey.Target
 	InFlight int // requests the gateway has in flight to this target
 }
 
 // CandidateScore is one row of a decision record: what the policy saw of a target.
 type CandidateScore struct {
-	workers.Target
+	kvkey.Target
 	Mode     string  `json:"mode,omitempty"` // "events" or "approximate" for KV-aware policies
 	G1Blocks int     `json:"g1_blocks"`
 	G2Blocks int     `json:"g2_blocks"`
@@ -45,7 +45,7 @@ type CandidateScore struct {
 
 // Choice names the chosen target and why it won.
 type Choice struct {
-	workers.Target
+	kvkey.Target
 	Reason string `json:"reason"`
 }
 

@@ -58,10 +58,10 @@ func New(name string, opts Options) (Policy, error) {
 	return f(opts)
 }
 
-// Build builds the policy called name and the Engine that runs it: a KV-aware policy goes into
+// Build builds the policy called name and the Dispatcher that runs it: a KV-aware policy goes into
 // eo.KV, any other into eo.Policy (whatever eo held there is replaced). Errors building the
 // policy are New's (an unknown name) or the KV policy's (its config).
-func Build(name string, o Options, eo EngineOptions) (*Engine, error) {
+func Build(name string, o Options, eo DispatcherOptions) (*Dispatcher, error) {
 	eo.Policy, eo.KV = nil, nil
 	var err error
 	switch name {
@@ -75,5 +75,5 @@ func Build(name string, o Options, eo EngineOptions) (*Engine, error) {
 	if err != nil {
 		return nil, err
 	}
-	return NewEngine(eo)
+	return NewDispatcher(eo)
 }

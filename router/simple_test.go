@@ -5,13 +5,13 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kvgate/kvgate/workers"
+	"github.com/kvgate/kvgate/kvkey"
 )
 
 func cands(loads ...int) []Candidate {
 	out := make([]Candidate, len(loads))
 	for i, l := range loads {
-		out[i] = Candidate{Target: workers.Target{Worker: string(rune('a' + i)), DPRank: 0}, InFlight: l}
+		out[i] = Candidate{Target: kvkey.Target{Worker: string(rune('a' + i)), DPRank: 0}, InFlight: l}
 	}
 	return out
 }

@@ -10,8 +10,8 @@ import (
 
 	"github.com/gin-gonic/gin"
 
+	"github.com/kvgate/kvgate/kvkey"
 	"github.com/kvgate/kvgate/router"
-	"github.com/kvgate/kvgate/workers"
 )
 
 // routeDebug is the body of POST /debug/route: the decision record (fixed fields; README,
@@ -99,11 +99,11 @@ type workersDebug struct {
 func (s *Server) handleDebugWorkers(c *gin.Context) {
 	out := workersDebug{Policy: s.router.Name(), BlockSize: s.cfg.BlockSize, Targets: []targetView{},
 		FleetView: s.router.DebugFleet()}
-	var ts []workers.Target
+	var ts []kvkey.Target
 	for _, w := range s.reg.Workers() {
 		st := w.Status()
 		for rank := range w.DPSize() {
-			ts = append(ts, workers.Target{Worker: w.URL(), DPRank: rank})
+			ts = append(ts, kvkey.Target{Worker: w.URL(), DPRank: rank})
 			out.Targets = append(out.Targets, targetView{Worker: w.URL(), DPRank: rank, Healthy: st.Healthy,
 				State: st.State, LastError: st.LastError, InFlight: w.InFlight(rank), KVEvents: w.Config().KVEvents})
 		}

@@ -10,8 +10,8 @@ import (
 
 	"github.com/kvgate/kvgate/configs"
 	"github.com/kvgate/kvgate/indexers"
+	"github.com/kvgate/kvgate/kvkey"
 	"github.com/kvgate/kvgate/router"
-	"github.com/kvgate/kvgate/workers"
 )
 
 // The debug endpoints answer for the simple policies too: the dry run detects chat and
@@ -77,7 +77,7 @@ func TestDebugEndpointsSimplePolicy(t *testing.T) {
 // endpoints read only the Router's views.
 type debugRouter struct{ router.Router }
 
-func (debugRouter) DebugTargets(ts []workers.Target) []router.TargetView {
+func (debugRouter) DebugTargets(ts []kvkey.Target) []router.TargetView {
 	out := make([]router.TargetView, len(ts))
 	for i, t := range ts {
 		out[i] = router.TargetView{Mode: "events", IndexBlocks: 10*i + t.DPRank + 1}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/configs"
+	"github.com/kvgate/kvgate/kvkey"
 	"github.com/kvgate/kvgate/router"
 )
 
@@ -221,7 +222,7 @@ func (e *spyEnricher) Enrich(_ context.Context, in *Inbound, req *router.Request
 	if in.Chat == nil || len(in.Chat.Messages) == 0 {
 		return nil
 	}
-	req.PromptTokens, req.BlockHashes = 48, []uint64{1, 2, 3}
+	req.PromptTokens, req.BlockHashes = 48, []kvkey.BlockHash{1, 2, 3}
 	return nil
 }
 

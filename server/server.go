@@ -32,7 +32,7 @@ type RequestEnricher interface {
 type Options struct {
 	Config   configs.Config
 	Registry *workers.Registry
-	// Router is the routing side (a *router.Engine): the server calls Start per request,
+	// Router is the routing side (a *router.Dispatcher): the server calls Start per request,
 	// Route per attempt and reports the attempt's steps on its Lifecycle; the debug endpoints
 	// read its views.
 	Router   router.Router

@@ -8,10 +8,10 @@ import (
 	"github.com/kvgate/kvgate/router"
 )
 
-// routerFor wraps a policy in a router.Engine, the router the gateway builds for any policy.
+// routerFor wraps a policy in a router.Dispatcher, the router the gateway builds for any policy.
 func routerFor(t testing.TB, p router.Policy) router.Router {
 	t.Helper()
-	e, err := router.NewEngine(router.EngineOptions{Policy: p})
+	e, err := router.NewDispatcher(router.DispatcherOptions{Policy: p})
 	if err != nil {
 		t.Fatal(err)
 	}

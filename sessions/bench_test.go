@@ -12,9 +12,9 @@ import (
 // index alone: every prefix is resident and the residency version never moves.
 type allResident struct{}
 
-func (allResident) ResidencyVersion(kvkey.Target) uint64      { return 0 }
-func (allResident) IsResidentG1(kvkey.Target, uint64) bool    { return true }
-func (allResident) DeepestG1(_ kvkey.Target, hs []uint64) int { return len(hs) }
+func (allResident) ResidencyVersion(kvkey.Target) uint64               { return 0 }
+func (allResident) IsResidentG1(kvkey.Target, kvkey.BlockHash) bool    { return true }
+func (allResident) DeepestG1(_ kvkey.Target, hs []kvkey.BlockHash) int { return len(hs) }
 
 const (
 	benchChain     = 256 // blocks per session chain
@@ -24,15 +24,15 @@ const (
 )
 
 // benchChains returns per session a 256-block chain: 128 shared blocks, then 128 of its own.
-func benchChains() [][]uint64 {
-	out := make([][]uint64, benchFrontiers)
+func benchChains() [][]kvkey.BlockHash {
+	out := make([][]kvkey.BlockHash, benchFrontiers)
 	for s := range out {
-		c := make([]uint64, benchChain)
+		c := make([]kvkey.BlockHash, benchChain)
 		for i := range c {
 			if i < benchShared {
-				c[i] = uint64(1 + i)
+				c[i] = kvkey.BlockHash(1 + i)
 			} else {
-				c[i] = uint64(1_000_000*(s+1) + i)
+				c[i] = kvkey.BlockHash(1_000_000*(s+1) + i)
 			}
 		}
 		out[s] = c
@@ -47,9 +47,9 @@ func benchTarget(s int) kvkey.Target {
 // prefixResident is an index stub that reports the first n blocks of any prompt resident.
 type prefixResident struct{ n int }
 
-func (*prefixResident) ResidencyVersion(kvkey.Target) uint64   { return 0 }
-func (*prefixResident) IsResidentG1(kvkey.Target, uint64) bool { return true }
-func (p *prefixResident) DeepestG1(_ kvkey.Target, hs []uint64) int {
+func (*prefixResident) ResidencyVersion(kvkey.Target) uint64            { return 0 }
+func (*prefixResident) IsResidentG1(kvkey.Target, kvkey.BlockHash) bool { return true }
+func (p *prefixResident) DeepestG1(_ kvkey.Target, hs []kvkey.BlockHash) int {
 	return min(p.n, len(hs))
 }
 
@@ -66,7 +66,7 @@ func BenchmarkOnRouted(b *testing.B) {
 		b.Run(mode, func(b *testing.B) {
 			inflight := mode == "advance+inflight"
 			idx := &prefixResident{}
-			m, err := New(Config{SiblingPrefix: &inflight}, idx, nil)
+			m, err := New(withSiblingPrefix(inflight), idx, nil)
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -75,7 +75,7 @@ func BenchmarkOnRouted(b *testing.B) {
 			ids := make([]string, benchFrontiers)
 			gen := make([]int, benchFrontiers)
 			turn := make([]int, benchFrontiers)
-			// Session ids for restarts are made up front so the loop measures the manager only.
+			// Session ids for restarts are made up front so the loop measures the tracker only.
 			names := make([][]string, benchFrontiers)
 			for s := range ids {
 				targets[s] = benchTarget(s)
@@ -117,7 +117,7 @@ func BenchmarkOnRouted(b *testing.B) {
 // first, one block per event as vLLM sends them. Reports blocks/s.
 func BenchmarkStoredChainReplay(b *testing.B) {
 	chains := benchChains()
-	m, err := New(Config{}, allResident{}, nil)
+	m, err := New(Defaults(), allResident{}, nil)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -137,7 +137,7 @@ func BenchmarkStoredChainReplay(b *testing.B) {
 		for s, c := range chains {
 			t := targets[s]
 			for lo := 0; lo < len(c); lo += 16 {
-				var parent uint64
+				var parent kvkey.BlockHash
 				if lo > 0 {
 					parent = c[lo-1]
 				}
@@ -174,16 +174,16 @@ func BenchmarkMemoryPerSession(b *testing.B) {
 				runtime.GC()
 				var before, after runtime.MemStats
 				runtime.ReadMemStats(&before)
-				m, err := New(Config{SiblingPrefix: &off}, allResident{}, nil)
+				m, err := New(withSiblingPrefix(off), allResident{}, nil)
 				if err != nil {
 					b.Fatal(err)
 				}
-				c := make([]uint64, benchChain)
+				c := make([]kvkey.BlockHash, benchChain)
 				for s := 0; s < n; s++ {
 					for k := range c {
-						c[k] = uint64(1 + k)
+						c[k] = kvkey.BlockHash(1 + k)
 						if mode == "own128" && k >= benchShared {
-							c[k] = uint64(1_000_000*(s+1) + k)
+							c[k] = kvkey.BlockHash(1_000_000*(s+1) + k)
 						}
 					}
 					m.OnRouted(fmt.Sprint("session-", s), benchTarget(s), c)
@@ -203,7 +203,7 @@ func BenchmarkMemoryPerSession(b *testing.B) {
 // (HintsWithPrefix walks their union once per target and binary-searches the new prompt).
 func BenchmarkHints(b *testing.B) {
 	on := true
-	m, err := New(Config{SiblingPrefix: &on}, &prefixResident{n: benchShared}, nil)
+	m, err := New(withSiblingPrefix(on), &prefixResident{n: benchShared}, nil)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -3,6 +3,7 @@ package sessions
 import (
 	"errors"
 	"fmt"
+	"math"
 	"time"
 )
 
@@ -28,7 +29,10 @@ const (
 	RuleSiblingPrefix = "sibling_prefix"
 )
 
-// Config holds the session settings. Zero values are replaced by the defaults in Defaults.
+// Config holds the session settings. Every field is used as given: zero is a value, not "use
+// the default" (AffinityBlocks 0 or ParentBlocks 0 turn that hint off, MaxLineageBlocks 0
+// records the whole prefix), as in every kvgate config struct; start from Defaults and change
+// what differs. Identity keeps IdentityConfig's own rule (a nil list is the built-in list).
 type Config struct {
 	// MaxSessions bounds tracked sessions; the least recently used is evicted at the cap.
 	MaxSessions int `yaml:"max_sessions" json:"max_sessions"`
@@ -39,20 +43,20 @@ type Config struct {
 	// MaxFrontiersPerSession bounds a session's frontier nodes over all targets.
 	MaxFrontiersPerSession int `yaml:"max_frontiers_per_session" json:"max_frontiers_per_session"`
 	// AffinityBlocks is the strength of session affinity, in prompt blocks of credit. Larger keeps a
-	// session on its worker against bigger load differences; 0 takes the default, negative disables.
+	// session on its worker against bigger load differences; 0 turns affinity off.
 	AffinityBlocks float64 `yaml:"affinity_blocks" json:"affinity_blocks"`
 	// ParentAware turns parent-aware placement on for requests that carry a parent session id.
-	ParentAware *bool `yaml:"parent_aware" json:"parent_aware"`
+	ParentAware bool `yaml:"parent_aware" json:"parent_aware"`
 	// ParentMode chooses whose placement a new child follows: parent, lineage_root or sibling_group.
 	ParentMode string `yaml:"parent_mode" json:"parent_mode"`
-	// ParentBlocks is the strength of a parent-aware hint, in prompt blocks of credit (0 takes the
-	// default, negative disables the hint while keeping group bookkeeping).
+	// ParentBlocks is the strength of a parent-aware hint, in prompt blocks of credit; 0 turns the
+	// hint off while keeping group bookkeeping.
 	ParentBlocks float64 `yaml:"parent_blocks" json:"parent_blocks"`
 	// GroupTargets bounds how many targets a sibling group remembers (the warmed workers a spilled
 	// group keeps preferring instead of scattering to cold ones).
 	GroupTargets int `yaml:"group_targets" json:"group_targets"`
 	// SiblingPrefix turns on credit for in-flight prompt blocks of the parent and siblings.
-	SiblingPrefix *bool `yaml:"sibling_prefix" json:"sibling_prefix"`
+	SiblingPrefix bool `yaml:"sibling_prefix" json:"sibling_prefix"`
 	// PendingTTL is how long an in-flight prompt is credited before its KV events are expected.
 	PendingTTL time.Duration `yaml:"pending_ttl" json:"pending_ttl"`
 	// MaxLineageBlocks caps the blocks a route-time update records (the deepest ones); the first
@@ -64,67 +68,24 @@ type Config struct {
 
 // Defaults returns the default configuration.
 func Defaults() Config {
-	on := true
-	on2 := true
 	return Config{
 		MaxSessions:            16384,
 		MaxNodes:               1 << 20,
 		MaxFrontiersPerTarget:  4,
 		MaxFrontiersPerSession: 32,
 		AffinityBlocks:         16,
-		ParentAware:            &on,
+		ParentAware:            true,
 		ParentMode:             PlaceParent,
 		ParentBlocks:           16,
 		GroupTargets:           2,
-		SiblingPrefix:          &on2,
+		SiblingPrefix:          true,
 		PendingTTL:             30 * time.Second,
 		Identity:               DefaultIdentity(),
 	}
 }
 
-// withDefaults fills zero fields from Defaults.
-func (c Config) withDefaults() Config {
-	d := Defaults()
-	if c.MaxSessions == 0 {
-		c.MaxSessions = d.MaxSessions
-	}
-	if c.MaxNodes == 0 {
-		c.MaxNodes = d.MaxNodes
-	}
-	if c.MaxFrontiersPerTarget == 0 {
-		c.MaxFrontiersPerTarget = d.MaxFrontiersPerTarget
-	}
-	if c.MaxFrontiersPerSession == 0 {
-		c.MaxFrontiersPerSession = d.MaxFrontiersPerSession
-	}
-	if c.ParentAware == nil {
-		c.ParentAware = d.ParentAware
-	}
-	if c.AffinityBlocks == 0 {
-		c.AffinityBlocks = d.AffinityBlocks
-	}
-	if c.ParentBlocks == 0 {
-		c.ParentBlocks = d.ParentBlocks
-	}
-	if c.ParentMode == "" {
-		c.ParentMode = d.ParentMode
-	}
-	if c.GroupTargets == 0 {
-		c.GroupTargets = d.GroupTargets
-	}
-	if c.SiblingPrefix == nil {
-		c.SiblingPrefix = d.SiblingPrefix
-	}
-	if c.PendingTTL == 0 {
-		c.PendingTTL = d.PendingTTL
-	}
-	c.Identity = c.Identity.withDefaults()
-	return c
-}
-
-// Validate reports the first invalid setting (after defaults are applied).
+// Validate reports every invalid setting, the config taken as given.
 func (c Config) Validate() error {
-	c = c.withDefaults()
 	var errs []error
 	if c.MaxSessions < 1 {
 		errs = append(errs, fmt.Errorf("sessions.max_sessions must be >= 1, got %d", c.MaxSessions))
@@ -135,6 +96,12 @@ func (c Config) Validate() error {
 	if c.MaxFrontiersPerTarget < 1 || c.MaxFrontiersPerSession < c.MaxFrontiersPerTarget {
 		errs = append(errs, fmt.Errorf("sessions: need 1 <= max_frontiers_per_target (%d) <= max_frontiers_per_session (%d)",
 			c.MaxFrontiersPerTarget, c.MaxFrontiersPerSession))
+	}
+	if !(c.AffinityBlocks >= 0) || math.IsInf(c.AffinityBlocks, 0) {
+		errs = append(errs, fmt.Errorf("sessions.affinity_blocks must be a finite number >= 0 (0 turns affinity off), got %v", c.AffinityBlocks))
+	}
+	if !(c.ParentBlocks >= 0) || math.IsInf(c.ParentBlocks, 0) {
+		errs = append(errs, fmt.Errorf("sessions.parent_blocks must be a finite number >= 0 (0 turns the hint off), got %v", c.ParentBlocks))
 	}
 	switch c.ParentMode {
 	case PlaceParent, PlaceLineageRoot, PlaceSiblingGroup:

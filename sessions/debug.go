@@ -10,9 +10,9 @@ import (
 
 // Frontier is one of a session's deepest blocks known resident on a target.
 type Frontier struct {
-	Target  kvkey.Target `json:"target"`
-	Hash    uint64       `json:"-"`
-	HashHex string       `json:"hash"`
+	Target  kvkey.Target    `json:"target"`
+	Hash    kvkey.BlockHash `json:"-"`
+	HashHex string          `json:"hash"`
 	// Depth counts blocks from the lineage's top down to the frontier, inclusive.
 	Depth int `json:"depth"`
 	// Rooted is false when the top is a temporary root (the blocks above it are not known yet).
@@ -53,7 +53,7 @@ type HintView struct {
 }
 
 // Frontiers returns the session's frontiers on every target (nil for an unknown session).
-func (m *Manager) Frontiers(sessionID string) []Frontier {
+func (m *Tracker) Frontiers(sessionID string) []Frontier {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	s, _, ok := m.lookup(sessionID)
@@ -66,14 +66,14 @@ func (m *Manager) Frontiers(sessionID string) []Frontier {
 // Lineage returns, for each of the session's frontiers on target, the block hashes from the root
 // down to the frontier; with anchor non-nil, from that block down, skipping frontiers whose path
 // does not contain it.
-func (m *Manager) Lineage(sessionID string, target kvkey.Target, anchor *uint64) [][]uint64 {
+func (m *Tracker) Lineage(sessionID string, target kvkey.Target, anchor *kvkey.BlockHash) [][]kvkey.BlockHash {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	s, _, ok := m.lookup(sessionID)
 	if !ok {
 		return nil
 	}
-	var out [][]uint64
+	var out [][]kvkey.BlockHash
 	for _, fr := range s.frontiers {
 		if fr.target != target {
 			continue
@@ -82,7 +82,7 @@ func (m *Manager) Lineage(sessionID string, target kvkey.Target, anchor *uint64)
 		if !ok {
 			continue
 		}
-		var a uint64
+		var a kvkey.BlockHash
 		if anchor != nil {
 			a = *anchor
 		}
@@ -94,7 +94,7 @@ func (m *Manager) Lineage(sessionID string, target kvkey.Target, anchor *uint64)
 }
 
 // Debug returns the debug view of a session; withLineage adds every frontier's block lineage.
-func (m *Manager) Debug(sessionID string, withLineage bool) (SessionView, bool) {
+func (m *Tracker) Debug(sessionID string, withLineage bool) (SessionView, bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	s, _, ok := m.lookup(sessionID)
@@ -139,7 +139,7 @@ func (m *Manager) Debug(sessionID string, withLineage bool) (SessionView, bool) 
 	return v, true
 }
 
-func (m *Manager) frontierViews(s *session, withLineage bool) []Frontier {
+func (m *Tracker) frontierViews(s *session, withLineage bool) []Frontier {
 	out := make([]Frontier, 0, len(s.frontiers))
 	for _, fr := range s.frontiers {
 		slot, ok := m.f.resolve(fr.node)

@@ -3,10 +3,10 @@
 //
 // Lock order (a lock may be taken while holding the ones listed before it, never the reverse):
 //
-//  1. Manager.mu, the state lock: identity slab and LRU, forest, frontiers, reverse index,
+//  1. Tracker.mu, the state lock: identity slab and LRU, forest, frontiers, reverse index,
 //     pending chains. Held by Observe, End, OnRouted, the event methods (ApplyStored,
 //     ApplyRemoved, ApplyCleared), the debug views and the sibling-prefix part of
-//     HintsWithPrefix. Under it the manager reads the physical index (ResidencyVersion,
+//     HintsWithPrefix. Under it the tracker reads the physical index (ResidencyVersion,
 //     DeepestG1: indexers shard read locks only) and takes 2.
 //  2. hintTable.mu (RWMutex), the hint side: written only by publish, under 1; Hints and
 //     HintsWithPrefix take its read lock alone, so routing decisions never wait on event

@@ -12,7 +12,7 @@ import (
 // when the first block is block 0 of a prompt. When sessionID names a tracked session its frontier
 // on target advances to the last block; otherwise only the forest learns the parentage (grafting
 // temporary roots). Conflicting or cyclic parentage is rejected with an error and nothing changes.
-func (m *Manager) ApplyStored(target kvkey.Target, ourHashes []uint64, parentOurHash uint64, sessionID string) error {
+func (m *Tracker) ApplyStored(target kvkey.Target, ourHashes []kvkey.BlockHash, parentOurHash kvkey.BlockHash, sessionID string) error {
 	if len(ourHashes) == 0 {
 		return nil
 	}
@@ -80,7 +80,7 @@ func (m *Manager) ApplyStored(target kvkey.Target, ourHashes []uint64, parentOur
 // ApplyRemoved recedes every frontier on target whose vouched prefix lost a block: it moves to
 // the parent of the topmost removed block on its path, the nearest ancestor not removed (dropped
 // when no vouched block is left above the gap).
-func (m *Manager) ApplyRemoved(target kvkey.Target, ourHashes []uint64) {
+func (m *Tracker) ApplyRemoved(target kvkey.Target, ourHashes []kvkey.BlockHash) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	defer m.publish()
@@ -185,7 +185,7 @@ type removalHit struct {
 
 // recede moves the session's frontier at from (on target) up to slot to, or drops it when its
 // vouched top is among the blocks below (and including) the gap.
-func (m *Manager) recede(s *session, r sessRef, target kvkey.Target, from NodeRef, below []uint32, to uint32) {
+func (m *Tracker) recede(s *session, r sessRef, target kvkey.Target, from NodeRef, below []uint32, to uint32) {
 	for i := range s.frontiers {
 		fr := s.frontiers[i]
 		if fr.target != target || fr.node != from {
@@ -214,7 +214,7 @@ func (m *Manager) recede(s *session, r sessRef, target kvkey.Target, from NodeRe
 
 // ApplyCleared drops every frontier (and in-flight prompt credit) on target: AllBlocksCleared,
 // or the index reset that worker+rank.
-func (m *Manager) ApplyCleared(target kvkey.Target) {
+func (m *Tracker) ApplyCleared(target kvkey.Target) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	defer m.publish()

@@ -3,6 +3,8 @@ package sessions
 import (
 	"errors"
 	"fmt"
+
+	"github.com/kvgate/kvgate/kvkey"
 )
 
 // nilSlot marks "no node" in parent links and references.
@@ -38,7 +40,7 @@ const (
 
 // node is one block of the shared logical forest. 40 bytes; the slab holds them by value.
 type node struct {
-	hash     uint64
+	hash     kvkey.BlockHash
 	parent   uint32 // slot of the parent, nilSlot for roots
 	gen      uint32 // bumped every time the slot is freed, so stale NodeRefs never alias
 	children uint32 // live child nodes
@@ -58,18 +60,18 @@ type NodeRef struct {
 
 // forest is the shared logical forest of block hashes. Nodes live in a slab with a free list;
 // a node is reclaimed as soon as it has neither children nor frontier references. Not safe for
-// concurrent use: the Manager serialises access.
+// concurrent use: the Tracker serialises access.
 type forest struct {
 	nodes  []node
 	free   []uint32
-	byHash map[uint64]uint32
+	byHash map[kvkey.BlockHash]uint32
 	max    int
 	stamp  uint32
 	seen   scratchSet // duplicate detection within one chain, reused
 }
 
 func newForest(maxNodes int) *forest {
-	return &forest{byHash: make(map[uint64]uint32), max: maxNodes}
+	return &forest{byHash: make(map[kvkey.BlockHash]uint32), max: maxNodes}
 }
 
 // live returns the number of live nodes.
@@ -113,7 +115,7 @@ type plan struct {
 
 // validate checks that linking chain (under the parent described by kind/parentHash) is
 // consistent with the forest, without mutating it.
-func (f *forest) validate(chain []uint64, kind ParentKind, parentHash uint64) (plan, error) {
+func (f *forest) validate(chain []kvkey.BlockHash, kind ParentKind, parentHash kvkey.BlockHash) (plan, error) {
 	var p plan
 	prevSlot, prevKnown := nilSlot, kind != ParentUnknown
 	if kind == ParentHash {
@@ -188,7 +190,7 @@ func (f *forest) validate(chain []uint64, kind ParentKind, parentHash uint64) (p
 }
 
 // alloc takes a slot for hash; the caller has checked capacity.
-func (f *forest) alloc(h uint64) uint32 {
+func (f *forest) alloc(h kvkey.BlockHash) uint32 {
 	var s uint32
 	if k := len(f.free); k > 0 {
 		s = f.free[k-1]
@@ -222,7 +224,7 @@ func (f *forest) setParent(child, parent uint32) {
 
 // link validates then applies chain and returns the slot of its deepest block. The deepest block
 // is unreferenced on return: the caller either takes a reference or calls reclaim.
-func (f *forest) link(chain []uint64, kind ParentKind, parentHash uint64) (uint32, error) {
+func (f *forest) link(chain []kvkey.BlockHash, kind ParentKind, parentHash kvkey.BlockHash) (uint32, error) {
 	if len(chain) == 0 {
 		return nilSlot, nil
 	}
@@ -278,7 +280,7 @@ func (f *forest) link(chain []uint64, kind ParentKind, parentHash uint64) (uint3
 // "chain[i] is in the forest" hold for a leading run, so a binary search finds the candidate with
 // O(log n) lookups; the walk up from it (pointer chasing, no lookups) confirms it. Anything
 // unexpected returns 0 and the caller validates block by block.
-func (f *forest) knownRootedPrefix(chain []uint64) int {
+func (f *forest) knownRootedPrefix(chain []kvkey.BlockHash) int {
 	lo, hi := 0, len(chain) // invariant: chain[:lo] present as far as probed, chain[hi] absent
 	for lo < hi {
 		mid := int(uint(lo+hi) >> 1)
@@ -347,7 +349,7 @@ func (f *forest) depth(slot uint32) (d int, rooted bool) {
 
 // lineage returns the hashes from the root (or from anchor, when anchor is on the path) down to
 // slot. ok is false when an anchor was given and is not an ancestor-or-self of slot.
-func (f *forest) lineage(slot uint32, anchor uint64, useAnchor bool) (hs []uint64, ok bool) {
+func (f *forest) lineage(slot uint32, anchor kvkey.BlockHash, useAnchor bool) (hs []kvkey.BlockHash, ok bool) {
 	for s := slot; s != nilSlot; s = f.nodes[s].parent {
 		hs = append(hs, f.nodes[s].hash)
 		if useAnchor && f.nodes[s].hash == anchor {
@@ -374,10 +376,10 @@ func (f *forest) isAncestorOrSelf(a, d uint32) bool {
 	return false
 }
 
-// scratchSet is an open-addressing set of u64 reused across operations: clearing is a generation
+// scratchSet is an open-addressing set of block hashes reused across operations: clearing is a generation
 // bump, so checking a chain for repeats costs no allocation and no per-entry map overhead.
 type scratchSet struct {
-	keys []uint64
+	keys []kvkey.BlockHash
 	gens []uint32
 	gen  uint32
 	mask uint64
@@ -390,7 +392,7 @@ func (s *scratchSet) reset(n int) {
 		size <<= 1
 	}
 	if size > len(s.keys) {
-		s.keys = make([]uint64, size)
+		s.keys = make([]kvkey.BlockHash, size)
 		s.gens = make([]uint32, size)
 		s.gen = 0
 	}
@@ -402,10 +404,12 @@ func (s *scratchSet) reset(n int) {
 	}
 }
 
-func (s *scratchSet) slot(k uint64) uint64 { return (k * 0x9E3779B97F4A7C15) >> 32 & s.mask }
+func (s *scratchSet) slot(k kvkey.BlockHash) uint64 {
+	return (uint64(k) * 0x9E3779B97F4A7C15) >> 32 & s.mask
+}
 
 // add inserts k and reports whether it was absent.
-func (s *scratchSet) add(k uint64) bool {
+func (s *scratchSet) add(k kvkey.BlockHash) bool {
 	for i := s.slot(k); ; i = (i + 1) & s.mask {
 		if s.gens[i] != s.gen {
 			s.gens[i], s.keys[i] = s.gen, k
@@ -418,7 +422,7 @@ func (s *scratchSet) add(k uint64) bool {
 }
 
 // has reports whether k was added since the last reset.
-func (s *scratchSet) has(k uint64) bool {
+func (s *scratchSet) has(k kvkey.BlockHash) bool {
 	for i := s.slot(k); ; i = (i + 1) & s.mask {
 		if s.gens[i] != s.gen {
 			return false

@@ -4,19 +4,21 @@ import (
 	"errors"
 	"slices"
 	"testing"
+
+	"github.com/kvgate/kvgate/kvkey"
 )
 
 // chain returns n distinct fake block hashes starting at base (tests only need distinctness).
-func chain(base uint64, n int) []uint64 {
-	hs := make([]uint64, n)
+func chain(base kvkey.BlockHash, n int) []kvkey.BlockHash {
+	hs := make([]kvkey.BlockHash, n)
 	for i := range hs {
-		hs[i] = base + uint64(i)
+		hs[i] = base + kvkey.BlockHash(i)
 	}
 	return hs
 }
 
 // parentHash returns the hash of slot's parent, or 0 for a root.
-func parentHash(f *forest, h uint64) (uint64, bool) {
+func parentHash(f *forest, h kvkey.BlockHash) (kvkey.BlockHash, bool) {
 	s, ok := f.byHash[h]
 	if !ok {
 		return 0, false
@@ -43,14 +45,14 @@ func TestForestLinkAndLineage(t *testing.T) {
 		t.Fatalf("lineage = %v", hs)
 	}
 	hs, ok = f.lineage(tip, 102, true)
-	if !ok || !slices.Equal(hs, []uint64{102, 103, 104}) {
+	if !ok || !slices.Equal(hs, []kvkey.BlockHash{102, 103, 104}) {
 		t.Fatalf("anchored lineage = %v ok=%v", hs, ok)
 	}
 	if _, ok := f.lineage(tip, 999, true); ok {
 		t.Fatal("anchor not on path must not yield a lineage")
 	}
 	// A branch sharing 3 blocks adds only its own 2.
-	b, err := f.link([]uint64{100, 101, 102, 900, 901}, ParentNone, 0)
+	b, err := f.link([]kvkey.BlockHash{100, 101, 102, 900, 901}, ParentNone, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -67,7 +69,7 @@ func TestForestLinkAndLineage(t *testing.T) {
 // grafts it, and the lineage becomes rooted (docs/ARCHITECTURE.md, "Sessions and frontiers").
 func TestForestGraftsTemporaryRoot(t *testing.T) {
 	f := newForest(100)
-	tip, err := f.link([]uint64{13, 14, 15}, ParentUnknown, 0)
+	tip, err := f.link([]kvkey.BlockHash{13, 14, 15}, ParentUnknown, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -76,14 +78,14 @@ func TestForestGraftsTemporaryRoot(t *testing.T) {
 		t.Fatalf("before graft: depth %d rooted %v, want 3 false", d, rooted)
 	}
 	// A stored event for blocks 11,12 under 10, then 13 under 12 (the chain carries 13 again).
-	if _, err := f.link([]uint64{11, 12, 13}, ParentHash, 10); err != nil {
+	if _, err := f.link([]kvkey.BlockHash{11, 12, 13}, ParentHash, 10); err != nil {
 		t.Fatal(err)
 	}
 	if p, _ := parentHash(f, 13); p != 12 {
 		t.Fatalf("13 grafted under %d, want 12", p)
 	}
 	// 10 is now the temporary root; naming it as block 0 roots the whole lineage.
-	if _, err := f.link([]uint64{10}, ParentNone, 0); err != nil {
+	if _, err := f.link([]kvkey.BlockHash{10}, ParentNone, 0); err != nil {
 		t.Fatal(err)
 	}
 	d, rooted := f.depth(tip)
@@ -98,9 +100,9 @@ func TestForestGraftsTemporaryRoot(t *testing.T) {
 
 func TestForestRejectsConflictingAndCyclicParents(t *testing.T) {
 	type step struct {
-		chain  []uint64
+		chain  []kvkey.BlockHash
 		kind   ParentKind
-		parent uint64
+		parent kvkey.BlockHash
 	}
 	cases := []struct {
 		name  string
@@ -109,29 +111,29 @@ func TestForestRejectsConflictingAndCyclicParents(t *testing.T) {
 		want  error
 	}{
 		{"existing block under another parent",
-			[]step{{[]uint64{1, 2, 3}, ParentNone, 0}},
-			step{[]uint64{9, 3}, ParentNone, 0}, ErrConflictingParent},
+			[]step{{[]kvkey.BlockHash{1, 2, 3}, ParentNone, 0}},
+			step{[]kvkey.BlockHash{9, 3}, ParentNone, 0}, ErrConflictingParent},
 		{"true root claimed under a parent",
-			[]step{{[]uint64{1, 2}, ParentNone, 0}},
-			step{[]uint64{1}, ParentHash, 7}, ErrConflictingParent},
+			[]step{{[]kvkey.BlockHash{1, 2}, ParentNone, 0}},
+			step{[]kvkey.BlockHash{1}, ParentHash, 7}, ErrConflictingParent},
 		{"child claimed as a root",
-			[]step{{[]uint64{1, 2}, ParentNone, 0}},
-			step{[]uint64{2}, ParentNone, 0}, ErrConflictingParent},
+			[]step{{[]kvkey.BlockHash{1, 2}, ParentNone, 0}},
+			step{[]kvkey.BlockHash{2}, ParentNone, 0}, ErrConflictingParent},
 		{"existing block under a different existing parent",
-			[]step{{[]uint64{1, 2, 3}, ParentNone, 0}, {[]uint64{5}, ParentNone, 0}},
-			step{[]uint64{3}, ParentHash, 5}, ErrConflictingParent},
+			[]step{{[]kvkey.BlockHash{1, 2, 3}, ParentNone, 0}, {[]kvkey.BlockHash{5}, ParentNone, 0}},
+			step{[]kvkey.BlockHash{3}, ParentHash, 5}, ErrConflictingParent},
 		{"block repeated in its own chain",
 			nil,
-			step{[]uint64{1, 2, 1}, ParentNone, 0}, ErrCyclicParent},
+			step{[]kvkey.BlockHash{1, 2, 1}, ParentNone, 0}, ErrCyclicParent},
 		{"parent repeated in the chain",
 			nil,
-			step{[]uint64{4, 3}, ParentHash, 3}, ErrCyclicParent},
+			step{[]kvkey.BlockHash{4, 3}, ParentHash, 3}, ErrCyclicParent},
 		{"temporary root grafted under its own descendant",
-			[]step{{[]uint64{1, 2, 3}, ParentUnknown, 0}},
-			step{[]uint64{1}, ParentHash, 3}, ErrCyclicParent},
+			[]step{{[]kvkey.BlockHash{1, 2, 3}, ParentUnknown, 0}},
+			step{[]kvkey.BlockHash{1}, ParentHash, 3}, ErrCyclicParent},
 		{"graft through an unknown-parent chain that loops",
-			[]step{{[]uint64{1, 2, 3}, ParentUnknown, 0}},
-			step{[]uint64{2, 3, 9, 1}, ParentUnknown, 0}, ErrCyclicParent},
+			[]step{{[]kvkey.BlockHash{1, 2, 3}, ParentUnknown, 0}},
+			step{[]kvkey.BlockHash{2, 3, 9, 1}, ParentUnknown, 0}, ErrCyclicParent},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -156,16 +158,16 @@ func TestForestRejectsConflictingAndCyclicParents(t *testing.T) {
 }
 
 // snapshotForest maps each live hash to its parent hash (0 for roots) and flags.
-func snapshotForest(f *forest) map[uint64][2]uint64 {
-	out := map[uint64][2]uint64{}
+func snapshotForest(f *forest) map[kvkey.BlockHash][2]kvkey.BlockHash {
+	out := map[kvkey.BlockHash][2]kvkey.BlockHash{}
 	for h, s := range f.byHash {
 		p, _ := parentHash(f, h)
-		out[h] = [2]uint64{p, uint64(f.nodes[s].flags)<<32 | uint64(f.nodes[s].children)}
+		out[h] = [2]kvkey.BlockHash{p, kvkey.BlockHash(uint64(f.nodes[s].flags)<<32 | uint64(f.nodes[s].children))}
 	}
 	return out
 }
 
-func mapsEqual(a, b map[uint64][2]uint64) bool {
+func mapsEqual(a, b map[kvkey.BlockHash][2]kvkey.BlockHash) bool {
 	if len(a) != len(b) {
 		return false
 	}
@@ -181,7 +183,7 @@ func TestForestReclaimsUnreferencedLeaves(t *testing.T) {
 	f := newForest(100)
 	a, _ := f.link(chain(1, 4), ParentNone, 0)
 	f.addRef(a)
-	b, _ := f.link([]uint64{1, 2, 50, 51}, ParentNone, 0)
+	b, _ := f.link([]kvkey.BlockHash{1, 2, 50, 51}, ParentNone, 0)
 	f.addRef(b)
 	if f.live() != 6 {
 		t.Fatalf("live = %d, want 6", f.live())
@@ -203,11 +205,11 @@ func TestForestReclaimsUnreferencedLeaves(t *testing.T) {
 // reuses the slot.
 func TestForestSlotReuseDoesNotAlias(t *testing.T) {
 	f := newForest(4)
-	a, _ := f.link([]uint64{1, 2}, ParentNone, 0)
+	a, _ := f.link([]kvkey.BlockHash{1, 2}, ParentNone, 0)
 	f.addRef(a)
 	old := f.ref(a)
 	f.dropRef(a)
-	b, _ := f.link([]uint64{7, 8}, ParentNone, 0)
+	b, _ := f.link([]kvkey.BlockHash{7, 8}, ParentNone, 0)
 	f.addRef(b)
 	if n := f.nodes[old.Slot]; n.flags&flagLive == 0 || n.hash == 2 {
 		t.Fatalf("slot %d not reused by another block: the test needs reuse", old.Slot)

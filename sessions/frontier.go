@@ -11,7 +11,7 @@ import (
 // session knows more than this update and only its vouched range grows; otherwise slot is a new
 // branch. A claim vouches for slot's whole current lineage: route-time matches are leading runs
 // and vLLM stores a block only while its prefix is resident.
-func (m *Manager) setFrontier(s *session, r sessRef, target kvkey.Target, slot uint32) {
+func (m *Tracker) setFrontier(s *session, r sessRef, target kvkey.Target, slot uint32) {
 	m.tick++
 	m.markDirty(r)
 	stamp := m.f.nextStamp()
@@ -58,7 +58,7 @@ func (m *Manager) setFrontier(s *session, r sessRef, target kvkey.Target, slot u
 }
 
 // addFrontier appends a frontier, evicting the least recently updated one over the bounds.
-func (m *Manager) addFrontier(s *session, r sessRef, target kvkey.Target, slot uint32, top NodeRef) {
+func (m *Tracker) addFrontier(s *session, r sessRef, target kvkey.Target, slot uint32, top NodeRef) {
 	onTarget, oldestOnTarget, oldest := 0, -1, -1
 	for i := range s.frontiers {
 		if oldest < 0 || s.frontiers[i].tick < s.frontiers[oldest].tick {
@@ -84,7 +84,7 @@ func (m *Manager) addFrontier(s *session, r sessRef, target kvkey.Target, slot u
 }
 
 // moveFrontier points frontier i at slot (an ancestor or descendant of its node) vouched from top.
-func (m *Manager) moveFrontier(s *session, r sessRef, i int, slot uint32, top NodeRef) {
+func (m *Tracker) moveFrontier(s *session, r sessRef, i int, slot uint32, top NodeRef) {
 	m.markDirty(r)
 	fr := &s.frontiers[i]
 	old := fr.node
@@ -98,7 +98,7 @@ func (m *Manager) moveFrontier(s *session, r sessRef, i int, slot uint32, top No
 }
 
 // dropFrontier removes frontier i and releases its node.
-func (m *Manager) dropFrontier(s *session, r sessRef, i int) {
+func (m *Tracker) dropFrontier(s *session, r sessRef, i int) {
 	m.markDirty(r)
 	fr := s.frontiers[i]
 	s.frontiers = append(s.frontiers[:i], s.frontiers[i+1:]...)
@@ -124,7 +124,7 @@ func (l revList) appendTo(dst []sessRef) []sessRef {
 	return append(append(dst, l.first), l.more...)
 }
 
-func (m *Manager) revAdd(t kvkey.Target, n NodeRef, r sessRef) {
+func (m *Tracker) revAdd(t kvkey.Target, n NodeRef, r sessRef) {
 	byNode := m.rev[t]
 	if byNode == nil {
 		byNode = make(map[NodeRef]revList)
@@ -141,7 +141,7 @@ func (m *Manager) revAdd(t kvkey.Target, n NodeRef, r sessRef) {
 }
 
 // revDel removes r from the list at (t, n). Per-target maps stay allocated: targets are the fleet.
-func (m *Manager) revDel(t kvkey.Target, n NodeRef, r sessRef) {
+func (m *Tracker) revDel(t kvkey.Target, n NodeRef, r sessRef) {
 	byNode := m.rev[t]
 	l, ok := byNode[n]
 	if !ok {

@@ -13,28 +13,28 @@ import (
 // removals between the match and the session update.
 type fakeIndex struct {
 	mu        sync.Mutex
-	res       map[kvkey.Target]map[uint64]bool
+	res       map[kvkey.Target]map[kvkey.BlockHash]bool
 	ver       map[kvkey.Target]uint64
 	onDeepest func(call int)
 	calls     int
 }
 
 func newFakeIndex() *fakeIndex {
-	return &fakeIndex{res: map[kvkey.Target]map[uint64]bool{}, ver: map[kvkey.Target]uint64{}}
+	return &fakeIndex{res: map[kvkey.Target]map[kvkey.BlockHash]bool{}, ver: map[kvkey.Target]uint64{}}
 }
 
-func (x *fakeIndex) store(t kvkey.Target, hs ...uint64) {
+func (x *fakeIndex) store(t kvkey.Target, hs ...kvkey.BlockHash) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	if x.res[t] == nil {
-		x.res[t] = map[uint64]bool{}
+		x.res[t] = map[kvkey.BlockHash]bool{}
 	}
 	for _, h := range hs {
 		x.res[t][h] = true
 	}
 }
 
-func (x *fakeIndex) remove(t kvkey.Target, hs ...uint64) {
+func (x *fakeIndex) remove(t kvkey.Target, hs ...kvkey.BlockHash) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	for _, h := range hs {
@@ -49,13 +49,13 @@ func (x *fakeIndex) ResidencyVersion(t kvkey.Target) uint64 {
 	return x.ver[t]
 }
 
-func (x *fakeIndex) IsResidentG1(t kvkey.Target, h uint64) bool {
+func (x *fakeIndex) IsResidentG1(t kvkey.Target, h kvkey.BlockHash) bool {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	return x.res[t][h]
 }
 
-func (x *fakeIndex) DeepestG1(t kvkey.Target, hs []uint64) int {
+func (x *fakeIndex) DeepestG1(t kvkey.Target, hs []kvkey.BlockHash) int {
 	x.mu.Lock()
 	n := 0
 	for n < len(hs) && x.res[t][hs[n]] {
@@ -82,8 +82,13 @@ type fakeClock struct{ t time.Time }
 
 func (c *fakeClock) now() time.Time { return c.t }
 
-func newTestManager(t *testing.T, cfg Config, idx Residency) (*Manager, *fakeClock) {
+// newTestManager builds a tracker from Defaults changed by set (nil: the defaults as they are).
+func newTestManager(t *testing.T, set func(*Config), idx Residency) (*Tracker, *fakeClock) {
 	t.Helper()
+	cfg := Defaults()
+	if set != nil {
+		set(&cfg)
+	}
 	m, err := New(cfg, idx, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -94,7 +99,7 @@ func newTestManager(t *testing.T, cfg Config, idx Residency) (*Manager, *fakeClo
 }
 
 // frontierDepths returns target → depths of the session's frontiers there.
-func frontierDepths(m *Manager, id string) map[kvkey.Target][]int {
+func frontierDepths(m *Tracker, id string) map[kvkey.Target][]int {
 	out := map[kvkey.Target][]int{}
 	for _, f := range m.Frontiers(id) {
 		out[f.Target] = append(out[f.Target], f.Depth)
@@ -103,7 +108,7 @@ func frontierDepths(m *Manager, id string) map[kvkey.Target][]int {
 }
 
 // checkInvariants verifies the reverse map and forest reference counts against session state.
-func checkInvariants(t *testing.T, m *Manager) {
+func checkInvariants(t *testing.T, m *Tracker) {
 	t.Helper()
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -162,4 +167,11 @@ func checkInvariants(t *testing.T, m *Manager) {
 			t.Fatalf("node %x is an unreferenced leaf that was not reclaimed", nd.hash)
 		}
 	}
+}
+
+// withSiblingPrefix returns Defaults with sibling-prefix credit on or off.
+func withSiblingPrefix(on bool) Config {
+	c := Defaults()
+	c.SiblingPrefix = on
+	return c
 }

@@ -14,7 +14,7 @@ import (
 // router folds each hint into its cost as Blocks of credit and still applies its busy thresholds.
 //
 // Hints reads only the hint table (under its read lock): it never waits for event application.
-func (m *Manager) Hints(sessionID, parentID string) []Hint {
+func (m *Tracker) Hints(sessionID, parentID string) []Hint {
 	m.hints.mu.RLock()
 	defer m.hints.mu.RUnlock()
 	return m.hintsLocked(sessionID, parentID)
@@ -29,10 +29,10 @@ func (m *Manager) Hints(sessionID, parentID string) []Hint {
 // The hint table answers the common case alone (a session with affinity, or no parent); only a
 // session's first request with a parent takes the state lock, to read the relatives' in-flight
 // prompts in the forest.
-func (m *Manager) HintsWithPrefix(sessionID, parentID string, hashes []uint64) []Hint {
+func (m *Tracker) HintsWithPrefix(sessionID, parentID string, hashes []kvkey.BlockHash) []Hint {
 	m.hints.mu.RLock()
 	hints := m.hintsLocked(sessionID, parentID)
-	needPrefix := m.idx != nil && *m.cfg.SiblingPrefix && len(hashes) > 0 && m.wantsPrefixLocked(sessionID, parentID)
+	needPrefix := m.idx != nil && m.cfg.SiblingPrefix && len(hashes) > 0 && m.wantsPrefixLocked(sessionID, parentID)
 	m.hints.mu.RUnlock()
 	var cands []prefixCand
 	if needPrefix {
@@ -41,7 +41,7 @@ func (m *Manager) HintsWithPrefix(sessionID, parentID string, hashes []uint64) [
 		m.publish()
 		m.mu.Unlock()
 	}
-	// The index is read outside the manager's mutex: it may be applying events concurrently.
+	// The index is read outside the tracker's mutex: it may be applying events concurrently.
 	for _, c := range cands {
 		if credit := c.blocks - m.idx.DeepestG1(c.target, hashes[:c.blocks]); credit > 0 {
 			hints = append(hints, Hint{Target: c.target, Rule: RuleSiblingPrefix, Blocks: float64(credit)})
@@ -52,7 +52,7 @@ func (m *Manager) HintsWithPrefix(sessionID, parentID string, hashes []uint64) [
 
 // wantsPrefixLocked reports whether sibling-prefix credit can apply: the session has no
 // affinity and names (or has) a tracked parent; m.hints.mu must be held.
-func (m *Manager) wantsPrefixLocked(sessionID, parentID string) bool {
+func (m *Tracker) wantsPrefixLocked(sessionID, parentID string) bool {
 	s := m.hints.byID[sessionID]
 	if s != nil && s.hasAffinity {
 		return false
@@ -64,7 +64,7 @@ func (m *Manager) wantsPrefixLocked(sessionID, parentID string) bool {
 }
 
 // hintsLocked computes the hints from the hint table; m.hints.mu must be held (read or write).
-func (m *Manager) hintsLocked(sessionID, parentID string) []Hint {
+func (m *Tracker) hintsLocked(sessionID, parentID string) []Hint {
 	var s *hintRec
 	if sessionID != "" {
 		s = m.hints.byID[sessionID]
@@ -78,7 +78,7 @@ func (m *Manager) hintsLocked(sessionID, parentID string) []Hint {
 	if parentID == "" && s != nil {
 		parentID = s.parent
 	}
-	if parentID == "" || parentID == sessionID || !*m.cfg.ParentAware || m.cfg.ParentBlocks <= 0 {
+	if parentID == "" || parentID == sessionID || !m.cfg.ParentAware || m.cfg.ParentBlocks <= 0 {
 		return nil
 	}
 	parent := m.hints.byID[parentID]
@@ -138,7 +138,7 @@ func groupTargets(parent *hintRec, add func(kvkey.Target, string)) {
 }
 
 // hintRoot follows parent links in the hint table up to the oldest tracked ancestor.
-func (m *Manager) hintRoot(s *hintRec) *hintRec {
+func (m *Tracker) hintRoot(s *hintRec) *hintRec {
 	for hop := 0; hop < maxLineageHops && s.parent != ""; hop++ {
 		p := m.hints.byID[s.parent]
 		if p == nil {
@@ -150,7 +150,7 @@ func (m *Manager) hintRoot(s *hintRec) *hintRec {
 }
 
 // lineageRoot follows parent links up to the oldest tracked ancestor; m.mu must be held.
-func (m *Manager) lineageRoot(s *session) *session {
+func (m *Tracker) lineageRoot(s *session) *session {
 	for hop := 0; hop < maxLineageHops && s.parent != ""; hop++ {
 		p, _, ok := m.lookup(s.parent)
 		if !ok {

@@ -25,74 +25,73 @@ func hintPairs(hs []Hint) []hintWant {
 }
 
 // route records a request of id (child of parent) routed to target with its whole prompt resident.
-func route(m *Manager, idx *fakeIndex, id, parent string, target kvkey.Target, prompt []uint64) {
+func route(m *Tracker, idx *fakeIndex, id, parent string, target kvkey.Target, prompt []kvkey.BlockHash) {
 	m.Observe(Identity{SessionID: id, ParentID: parent})
 	idx.store(target, prompt...)
 	m.OnRouted(id, target, prompt)
 }
 
 func TestHints(t *testing.T) {
-	off := false
 	sys := chain(1, 40) // the root's long system prompt
 	cases := []struct {
 		name   string
-		cfg    Config
-		setup  func(m *Manager, idx *fakeIndex)
+		cfg    func(*Config)
+		setup  func(m *Tracker, idx *fakeIndex)
 		sid    string
 		parent string
 		want   []hintWant
 	}{
-		{"no identity", Config{}, nil, "", "", nil},
-		{"unknown session without parent", Config{}, nil, "x", "", nil},
-		{"later turn: affinity", Config{},
-			func(m *Manager, idx *fakeIndex) { route(m, idx, "s", "", tB, sys) },
+		{"no identity", nil, nil, "", "", nil},
+		{"unknown session without parent", nil, nil, "x", "", nil},
+		{"later turn: affinity", nil,
+			func(m *Tracker, idx *fakeIndex) { route(m, idx, "s", "", tB, sys) },
 			"s", "", []hintWant{{tB, RuleAffinity}}},
-		{"affinity wins over the parent", Config{},
-			func(m *Manager, idx *fakeIndex) {
+		{"affinity wins over the parent", nil,
+			func(m *Tracker, idx *fakeIndex) {
 				route(m, idx, "root", "", tA, sys)
 				route(m, idx, "kid", "root", tB, append(slices.Clone(sys), 99))
 			},
 			"kid", "root", []hintWant{{tB, RuleAffinity}}},
-		{"first request of a child: the parent's frontier", Config{},
-			func(m *Manager, idx *fakeIndex) { route(m, idx, "root", "", tA, sys) },
+		{"first request of a child: the parent's frontier", nil,
+			func(m *Tracker, idx *fakeIndex) { route(m, idx, "root", "", tA, sys) },
 			"kid", "root", []hintWant{{tA, RuleParent}}},
-		{"parent taken from the session record when the request omits it", Config{},
-			func(m *Manager, idx *fakeIndex) {
+		{"parent taken from the session record when the request omits it", nil,
+			func(m *Tracker, idx *fakeIndex) {
 				route(m, idx, "root", "", tA, sys)
 				m.Observe(Identity{SessionID: "kid", ParentID: "root"})
 			},
 			"kid", "", []hintWant{{tA, RuleParent}}},
-		{"parent-aware placement off", Config{ParentAware: &off},
-			func(m *Manager, idx *fakeIndex) { route(m, idx, "root", "", tA, sys) },
+		{"parent-aware placement off", func(c *Config) { c.ParentAware = false },
+			func(m *Tracker, idx *fakeIndex) { route(m, idx, "root", "", tA, sys) },
 			"kid", "root", nil},
-		{"unknown parent", Config{}, nil, "kid", "ghost", nil},
-		{"parent known by affinity only (no G1 match)", Config{},
-			func(m *Manager, _ *fakeIndex) { m.OnRouted("root", tC, chain(500, 3)) },
+		{"unknown parent", nil, nil, "kid", "ghost", nil},
+		{"parent known by affinity only (no G1 match)", nil,
+			func(m *Tracker, _ *fakeIndex) { m.OnRouted("root", tC, chain(500, 3)) },
 			"kid", "root", []hintWant{{tC, RuleParent}}},
-		{"lineage root", Config{ParentMode: PlaceLineageRoot},
-			func(m *Manager, idx *fakeIndex) {
+		{"lineage root", func(c *Config) { c.ParentMode = PlaceLineageRoot },
+			func(m *Tracker, idx *fakeIndex) {
 				route(m, idx, "root", "", tC, sys)
 				route(m, idx, "mid", "root", tB, chain(700, 5))
 			},
 			"leaf", "mid", []hintWant{{tC, RuleLineageRoot}}},
-		{"sibling group, first sibling follows the parent", Config{ParentMode: PlaceSiblingGroup},
-			func(m *Manager, idx *fakeIndex) { route(m, idx, "root", "", tA, sys) },
+		{"sibling group, first sibling follows the parent", func(c *Config) { c.ParentMode = PlaceSiblingGroup },
+			func(m *Tracker, idx *fakeIndex) { route(m, idx, "root", "", tA, sys) },
 			"kid1", "root", []hintWant{{tA, RuleParent}}},
-		{"sibling group follows where siblings landed", Config{ParentMode: PlaceSiblingGroup},
-			func(m *Manager, idx *fakeIndex) {
+		{"sibling group follows where siblings landed", func(c *Config) { c.ParentMode = PlaceSiblingGroup },
+			func(m *Tracker, idx *fakeIndex) {
 				route(m, idx, "root", "", tA, sys)
 				route(m, idx, "kid1", "root", tB, append(slices.Clone(sys), 1000))
 			},
 			"kid2", "root", []hintWant{{tB, RuleSiblingGroup}}},
-		{"spilled group: the parent's worker and the warmed second worker", Config{},
-			func(m *Manager, idx *fakeIndex) {
+		{"spilled group: the parent's worker and the warmed second worker", nil,
+			func(m *Tracker, idx *fakeIndex) {
 				route(m, idx, "root", "", tA, sys)
 				route(m, idx, "kid1", "root", tA, append(slices.Clone(sys), 1000))
 				route(m, idx, "kid2", "root", tB, append(slices.Clone(sys), 2000)) // tA was busy
 			},
 			"kid3", "root", []hintWant{{tA, RuleParent}, {tB, RuleSiblingGroup}}},
-		{"group remembers at most group_targets targets", Config{GroupTargets: 1},
-			func(m *Manager, idx *fakeIndex) {
+		{"group remembers at most group_targets targets", func(c *Config) { c.GroupTargets = 1 },
+			func(m *Tracker, idx *fakeIndex) {
 				route(m, idx, "root", "", tA, sys)
 				route(m, idx, "kid1", "root", tB, chain(3000, 2))
 				route(m, idx, "kid2", "root", tC, chain(4000, 2))
@@ -129,7 +128,7 @@ func TestHints(t *testing.T) {
 // the index credits them instead) or the pending TTL passes.
 func TestHintsWithPrefixCreditsInFlightRelatives(t *testing.T) {
 	idx := newFakeIndex()
-	m, clk := newTestManager(t, Config{PendingTTL: 10 * time.Second}, idx)
+	m, clk := newTestManager(t, func(c *Config) { c.PendingTTL = 10 * time.Second }, idx)
 	sys := chain(1, 20)
 	// The root was routed to tA; only its first 5 blocks were resident then (the rest is prefilling).
 	idx.store(tA, sys[:5]...)
@@ -185,7 +184,7 @@ func TestHintsWithPrefixCreditsInFlightRelatives(t *testing.T) {
 
 func TestDebugView(t *testing.T) {
 	idx := newFakeIndex()
-	m, _ := newTestManager(t, Config{}, idx)
+	m, _ := newTestManager(t, nil, idx)
 	sys := chain(1, 6)
 	route(m, idx, "root", "", tA, sys)
 	route(m, idx, "kid", "root", tA, append(slices.Clone(sys), 50, 51))

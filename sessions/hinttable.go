@@ -6,11 +6,11 @@ import (
 	"github.com/kvgate/kvgate/kvkey"
 )
 
-// hintTable is the hint side of the manager: per session, the few fields Hints reads, kept
+// hintTable is the hint side of the tracker: per session, the few fields Hints reads, kept
 // under their own read-write lock. The state side (forest, frontiers, reverse index, pending
-// chains, identity slab and LRU, all under Manager.mu) republishes a session's record whenever
+// chains, identity slab and LRU, all under Tracker.mu) republishes a session's record whenever
 // it changed something the record holds, at the end of the operation and while still holding
-// Manager.mu, so records change in the same order as the state. Hint lookups take only the read
+// Tracker.mu, so records change in the same order as the state. Hint lookups take only the read
 // lock: they wait at most for a publish, never for an event batch or a forest walk.
 type hintTable struct {
 	mu   sync.RWMutex
@@ -33,7 +33,7 @@ type targetTick struct {
 }
 
 // markDirty queues session r's hint record for the next publish; m.mu must be held.
-func (m *Manager) markDirty(r sessRef) {
+func (m *Tracker) markDirty(r sessRef) {
 	if n := len(m.dirty); n > 0 && m.dirty[n-1] == r {
 		return
 	}
@@ -42,7 +42,7 @@ func (m *Manager) markDirty(r sessRef) {
 
 // publish writes the queued hint records (deleting those of released sessions) and the size
 // counters; m.mu must be held. Every state change calls it before releasing m.mu.
-func (m *Manager) publish() {
+func (m *Tracker) publish() {
 	m.stats.sessions.Store(int64(len(m.byID)))
 	m.stats.nodes.Store(int64(m.f.live()))
 	if len(m.dirty) == 0 && len(m.gone) == 0 {

@@ -12,7 +12,7 @@ import (
 // Hint lookups read the hint table only: while event application holds the state lock (here
 // held by the test), Hints still answers, with the affinity published before.
 func TestHintsDoNotWaitForEventApplication(t *testing.T) {
-	m, err := New(Config{}, newFakeIndex(), slog.New(slog.DiscardHandler))
+	m, err := New(Defaults(), newFakeIndex(), slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -37,7 +37,7 @@ func TestHintsDoNotWaitForEventApplication(t *testing.T) {
 // Concurrent hint lookups during event application and routing are race-free, and the hint
 // table ends up agreeing with the state.
 func TestConcurrentHintsDuringApply(t *testing.T) {
-	m, err := New(Config{}, newFakeIndex(), slog.New(slog.DiscardHandler))
+	m, err := New(Defaults(), newFakeIndex(), slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -54,7 +54,7 @@ func TestConcurrentHintsDuringApply(t *testing.T) {
 					return
 				default:
 					_ = m.Hints("c", "p")
-					_ = m.HintsWithPrefix("c", "p", []uint64{1, 2})
+					_ = m.HintsWithPrefix("c", "p", []kvkey.BlockHash{1, 2})
 					_ = m.Stats()
 				}
 			}
@@ -62,18 +62,18 @@ func TestConcurrentHintsDuringApply(t *testing.T) {
 	}
 	for i := range 300 {
 		tg := []kvkey.Target{tA, tB}[i%2]
-		h := uint64(i*2 + 1)
-		if err := m.ApplyStored(tg, []uint64{h, h + 1}, 0, "p"); err != nil {
+		h := kvkey.BlockHash(i*2 + 1)
+		if err := m.ApplyStored(tg, []kvkey.BlockHash{h, h + 1}, 0, "p"); err != nil {
 			t.Fatal(err)
 		}
-		m.ApplyRemoved(tg, []uint64{h + 1})
+		m.ApplyRemoved(tg, []kvkey.BlockHash{h + 1})
 		if i%50 == 49 {
 			m.ApplyCleared(tg)
 		}
 	}
 	close(stop)
 	wg.Wait()
-	if err := m.ApplyStored(tA, []uint64{9001, 9002}, 0, "p"); err != nil {
+	if err := m.ApplyStored(tA, []kvkey.BlockHash{9001, 9002}, 0, "p"); err != nil {
 		t.Fatal(err)
 	}
 	hs := m.Hints("c", "p")

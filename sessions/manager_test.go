@@ -2,16 +2,19 @@ package sessions
 
 import (
 	"errors"
+	"math"
 	"reflect"
 	"slices"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/kvgate/kvgate/kvkey"
 )
 
 func TestOnRoutedAdvancesFrontierFromG1Match(t *testing.T) {
 	idx := newFakeIndex()
-	m, _ := newTestManager(t, Config{}, idx)
+	m, _ := newTestManager(t, nil, idx)
 	prompt := chain(1000, 10)
 	idx.store(tA, prompt[:6]...)
 	m.OnRouted("s1", tA, prompt)
@@ -41,7 +44,7 @@ func TestOnRoutedAdvancesFrontierFromG1Match(t *testing.T) {
 	if len(lin) != 2 {
 		t.Fatalf("lineages = %d, want 2", len(lin))
 	}
-	anchor := uint64(3000)
+	anchor := kvkey.BlockHash(3000)
 	lin = m.Lineage("s1", tA, &anchor)
 	if len(lin) != 1 || !slices.Equal(lin[0], chain(3000, 3)) {
 		t.Fatalf("anchored lineage = %v", lin)
@@ -51,7 +54,7 @@ func TestOnRoutedAdvancesFrontierFromG1Match(t *testing.T) {
 
 func TestStoredEventsAttributedBySession(t *testing.T) {
 	idx := newFakeIndex()
-	m, _ := newTestManager(t, Config{}, idx)
+	m, _ := newTestManager(t, nil, idx)
 	prompt := chain(1, 8)
 	m.Observe(Identity{SessionID: "s1"})
 	if err := m.ApplyStored(tA, prompt[:4], 0, "s1"); err != nil {
@@ -71,7 +74,7 @@ func TestStoredEventsAttributedBySession(t *testing.T) {
 		t.Fatalf("stats = %+v, want 8 nodes, 1 session", st)
 	}
 	// Conflicting parentage on an event is rejected with an error and changes nothing.
-	err := m.ApplyStored(tA, []uint64{prompt[5]}, 999, "s1")
+	err := m.ApplyStored(tA, []kvkey.BlockHash{prompt[5]}, 999, "s1")
 	if !errors.Is(err, ErrConflictingParent) {
 		t.Fatalf("err = %v, want ErrConflictingParent", err)
 	}
@@ -85,7 +88,7 @@ func TestStoredEventsAttributedBySession(t *testing.T) {
 // later stored event, even one attributed to no session, grafts it.
 func TestRouteMatchTemporaryRootGraftedByStoredEvent(t *testing.T) {
 	idx := newFakeIndex()
-	m, _ := newTestManager(t, Config{MaxLineageBlocks: 4}, idx)
+	m, _ := newTestManager(t, func(c *Config) { c.MaxLineageBlocks = 4 }, idx)
 	prompt := chain(100, 10)
 	idx.store(tA, prompt...)
 	m.OnRouted("s1", tA, prompt)
@@ -105,7 +108,7 @@ func TestRouteMatchTemporaryRootGraftedByStoredEvent(t *testing.T) {
 
 func TestRemovalRecedesFrontiers(t *testing.T) {
 	idx := newFakeIndex()
-	m, _ := newTestManager(t, Config{}, idx)
+	m, _ := newTestManager(t, nil, idx)
 	p := chain(1, 10)
 	idx.store(tA, p...)
 	idx.store(tB, p...)
@@ -114,7 +117,7 @@ func TestRemovalRecedesFrontiers(t *testing.T) {
 	m.OnRouted("s1", tB, p)
 	// The tail block goes: s1 recedes by one; s2 (depth 7) is untouched.
 	idx.remove(tA, p[9])
-	m.ApplyRemoved(tA, []uint64{p[9]})
+	m.ApplyRemoved(tA, []kvkey.BlockHash{p[9]})
 	want := map[string]map[kvkey.Target][]int{"s1": {tA: {9}, tB: {10}}, "s2": {tA: {7}}}
 	for id, w := range want {
 		if got := frontierDepths(m, id); !reflect.DeepEqual(got, w) {
@@ -123,7 +126,7 @@ func TestRemovalRecedesFrontiers(t *testing.T) {
 	}
 	// A middle block goes: both recede to its parent (the nearest ancestor not removed); tB keeps all.
 	idx.remove(tA, p[4], p[5])
-	m.ApplyRemoved(tA, []uint64{p[5], p[4]})
+	m.ApplyRemoved(tA, []kvkey.BlockHash{p[5], p[4]})
 	want = map[string]map[kvkey.Target][]int{"s1": {tA: {4}, tB: {10}}, "s2": {tA: {4}}}
 	for id, w := range want {
 		if got := frontierDepths(m, id); !reflect.DeepEqual(got, w) {
@@ -131,7 +134,7 @@ func TestRemovalRecedesFrontiers(t *testing.T) {
 		}
 	}
 	// The root goes: the frontiers on tA disappear.
-	m.ApplyRemoved(tA, []uint64{p[0]})
+	m.ApplyRemoved(tA, []kvkey.BlockHash{p[0]})
 	if got := frontierDepths(m, "s2"); len(got) != 0 {
 		t.Fatalf("s2 after root removal: %v", got)
 	}
@@ -139,13 +142,13 @@ func TestRemovalRecedesFrontiers(t *testing.T) {
 		t.Fatalf("s1 after root removal: %v", got)
 	}
 	// Removing blocks nobody tracks is a no-op.
-	m.ApplyRemoved(tB, []uint64{12345})
+	m.ApplyRemoved(tB, []kvkey.BlockHash{12345})
 	checkInvariants(t, m)
 }
 
 func TestClearDropsOnlyThatTarget(t *testing.T) {
 	idx := newFakeIndex()
-	m, _ := newTestManager(t, Config{}, idx)
+	m, _ := newTestManager(t, nil, idx)
 	p := chain(1, 6)
 	for _, tg := range []kvkey.Target{tA, tA1, tB} {
 		idx.store(tg, p...)
@@ -165,9 +168,9 @@ func TestClearDropsOnlyThatTarget(t *testing.T) {
 
 func TestSessionLRUEvictionReleasesNodes(t *testing.T) {
 	idx := newFakeIndex()
-	m, _ := newTestManager(t, Config{MaxSessions: 2}, idx)
+	m, _ := newTestManager(t, func(c *Config) { c.MaxSessions = 2 }, idx)
 	for i, id := range []string{"s1", "s2"} {
-		p := chain(uint64(1000*(i+1)), 50)
+		p := chain(kvkey.BlockHash(1000*(i+1)), 50)
 		idx.store(tA, p...)
 		m.OnRouted(id, tA, p)
 	}
@@ -196,9 +199,9 @@ func TestSessionLRUEvictionReleasesNodes(t *testing.T) {
 // When the forest is full, least recently used sessions give their nodes up for the new update.
 func TestForestCapEvictsOldSessions(t *testing.T) {
 	idx := newFakeIndex()
-	m, _ := newTestManager(t, Config{MaxNodes: 64, SiblingPrefix: new(bool)}, idx)
+	m, _ := newTestManager(t, func(c *Config) { c.MaxNodes = 64; c.SiblingPrefix = false }, idx)
 	for i := range 5 {
-		p := chain(uint64(1000*(i+1)), 30)
+		p := chain(kvkey.BlockHash(1000*(i+1)), 30)
 		idx.store(tA, p...)
 		m.OnRouted(string(rune('a'+i)), tA, p)
 		checkInvariants(t, m)
@@ -257,7 +260,7 @@ func TestOnRoutedStaleMatchByResidencyVersion(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			idx := newFakeIndex()
 			idx.store(tA, p...)
-			m, _ := newTestManager(t, Config{}, idx)
+			m, _ := newTestManager(t, nil, idx)
 			if tc.interfere != nil {
 				idx.onDeepest = func(call int) { tc.interfere(idx, call) }
 			}
@@ -282,7 +285,7 @@ func TestOnRoutedStaleMatchByResidencyVersion(t *testing.T) {
 // block: a removal of the new block must not touch a session that held the old one.
 func TestSlotReuseDoesNotAliasSessions(t *testing.T) {
 	idx := newFakeIndex()
-	m, _ := newTestManager(t, Config{SiblingPrefix: new(bool)}, idx)
+	m, _ := newTestManager(t, func(c *Config) { c.SiblingPrefix = false }, idx)
 	p := chain(1, 3)
 	idx.store(tA, p...)
 	m.OnRouted("old", tA, p)
@@ -310,19 +313,81 @@ func TestSlotReuseDoesNotAliasSessions(t *testing.T) {
 }
 
 func TestConfigValidate(t *testing.T) {
-	bad := []Config{
-		{MaxSessions: -1},
-		{MaxFrontiersPerTarget: 8, MaxFrontiersPerSession: 4},
-		{ParentMode: "nearest"},
-		{GroupTargets: -2},
-		{MaxLineageBlocks: -1},
+	tests := []struct {
+		name string
+		set  func(*Config)
+		want string // substring of the error; "" = valid
+	}{
+		{"defaults", func(*Config) {}, ""},
+		{"affinity off", func(c *Config) { c.AffinityBlocks = 0 }, ""},
+		{"parent hint off", func(c *Config) { c.ParentBlocks = 0 }, ""},
+		{"whole prefix recorded", func(c *Config) { c.MaxLineageBlocks = 0 }, ""},
+		{"zero config is not the defaults", func(c *Config) { *c = Config{} }, "max_sessions"},
+		{"negative max sessions", func(c *Config) { c.MaxSessions = -1 }, "max_sessions"},
+		{"zero max nodes", func(c *Config) { c.MaxNodes = 0 }, "max_nodes"},
+		{"frontiers per target above per session", func(c *Config) { c.MaxFrontiersPerTarget, c.MaxFrontiersPerSession = 8, 4 }, "max_frontiers_per_target"},
+		{"zero frontiers per target", func(c *Config) { c.MaxFrontiersPerTarget = 0 }, "max_frontiers_per_target"},
+		{"negative affinity", func(c *Config) { c.AffinityBlocks = -1 }, "affinity_blocks"},
+		{"infinite affinity", func(c *Config) { c.AffinityBlocks = math.Inf(1) }, "affinity_blocks"},
+		{"NaN parent blocks", func(c *Config) { c.ParentBlocks = math.NaN() }, "parent_blocks"},
+		{"unknown parent mode", func(c *Config) { c.ParentMode = "nearest" }, "parent_mode"},
+		{"empty parent mode", func(c *Config) { c.ParentMode = "" }, "parent_mode"},
+		{"group targets", func(c *Config) { c.GroupTargets = 0 }, "group_targets"},
+		{"negative lineage cap", func(c *Config) { c.MaxLineageBlocks = -1 }, "max_lineage_blocks"},
+		{"negative pending ttl", func(c *Config) { c.PendingTTL = -time.Second }, "pending_ttl"},
 	}
-	for _, c := range bad {
-		if err := c.Validate(); err == nil {
-			t.Errorf("%+v: want an error", c)
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			c := Defaults()
+			tc.set(&c)
+			err := c.Validate()
+			switch {
+			case tc.want == "" && err != nil:
+				t.Fatalf("want valid, got %v", err)
+			case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+				t.Fatalf("want an error naming %s, got %v", tc.want, err)
+			}
+			if _, nerr := New(c, nil, nil); (nerr == nil) != (err == nil) {
+				t.Fatalf("New disagrees with Validate: %v vs %v", nerr, err)
+			}
+		})
+	}
+}
+
+// TestZeroCreditIsOff: a credit of 0 turns its hint off; it does not mean "the default" (as it
+// did when zero fields were filled from Defaults).
+func TestZeroCreditIsOff(t *testing.T) {
+	idx := newFakeIndex()
+	p := chain(100, 8)
+	for _, tc := range []struct {
+		name             string
+		set              func(*Config)
+		affinity, parent bool
+	}{
+		{"defaults", nil, true, true},
+		{"affinity_blocks 0", func(c *Config) { c.AffinityBlocks = 0 }, false, true},
+		{"parent_blocks 0", func(c *Config) { c.ParentBlocks = 0 }, true, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m, _ := newTestManager(t, tc.set, idx)
+			m.Observe(Identity{SessionID: "parent"})
+			m.OnRouted("parent", tA, p)
+			m.Observe(Identity{SessionID: "kid", ParentID: "parent"})
+			gotParent := hasRule(m.Hints("kid", "parent"), RuleParent)
+			m.OnRouted("kid", tB, p)
+			gotAffinity := hasRule(m.Hints("kid", "parent"), RuleAffinity)
+			if gotAffinity != tc.affinity || gotParent != tc.parent {
+				t.Fatalf("affinity hint %v (want %v), parent hint %v (want %v)", gotAffinity, tc.affinity, gotParent, tc.parent)
+			}
+		})
+	}
+}
+
+func hasRule(hs []Hint, rule string) bool {
+	for _, h := range hs {
+		if h.Rule == rule {
+			return true
 		}
 	}
-	if err := (Config{}).Validate(); err != nil {
-		t.Fatalf("defaults invalid: %v", err)
-	}
+	return false
 }

@@ -14,11 +14,11 @@ import (
 func (x *fakeIndex) clearTarget(t kvkey.Target) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
-	x.res[t] = map[uint64]bool{}
+	x.res[t] = map[kvkey.BlockHash]bool{}
 	x.ver[t]++
 }
 
-// TestModelRandomInterleavings drives the manager with random routes, stored, removed and cleared
+// TestModelRandomInterleavings drives the tracker with random routes, stored, removed and cleared
 // events and session ends, applying each event to the fake physical index first (as the gateway
 // wires it), and checks after every step that (1) reference counts, the reverse map and leaf
 // reclamation are consistent, (2) every block on every frontier's known lineage is resident on
@@ -29,17 +29,18 @@ func TestModelRandomInterleavings(t *testing.T) {
 		t.Run(fmt.Sprint("seed", seed), func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(seed, 99))
 			idx := newFakeIndex()
-			cfg := Config{MaxSessions: 6, MaxNodes: 300, MaxFrontiersPerTarget: 2, MaxFrontiersPerSession: 4}
-			if seed%2 == 0 {
-				cfg.MaxLineageBlocks = 5
-			}
-			m, clk := newTestManager(t, cfg, idx)
+			m, clk := newTestManager(t, func(c *Config) {
+				c.MaxSessions, c.MaxNodes, c.MaxFrontiersPerTarget, c.MaxFrontiersPerSession = 6, 300, 2, 4
+				if seed%2 == 0 {
+					c.MaxLineageBlocks = 5
+				}
+			}, idx)
 			targets := []kvkey.Target{tA, tA1, tB, tC}
 			// Prompts are paths in a small trie: prompt p shares a prefix with prompt p-1.
-			var prompts [][]uint64
-			next := uint64(1)
+			var prompts [][]kvkey.BlockHash
+			next := kvkey.BlockHash(1)
 			for p := 0; p < 12; p++ {
-				var pr []uint64
+				var pr []kvkey.BlockHash
 				if p > 0 {
 					pr = append(pr, prompts[p-1][:rng.IntN(len(prompts[p-1])+1)]...)
 				}
@@ -65,7 +66,7 @@ func TestModelRandomInterleavings(t *testing.T) {
 					}
 					e := d + 1 + rng.IntN(len(pr)-d)
 					idx.store(tg, pr[d:e]...)
-					var parent uint64
+					var parent kvkey.BlockHash
 					if d > 0 {
 						parent = pr[d-1]
 					}
@@ -78,7 +79,7 @@ func TestModelRandomInterleavings(t *testing.T) {
 					}
 				case op < 8: // the worker evicts a resident block (any position)
 					idx.mu.Lock()
-					var hs []uint64
+					var hs []kvkey.BlockHash
 					for h := range idx.res[tg] {
 						hs = append(hs, h)
 					}
@@ -88,7 +89,7 @@ func TestModelRandomInterleavings(t *testing.T) {
 						continue
 					}
 					// vLLM sends one block per GPU BlockRemoved; batches also occur (CPU tiers, merges).
-					batch := []uint64{hs[rng.IntN(len(hs))]}
+					batch := []kvkey.BlockHash{hs[rng.IntN(len(hs))]}
 					for rng.IntN(3) == 0 {
 						batch = append(batch, hs[rng.IntN(len(hs))])
 					}
@@ -120,7 +121,7 @@ func TestModelRandomInterleavings(t *testing.T) {
 	}
 }
 
-func checkFrontiersResident(t *testing.T, m *Manager, idx *fakeIndex, step int) {
+func checkFrontiersResident(t *testing.T, m *Tracker, idx *fakeIndex, step int) {
 	t.Helper()
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -147,11 +148,11 @@ func checkFrontiersResident(t *testing.T, m *Manager, idx *fakeIndex, step int) 
 }
 
 // Routing and event application race (the gateway's request goroutines against the event
-// goroutine). Events go to the index first, then to the manager, as the gateway wires them; at
+// goroutine). Events go to the index first, then to the tracker, as the gateway wires them; at
 // the end no frontier may cover a block the index removed (docs/ARCHITECTURE.md, "Sessions and frontiers").
 func TestConcurrentRoutesAndRemovals(t *testing.T) {
 	idx := newFakeIndex()
-	m, _ := newTestManager(t, Config{MaxSessions: 32}, idx)
+	m, _ := newTestManager(t, func(c *Config) { c.MaxSessions = 32 }, idx)
 	p := chain(1, 64)
 	done := make(chan struct{})
 	var wg sync.WaitGroup
@@ -181,7 +182,7 @@ func TestConcurrentRoutesAndRemovals(t *testing.T) {
 		}
 		h := p[rng.IntN(len(p))]
 		idx.remove(tA, h)
-		m.ApplyRemoved(tA, []uint64{h})
+		m.ApplyRemoved(tA, []kvkey.BlockHash{h})
 	}
 	close(done)
 	wg.Wait()

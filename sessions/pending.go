@@ -20,7 +20,7 @@ type prefixCand struct {
 
 // siblingPrefixLocked finds, per target, how many leading blocks of hashes the in-flight prompts of
 // the parent and the siblings on that target share.
-func (m *Manager) siblingPrefixLocked(sessionID, parentID string, hashes []uint64) []prefixCand {
+func (m *Tracker) siblingPrefixLocked(sessionID, parentID string, hashes []kvkey.BlockHash) []prefixCand {
 	var s *session
 	if sessionID != "" {
 		s, _, _ = m.lookup(sessionID)
@@ -75,7 +75,7 @@ func (m *Manager) siblingPrefixLocked(sessionID, parentID string, hashes []uint6
 }
 
 // setPending records the routed prompt of session r as in flight on target.
-func (m *Manager) setPending(r sessRef, target kvkey.Target, hashes []uint64) {
+func (m *Tracker) setPending(r sessRef, target kvkey.Target, hashes []kvkey.BlockHash) {
 	slot, err := m.linkEvicting(hashes, ParentNone, 0, r)
 	if err != nil {
 		m.reject("pending", "", err)
@@ -94,7 +94,7 @@ func (m *Manager) setPending(r sessRef, target kvkey.Target, hashes []uint64) {
 }
 
 // clearPending releases a session's in-flight prompt.
-func (m *Manager) clearPending(s *session) {
+func (m *Tracker) clearPending(s *session) {
 	if !s.hasPending {
 		return
 	}
@@ -106,7 +106,7 @@ func (m *Manager) clearPending(s *session) {
 }
 
 // expirePending releases in-flight prompts older than PendingTTL (oldest first).
-func (m *Manager) expirePending() {
+func (m *Tracker) expirePending() {
 	now := m.now()
 	i := 0
 	for ; i < len(m.pendQ); i++ {

@@ -11,7 +11,7 @@ import (
 // applied only if the target's residency version did not change while the match was taken
 // (retried once; then the matched prefix must still be resident), so a frontier is never
 // restored for blocks the index has removed.
-func (m *Manager) OnRouted(sessionID string, target kvkey.Target, hashes []uint64) {
+func (m *Tracker) OnRouted(sessionID string, target kvkey.Target, hashes []kvkey.BlockHash) {
 	if sessionID == "" {
 		return
 	}
@@ -47,7 +47,7 @@ func (m *Manager) OnRouted(sessionID string, target kvkey.Target, hashes []uint6
 }
 
 // routedLocked applies a routing result with n verified G1 blocks.
-func (m *Manager) routedLocked(sessionID string, target kvkey.Target, hashes []uint64, n int) {
+func (m *Tracker) routedLocked(sessionID string, target kvkey.Target, hashes []kvkey.BlockHash, n int) {
 	matched := hashes[:n]
 	s, r := m.getOrCreate(sessionID, false, sessRef{slot: nilSlot})
 	first := !s.hasAffinity
@@ -76,7 +76,7 @@ func (m *Manager) routedLocked(sessionID string, target kvkey.Target, hashes []u
 	if n < 0 {
 		n = len(matched)
 	}
-	if *m.cfg.SiblingPrefix {
+	if m.cfg.SiblingPrefix {
 		if len(hashes) > n {
 			m.setPending(r, target, hashes)
 		} else if s, ok := m.resolveSess(r); ok {
@@ -89,7 +89,7 @@ func (m *Manager) routedLocked(sessionID string, target kvkey.Target, hashes []u
 // depth d (rooted) and matched repeats its block at d, the forest path above it is matched's
 // own prefix (chained hashes), so only matched[d:] is linked and the frontier moves down without
 // walking the shared prefix. It reports false when it does not apply.
-func (m *Manager) advance(r sessRef, target kvkey.Target, matched []uint64) bool {
+func (m *Tracker) advance(r sessRef, target kvkey.Target, matched []kvkey.BlockHash) bool {
 	s, _ := m.resolveSess(r)
 	for i := range s.frontiers {
 		fr := &s.frontiers[i]
@@ -123,7 +123,7 @@ func (m *Manager) advance(r sessRef, target kvkey.Target, matched []uint64) bool
 }
 
 // joinGroup records that a child of parentID landed on target for its first request.
-func (m *Manager) joinGroup(parentID string, child sessRef, target kvkey.Target) {
+func (m *Tracker) joinGroup(parentID string, child sessRef, target kvkey.Target) {
 	p, pr := m.getOrCreate(parentID, true, child)
 	m.markDirty(pr)
 	m.tick++
@@ -156,7 +156,7 @@ func (m *Manager) joinGroup(parentID string, child sessRef, target kvkey.Target)
 
 // linkEvicting links a chain, evicting least recently used sessions (never protect) while the
 // forest is full.
-func (m *Manager) linkEvicting(chain []uint64, kind ParentKind, parent uint64, protect sessRef) (uint32, error) {
+func (m *Tracker) linkEvicting(chain []kvkey.BlockHash, kind ParentKind, parent kvkey.BlockHash, protect sessRef) (uint32, error) {
 	for {
 		slot, err := m.f.link(chain, kind, parent)
 		if !errors.Is(err, ErrForestFull) {
@@ -168,7 +168,7 @@ func (m *Manager) linkEvicting(chain []uint64, kind ParentKind, parent uint64, p
 	}
 }
 
-func (m *Manager) reject(op, sessionID string, err error) {
+func (m *Tracker) reject(op, sessionID string, err error) {
 	n := m.stats.rejected.Add(1)
 	if n <= 16 || n%1024 == 0 {
 		m.log.Warn("session prefix update rejected", "op", op, "session", sessionID, "err", err, "rejected_total", n)

@@ -2,7 +2,7 @@ package sessions
 
 import "sync/atomic"
 
-// Stats counts what the manager did; Manager.Stats returns a snapshot.
+// Stats counts what the tracker did; Tracker.Stats returns a snapshot.
 type Stats struct {
 	Sessions         int    `json:"sessions"`
 	Nodes            int    `json:"nodes"`
@@ -17,7 +17,7 @@ type Stats struct {
 	FrontiersCleared uint64 `json:"frontiers_cleared"`
 }
 
-// counters are the manager's event counters, atomics so that Stats takes no lock; sessions
+// counters are the tracker's event counters, atomics so that Stats takes no lock; sessions
 // and nodes are the sizes publish saw last.
 type counters struct {
 	created, evicted, closed, rejected        atomic.Uint64
@@ -27,7 +27,7 @@ type counters struct {
 }
 
 // Stats returns a snapshot of the counters (as of the last completed state change).
-func (m *Manager) Stats() Stats {
+func (m *Tracker) Stats() Stats {
 	c := &m.stats
 	return Stats{
 		Sessions: int(c.sessions.Load()), Nodes: int(c.nodes.Load()),

@@ -67,7 +67,7 @@ type session struct {
 }
 
 // lookup returns the live session named id.
-func (m *Manager) lookup(id string) (*session, sessRef, bool) {
+func (m *Tracker) lookup(id string) (*session, sessRef, bool) {
 	slot, ok := m.byID[id]
 	if !ok {
 		return nil, sessRef{}, false
@@ -77,7 +77,7 @@ func (m *Manager) lookup(id string) (*session, sessRef, bool) {
 }
 
 // resolveSess returns the session r names if it still lives.
-func (m *Manager) resolveSess(r sessRef) (*session, bool) {
+func (m *Tracker) resolveSess(r sessRef) (*session, bool) {
 	if int(r.slot) >= len(m.sess) {
 		return nil, false
 	}
@@ -90,7 +90,7 @@ func (m *Manager) resolveSess(r sessRef) (*session, bool) {
 
 // getOrCreate returns the session id, creating it (and evicting the least recently used session
 // at the cap, never protect) when absent. It moves the session to the front of the LRU.
-func (m *Manager) getOrCreate(id string, implicit bool, protect sessRef) (*session, sessRef) {
+func (m *Tracker) getOrCreate(id string, implicit bool, protect sessRef) (*session, sessRef) {
 	if s, r, ok := m.lookup(id); ok {
 		if !implicit {
 			s.implicit = false
@@ -123,7 +123,7 @@ func (m *Manager) getOrCreate(id string, implicit bool, protect sessRef) (*sessi
 	return s, sessRef{slot: slot, gen: gen}
 }
 
-func (m *Manager) touch(slot uint32) {
+func (m *Tracker) touch(slot uint32) {
 	m.sess[slot].lastSeen = m.now()
 	if m.head == slot {
 		return
@@ -132,7 +132,7 @@ func (m *Manager) touch(slot uint32) {
 	m.pushFront(slot)
 }
 
-func (m *Manager) pushFront(slot uint32) {
+func (m *Tracker) pushFront(slot uint32) {
 	s := &m.sess[slot]
 	s.prev, s.next = nilSlot, m.head
 	if m.head != nilSlot {
@@ -144,7 +144,7 @@ func (m *Manager) pushFront(slot uint32) {
 	}
 }
 
-func (m *Manager) unlink(slot uint32) {
+func (m *Tracker) unlink(slot uint32) {
 	s := &m.sess[slot]
 	if s.prev != nilSlot {
 		m.sess[s.prev].next = s.next
@@ -160,7 +160,7 @@ func (m *Manager) unlink(slot uint32) {
 }
 
 // evictLRU releases the least recently used session other than protect; false if none.
-func (m *Manager) evictLRU(protect sessRef) bool {
+func (m *Tracker) evictLRU(protect sessRef) bool {
 	slot := m.tail
 	for slot != nilSlot && slot == protect.slot && m.sess[slot].gen == protect.gen {
 		slot = m.sess[slot].prev
@@ -174,7 +174,7 @@ func (m *Manager) evictLRU(protect sessRef) bool {
 }
 
 // release drops every piece of a session's state and frees its slot.
-func (m *Manager) release(slot uint32) {
+func (m *Tracker) release(slot uint32) {
 	s := &m.sess[slot]
 	r := sessRef{slot: slot, gen: s.gen}
 	for len(s.frontiers) > 0 {

@@ -15,7 +15,7 @@ var errEngineRestarted = errors.New("engine restarted")
 
 // engineCore is one DP rank, the simulated counterpart of vLLM's EngineCore
 // (vllm/v1/engine/core.py): a v1-style scheduler loop with continuous batching over a paged KV
-// cache, advancing in steps whose duration comes from the timing model. (Not router.Engine,
+// cache, advancing in steps whose duration comes from the timing model. (Not router.Dispatcher,
 // the gateway's decision wrapper around a policy.)
 type engineCore struct {
 	rank int

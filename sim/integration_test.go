@@ -41,7 +41,7 @@ func testGatewayIndex(t *testing.T, opaque bool) {
 		_ = w.Close()
 	}()
 	ix := indexers.NewIndex(indexers.Options{BlockSize: 16})
-	mgr, err := indexers.NewManager(ix, slog.New(slog.DiscardHandler))
+	mgr, err := indexers.NewSubscribers(ix, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvgate/kvgate/kvkey"
 	"github.com/kvgate/kvgate/tokenize"
 )
 
@@ -59,13 +60,22 @@ func seqTokens(from, n int) []uint32 {
 	return out
 }
 
+// bare returns kvgate's block hashes as the bare uint64s the simulator publishes as its own.
+func bare(hs []kvkey.BlockHash) []uint64 {
+	out := make([]uint64, len(hs))
+	for i, h := range hs {
+		out[i] = uint64(h)
+	}
+	return out
+}
+
 // names maps hashes to readable labels for event assertions.
 type names map[uint64]string
 
 func (n names) add(tokens []uint32, bs int, opt tokenize.HashOptions, prefix string) {
 	for i, h := range tokenize.BlockHashes(tokens, bs, opt) {
-		if _, ok := n[h]; !ok {
-			n[h] = fmt.Sprintf("%s%d", prefix, i)
+		if _, ok := n[uint64(h)]; !ok {
+			n[uint64(h)] = fmt.Sprintf("%s%d", prefix, i)
 		}
 	}
 }
@@ -208,7 +218,7 @@ func TestSaltAndLoRASeparateCaches(t *testing.T) {
 		if r.cached != tc.cached {
 			t.Errorf("%s: cached = %d, want %d", tc.name, r.cached, tc.cached)
 		}
-		want := tokenize.BlockHashes(p, bs, tokenize.HashOptions{CacheSalt: tc.salt, LoRAName: tc.lora})
+		want := bare(tokenize.BlockHashes(p, bs, tokenize.HashOptions{CacheSalt: tc.salt, LoRAName: tc.lora}))
 		if !slices.Equal(r.seq.hashes[:2], want) {
 			t.Errorf("%s: hashes %x, want %x", tc.name, r.seq.hashes[:2], want)
 		}

@@ -4,7 +4,7 @@ import "github.com/kvgate/kvgate/kvkey"
 
 // The block hash is defined in the leaf package kvkey (docs/ARCHITECTURE.md, "Block hashes"),
 // shared with the event index; these are thin forms of it for the request path, which carries
-// chained hashes as []uint64 (router.Request.BlockHashes).
+// chained hashes as []kvkey.BlockHash (router.Request.BlockHashes).
 
 // HashSeed is the xxh3 seed of every local block hash and of every chain step (kvkey.HashSeed).
 const HashSeed = kvkey.HashSeed
@@ -23,7 +23,8 @@ func LocalBlockHash(tokens []uint32, extra []uint64, seed uint64, buf []byte) ui
 	return kvkey.LocalBlockHash(tokens, extra, seed, buf)
 }
 
-// ChainHash is one step of the sequence hash (kvkey.ChainHash) on bare uint64s.
+// ChainHash is one step of the sequence hash (kvkey.ChainHash) on bare uint64s, for the
+// simulator, which publishes these as its own (engine) block hashes.
 func ChainHash(parent, local uint64) uint64 {
 	return uint64(kvkey.ChainHash(kvkey.BlockHash(parent), local))
 }
@@ -34,22 +35,11 @@ func LocalHashes(tokens []uint32, blockSize int, opt HashOptions) []uint64 {
 	return kvkey.LocalHashes(tokens, blockSize, opt)
 }
 
-// SequenceHashes chains local hashes: seq[0] = local[0], seq[i] = ChainHash(seq[i-1], local[i]).
-// It is kvkey.SequenceHashes with the result as bare uint64s.
-func SequenceHashes(local []uint64) []uint64 {
-	out := make([]uint64, len(local))
-	for i, h := range local {
-		if i == 0 {
-			out[i] = h
-			continue
-		}
-		out[i] = ChainHash(out[i-1], h)
-	}
-	return out
-}
+// SequenceHashes chains local hashes: seq[0] = local[0], seq[i] = ChainHash(seq[i-1], local[i])
+// (kvkey.SequenceHashes).
+func SequenceHashes(local []uint64) []kvkey.BlockHash { return kvkey.SequenceHashes(local) }
 
-// BlockHashes returns the chained hashes of every full block of tokens as bare uint64s
-// (kvkey.BlockHashes).
-func BlockHashes(tokens []uint32, blockSize int, opt HashOptions) []uint64 {
-	return SequenceHashes(LocalHashes(tokens, blockSize, opt))
+// BlockHashes returns the chained hashes of every full block of tokens (kvkey.BlockHashes).
+func BlockHashes(tokens []uint32, blockSize int, opt HashOptions) []kvkey.BlockHash {
+	return kvkey.BlockHashes(tokens, blockSize, opt)
 }

@@ -33,7 +33,7 @@ func TestBlockHashesMatchKVKey(t *testing.T) {
 				t.Fatalf("len = %d, want %d", len(got), len(want))
 			}
 			for i := range want {
-				if got[i] != uint64(want[i]) {
+				if got[i] != want[i] {
 					t.Errorf("block %d: %d, want %d", i, got[i], want[i])
 				}
 			}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/kvgate/kvgate/kvkey"
 	"github.com/kvgate/kvgate/tokenize/chat"
 	"github.com/kvgate/kvgate/tokenize/engine"
 )
@@ -153,7 +154,7 @@ type Prompt struct {
 
 // BlockHashes returns the chained hashes of the prompt's full blocks with its cache salt and
 // LoRA folded in (see the README's "Keys").
-func (p *Prompt) BlockHashes(blockSize int) []uint64 {
+func (p *Prompt) BlockHashes(blockSize int) []kvkey.BlockHash {
 	return SequenceHashes(p.LocalHashes(blockSize))
 }
 

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/configs"
+	"github.com/kvgate/kvgate/kvkey"
 )
 
 // Registry is the fleet from config: the workers in configured order, their health probing
@@ -26,7 +27,7 @@ type Registry struct {
 
 // TargetLoad is one routable target with the gateway's in-flight count on it.
 type TargetLoad struct {
-	Target
+	kvkey.Target
 	InFlight int
 }
 
@@ -72,7 +73,7 @@ func (r *Registry) Routable() []TargetLoad {
 			continue
 		}
 		for rank := 0; rank < w.DPSize(); rank++ {
-			out = append(out, TargetLoad{Target: Target{Worker: w.URL(), DPRank: rank}, InFlight: w.InFlight(rank)})
+			out = append(out, TargetLoad{Target: kvkey.Target{Worker: w.URL(), DPRank: rank}, InFlight: w.InFlight(rank)})
 		}
 	}
 	return out

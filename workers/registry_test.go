@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/configs"
+	"github.com/kvgate/kvgate/kvkey"
 )
 
 // fakeWorker answers /health with a switchable status and /v1/models with one model.
@@ -176,9 +177,9 @@ func TestRoutableTargetsOrder(t *testing.T) {
 	defer release()
 	got := reg.Routable()
 	want := []TargetLoad{
-		{Target{Worker: "http://127.0.0.1:1", DPRank: 0}, 0},
-		{Target{Worker: "http://127.0.0.1:2", DPRank: 0}, 0},
-		{Target{Worker: "http://127.0.0.1:2", DPRank: 1}, 1},
+		{kvkey.Target{Worker: "http://127.0.0.1:1", DPRank: 0}, 0},
+		{kvkey.Target{Worker: "http://127.0.0.1:2", DPRank: 0}, 0},
+		{kvkey.Target{Worker: "http://127.0.0.1:2", DPRank: 1}, 1},
 	}
 	if len(got) != len(want) {
 		t.Fatalf("got %v", got)

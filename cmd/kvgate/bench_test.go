@@ -7,9 +7,9 @@ import (
 	"testing"
 
 	"github.com/kvgate/kvgate/indexers"
+	"github.com/kvgate/kvgate/kvkey"
 	"github.com/kvgate/kvgate/router"
 	"github.com/kvgate/kvgate/server"
-	"github.com/kvgate/kvgate/workers"
 )
 
 // BenchmarkRequestRouting measures the gateway's per-request routing work for a chat request of
@@ -35,7 +35,7 @@ func BenchmarkRequestRouting(b *testing.B) {
 	ix := indexers.NewIndex(indexers.Options{BlockSize: 16})
 	var cands []router.Candidate
 	for i := range 8 {
-		cands = append(cands, router.Candidate{Target: workers.Target{Worker: fmt.Sprintf("http://10.0.0.%d:8000", i)}})
+		cands = append(cands, router.Candidate{Target: kvkey.Target{Worker: fmt.Sprintf("http://10.0.0.%d:8000", i)}})
 	}
 	prompt, err := tok.TokenizeChat(ctx, body)
 	if err != nil {
@@ -49,7 +49,7 @@ func BenchmarkRequestRouting(b *testing.B) {
 	if err := ix.Apply(cands[3].Target, &indexers.EventBatch{Events: []indexers.Event{st}}); err != nil {
 		b.Fatal(err)
 	}
-	pol, err := router.NewKV(router.DefaultKVConfig(), router.KVDeps{Matcher: router.IndexMatcher(ix)})
+	pol, err := router.NewKV(router.DefaultKVConfig(), router.KVDeps{Matcher: ix})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -130,7 +130,7 @@ func startFleet(t *testing.T, tok *tokenize.Tokenizer, spec fleetSpec) *fleet {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := server.New(server.Options{Config: cfg, Registry: reg, Router: rt.engine, Enricher: rt.enricher,
+	s, err := server.New(server.Options{Config: cfg, Registry: reg, Router: rt.dispatcher, Enricher: rt.enricher,
 		Metrics: f.prom, Logger: quiet})
 	if err != nil {
 		t.Fatal(err)

@@ -14,6 +14,7 @@ import (
 
 	"github.com/kvgate/kvgate/configs"
 	"github.com/kvgate/kvgate/indexers"
+	"github.com/kvgate/kvgate/kvkey"
 	"github.com/kvgate/kvgate/router"
 	"github.com/kvgate/kvgate/server"
 	"github.com/kvgate/kvgate/sessions"
@@ -22,15 +23,15 @@ import (
 )
 
 // routing is everything that decides where a request goes: the policy (wrapped in a
-// router.Engine that accounts load and closes the loop on usage), the optional request enricher
-// (tokenizer → block hashes), the session manager, the KV-event subscriptions, and the
+// router.Dispatcher that accounts load and closes the loop on usage), the optional request enricher
+// (tokenizer → block hashes), the session tracker, the KV-event subscriptions, and the
 // background work they need, stopped by close.
 type routing struct {
-	engine   *router.Engine // the server's router.Router
-	enricher server.RequestEnricher
-	sessions *sessions.Manager
-	events   *indexers.Manager
-	close    func()
+	dispatcher *router.Dispatcher // the server's router.Router
+	enricher   server.RequestEnricher
+	sessions   *sessions.Tracker
+	events     *indexers.Subscribers
+	close      func()
 }
 
 // buildRouting assembles the routing for cfg. This is the one place where the KV-aware
@@ -54,7 +55,7 @@ func buildRouting(ctx context.Context, cfg configs.Config, reg *workers.Registry
 
 	kvcfg := cfg.Router.KV
 	opts := router.Options{Seed: cfg.Router.Seed, KV: kvcfg}
-	engOpts := router.EngineOptions{Registerer: prom, Log: log}
+	dispOpts := router.DispatcherOptions{Registerer: prom, Log: log}
 	if configs.KVAware(cfg.Router.Policy) {
 		k, err := buildKV(bg, cfg, kvcfg, reg, prom, log)
 		if err != nil {
@@ -63,65 +64,59 @@ func buildRouting(ctx context.Context, cfg configs.Config, reg *workers.Registry
 		closers = append(closers, k.close)
 		rt.enricher, rt.sessions, rt.events = k.enricher, k.sessions, k.events
 		opts.KVDeps = k.deps
-		engOpts.Targets = func() []workers.Target { return allTargets(reg) }
-		engOpts.MetricsClient = scrapeClient(cfg, reg)
-		engOpts.MetricsInterval = kvcfg.MetricsInterval.D()
+		dispOpts.Targets = func() []kvkey.Target { return allTargets(reg) }
+		dispOpts.MetricsClient = scrapeClient(cfg, reg)
+		dispOpts.MetricsInterval = kvcfg.MetricsInterval.D()
 	}
-	engOpts.Sessions, engOpts.Events = rt.sessions, rt.events
-	eng, err := router.Build(cfg.Router.Policy, opts, engOpts)
+	dispOpts.Sessions, dispOpts.Events = rt.sessions, rt.events
+	disp, err := router.Build(cfg.Router.Policy, opts, dispOpts)
 	if err != nil {
 		return nil, fmt.Errorf("router.policy: %w", err)
 	}
-	rt.engine = eng
+	rt.dispatcher = disp
 	// A worker whose /health flapped may have restarted with an empty cache: what approximate
 	// mode assumed about it is void (the event streams check the worker's replay ring and reset
 	// only if the engine restarted, see buildKV).
 	reg.OnChange(func(w *workers.Worker, change string) {
 		if change == workers.ChangeReadmitted {
 			for rank := range w.DPSize() {
-				eng.Forget(workers.Target{Worker: w.URL(), DPRank: rank})
+				disp.Forget(kvkey.Target{Worker: w.URL(), DPRank: rank})
 			}
 		}
 	})
 	done := make(chan struct{})
-	go func() { defer close(done); eng.Run(bg) }()
+	go func() { defer close(done); disp.Run(bg) }()
 	closers = append(closers, func() { <-done })
 	return rt, nil
 }
 
-// sessionsConfig maps the sessions config keys onto sessions.Config. The config says 0 for
-// "off" where sessions.Config says negative (its 0 means "default").
+// sessionsConfig maps the sessions section (sessionsconfig.Config) onto the tracker's config.
+// Both take every value as given (0 credit = that hint off), so the keys copy over unchanged;
+// the identity headers go to the server's identity parser, not here.
 func sessionsConfig(s configs.Sessions) sessions.Config {
-	off := func(v float64) float64 {
-		if v == 0 {
-			return -1
-		}
-		return v
-	}
-	parentAware, siblingPrefix := s.ParentAware, s.SiblingPrefix
-	return sessions.Config{
-		MaxSessions:    s.MaxSessions,
-		MaxNodes:       s.MaxNodes,
-		AffinityBlocks: off(s.AffinityBlocks),
-		ParentAware:    &parentAware,
-		ParentMode:     s.ParentMode,
-		ParentBlocks:   off(s.ParentBlocks),
-		GroupTargets:   s.GroupTargets,
-		SiblingPrefix:  &siblingPrefix,
-		PendingTTL:     s.PendingTTL.D(),
-	}
+	c := sessions.Defaults()
+	c.MaxSessions = s.MaxSessions
+	c.MaxNodes = s.MaxNodes
+	c.AffinityBlocks = s.AffinityBlocks
+	c.ParentAware = s.ParentAware
+	c.ParentMode = s.ParentMode
+	c.ParentBlocks = s.ParentBlocks
+	c.GroupTargets = s.GroupTargets
+	c.SiblingPrefix = s.SiblingPrefix
+	c.PendingTTL = s.PendingTTL.D()
+	return c
 }
 
 // kvParts are the KV-aware policies' collaborators built by buildKV.
 type kvParts struct {
 	deps     router.KVDeps
 	enricher server.RequestEnricher
-	sessions *sessions.Manager
-	events   *indexers.Manager
+	sessions *sessions.Tracker
+	events   *indexers.Subscribers
 	close    func()
 }
 
-// buildKV loads the tokenizer, creates the event index with the session manager listening to
+// buildKV loads the tokenizer, creates the event index with the session tracker listening to
 // it, subscribes to every worker+rank that publishes KV events, and ties health flaps to the
 // subscriptions' restart handling.
 func buildKV(ctx context.Context, cfg configs.Config, kvcfg router.KVConfig, reg *workers.Registry, prom prometheus.Registerer, log *slog.Logger) (*kvParts, error) {
@@ -152,7 +147,7 @@ func buildKV(ctx context.Context, cfg configs.Config, kvcfg router.KVConfig, reg
 	if err != nil {
 		return nil, fmt.Errorf("sessions: %w", err)
 	}
-	mgr, err := indexers.NewManager(ix, log)
+	mgr, err := indexers.NewSubscribers(ix, log)
 	if err != nil {
 		return nil, err
 	}
@@ -217,18 +212,18 @@ func buildKV(ctx context.Context, cfg configs.Config, kvcfg router.KVConfig, reg
 			log.Info("worker health flapped; checking its KV-event state", "worker", w.URL())
 			mgr.WorkerRestarted(w.URL())
 			for rank := range w.DPSize() {
-				sm.ApplyCleared(workers.Target{Worker: w.URL(), DPRank: rank})
+				sm.ApplyCleared(kvkey.Target{Worker: w.URL(), DPRank: rank})
 			}
 		}
 	})
 	parts.deps = router.KVDeps{
-		Events: router.ManagerHealth(mgr),
+		Events: router.SubscriberHealth(mgr),
 		Approx: router.NewApproxIndex(kvcfg.Approximate),
 		Load:   router.NewLoadTracker(kvcfg.LoadExpiry.D()),
 		Hints:  sm,
 	}
 	if subscribed > 0 {
-		parts.deps.Matcher = router.IndexMatcher(ix)
+		parts.deps.Matcher = ix
 	}
 	parts.enricher = &enricher{tok: tok, blockSize: cfg.BlockSize, baseModel: cfg.Model}
 	log.Info("KV-aware routing ready", "policy", cfg.Router.Policy, "event_streams", subscribed,
@@ -248,11 +243,11 @@ func eventWorkers(cfg configs.Config) int {
 
 // allTargets lists every worker+rank of the fleet (routable or not: a worker's /metrics is
 // worth reading even while it is ejected).
-func allTargets(reg *workers.Registry) []workers.Target {
-	var out []workers.Target
+func allTargets(reg *workers.Registry) []kvkey.Target {
+	var out []kvkey.Target
 	for _, w := range reg.Workers() {
 		for rank := range w.DPSize() {
-			out = append(out, workers.Target{Worker: w.URL(), DPRank: rank})
+			out = append(out, kvkey.Target{Worker: w.URL(), DPRank: rank})
 		}
 	}
 	return out
@@ -270,14 +265,14 @@ func scrapeClient(cfg configs.Config, reg *workers.Registry) *http.Client {
 	})}
 }
 
-// sessionFeed passes the index's residency changes to the session manager. It runs on the
+// sessionFeed passes the index's residency changes to the session tracker. It runs on the
 // subscriber goroutine that applied the event, after the index applied it and released its
 // lock (indexers.ChangeConsumer).
-type sessionFeed struct{ m *sessions.Manager }
+type sessionFeed struct{ m *sessions.Tracker }
 
 var _ indexers.ChangeConsumer = (*sessionFeed)(nil)
 
-// IndexChanged replays one change set, in order, into the session manager.
+// IndexChanged replays one change set, in order, into the session tracker.
 func (f *sessionFeed) IndexChanged(cs *indexers.ChangeSet) {
 	for i := range cs.Changes {
 		c := &cs.Changes[i]
@@ -290,7 +285,7 @@ func (f *sessionFeed) IndexChanged(cs *indexers.ChangeSet) {
 			f.Cleared(cs.Target, c.AllTiers)
 		}
 		// ChangeStored is not forwarded: the ChangeStoredRun that follows it for the same event
-		// carries the whole run with its parent and session, which the session manager needs.
+		// carries the whole run with its parent and session, which the session tracker needs.
 	}
 }
 
@@ -298,7 +293,7 @@ func (f *sessionFeed) IndexChanged(cs *indexers.ChangeSet) {
 // (our hashes), our hash of the parent block (hasParent false for block 0 of a prompt) and the
 // event's session_id (vLLM attributes events to the X-Session-ID the gateway forwards). GPU
 // stores advance that session's frontier and graft the session forest.
-func (f *sessionFeed) BlocksStoredFrom(t workers.Target, tier indexers.Tier, hashes []uint64, parent uint64, hasParent bool, sessionID string) {
+func (f *sessionFeed) BlocksStoredFrom(t kvkey.Target, tier indexers.Tier, hashes []kvkey.BlockHash, parent kvkey.BlockHash, hasParent bool, sessionID string) {
 	if tier != indexers.G1 || f.m == nil {
 		return
 	}
@@ -306,19 +301,19 @@ func (f *sessionFeed) BlocksStoredFrom(t workers.Target, tier indexers.Tier, has
 		parent = 0 // sessions: 0 means the first block is a prompt's block 0
 	}
 	// A rejected update (conflicting or cyclic parentage) changed nothing and is counted by the
-	// session manager; the physical index already applied the event.
+	// session tracker; the physical index already applied the event.
 	_ = f.m.ApplyStored(t, hashes, parent, sessionID)
 }
 
 // BlocksRemoved recedes session frontiers past evicted GPU blocks.
-func (f *sessionFeed) BlocksRemoved(t workers.Target, tier indexers.Tier, hashes []uint64) {
+func (f *sessionFeed) BlocksRemoved(t kvkey.Target, tier indexers.Tier, hashes []kvkey.BlockHash) {
 	if tier == indexers.G1 && f.m != nil {
 		f.m.ApplyRemoved(t, hashes)
 	}
 }
 
 // Cleared drops the target's session frontiers (AllBlocksCleared, or a reset of the target).
-func (f *sessionFeed) Cleared(t workers.Target, _ bool) {
+func (f *sessionFeed) Cleared(t kvkey.Target, _ bool) {
 	if f.m != nil {
 		f.m.ApplyCleared(t)
 	}

@@ -9,32 +9,27 @@ import (
 
 	"github.com/kvgate/kvgate/configs"
 	"github.com/kvgate/kvgate/indexers"
+	"github.com/kvgate/kvgate/kvkey"
 	"github.com/kvgate/kvgate/router"
 	"github.com/kvgate/kvgate/sessions"
 	"github.com/kvgate/kvgate/workers"
 )
 
 // The router's knobs are its own type, composed into the config (routerconfig.KV); the session
-// keys are still mapped onto sessions.Config: their documented defaults must be the sessions
-// package's, and the policy names the router's.
+// keys (sessionsconfig.Config) are mapped onto sessions.Config: their documented defaults must be
+// the sessions package's, and the policy names the router's.
 func TestConfigMirrorsSessions(t *testing.T) {
 	def := configs.Default()
 	got, want := sessionsConfig(def.Sessions), sessions.Defaults()
-	// The identity names are the server's business (see server.identityConfig).
-	got.Identity, want.Identity = sessions.IdentityConfig{}, sessions.IdentityConfig{}
-	// Not exposed as config keys: 0 takes the sessions package's own default.
-	if got.MaxFrontiersPerTarget != 0 || got.MaxFrontiersPerSession != 0 || got.MaxLineageBlocks != 0 {
-		t.Errorf("unexposed knobs set: %+v", got)
-	}
-	got.MaxFrontiersPerTarget, got.MaxFrontiersPerSession = want.MaxFrontiersPerTarget, want.MaxFrontiersPerSession
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("sessions defaults drifted:\n config   %+v\n sessions %+v", got, want)
 	}
-	// 0 means "off" in the config and must reach sessions as off (negative), not as "default".
+	// Both configs take 0 as a value: 0 credits (--sessions-affinity-blocks 0) reach the tracker
+	// as 0, which is off there too (sessions.TestZeroCreditIsOff), and are valid.
 	off := def.Sessions
 	off.AffinityBlocks, off.ParentBlocks = 0, 0
-	if sc := sessionsConfig(off); sc.AffinityBlocks >= 0 || sc.ParentBlocks >= 0 {
-		t.Errorf("0 credits map to %v / %v, want disabled (negative)", sc.AffinityBlocks, sc.ParentBlocks)
+	if sc := sessionsConfig(off); sc.AffinityBlocks != 0 || sc.ParentBlocks != 0 || sc.Validate() != nil {
+		t.Errorf("0 credits map to %v / %v (%v), want 0 and valid", sc.AffinityBlocks, sc.ParentBlocks, sc.Validate())
 	}
 	names := configs.Policies()
 	slices.Sort(names)
@@ -43,7 +38,7 @@ func TestConfigMirrorsSessions(t *testing.T) {
 	}
 }
 
-// The simple policies need no tokenizer, index or sessions; they still run in an Engine so the
+// The simple policies need no tokenizer, index or sessions; they still run in a Dispatcher so the
 // gateway accounts load and reads usage the same way for every policy.
 func TestBuildRoutingSimplePolicies(t *testing.T) {
 	for _, name := range []string{"round_robin", "random", "least_loaded"} {
@@ -60,30 +55,30 @@ func TestBuildRoutingSimplePolicies(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer rt.close()
-			if rt.engine == nil || rt.engine.Name() != name {
-				t.Errorf("engine %v", rt.engine)
+			if rt.dispatcher == nil || rt.dispatcher.Name() != name {
+				t.Errorf("dispatcher %v", rt.dispatcher)
 			}
 			if rt.enricher != nil || rt.sessions != nil || rt.events != nil {
 				t.Errorf("simple policy got KV parts: %+v", rt)
 			}
-			if got := allTargets(reg); len(got) != 2 || got[1] != (workers.Target{Worker: "http://127.0.0.1:1", DPRank: 1}) {
+			if got := allTargets(reg); len(got) != 2 || got[1] != (kvkey.Target{Worker: "http://127.0.0.1:1", DPRank: 1}) {
 				t.Errorf("targets %v", got)
 			}
 		})
 	}
 }
 
-// The feed passes the index's GPU residency changes to the session manager, after the index
+// The feed passes the index's GPU residency changes to the session tracker, after the index
 // applied them: stored blocks attributed to a session advance its frontier, removals recede it,
 // a clear drops it; other tiers are ignored.
 func TestSessionFeed(t *testing.T) {
 	ix := indexers.NewIndex(indexers.Options{BlockSize: 16})
-	sm, err := sessions.New(sessions.Config{}, ix, slog.New(slog.DiscardHandler))
+	sm, err := sessions.New(sessions.Defaults(), ix, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}
 	feed := &sessionFeed{m: sm}
-	tgt := workers.Target{Worker: "http://w:1"}
+	tgt := kvkey.Target{Worker: "http://w:1"}
 	sm.Observe(sessions.Identity{SessionID: "s"})
 	depth := func() int {
 		fr := sm.Frontiers("s")
@@ -97,11 +92,11 @@ func TestSessionFeed(t *testing.T) {
 		do   func()
 		want int
 	}{
-		{"host-tier store ignored", func() { feed.BlocksStoredFrom(tgt, indexers.G2, []uint64{11, 12}, 0, false, "s") }, 0},
-		{"GPU store of blocks 0-1", func() { feed.BlocksStoredFrom(tgt, indexers.G1, []uint64{11, 12}, 0, false, "s") }, 2},
-		{"GPU store extending it", func() { feed.BlocksStoredFrom(tgt, indexers.G1, []uint64{13, 14}, 12, true, "s") }, 4},
-		{"host-tier removal ignored", func() { feed.BlocksRemoved(tgt, indexers.G2, []uint64{13}) }, 4},
-		{"GPU removal recedes", func() { feed.BlocksRemoved(tgt, indexers.G1, []uint64{13, 14}) }, 2},
+		{"host-tier store ignored", func() { feed.BlocksStoredFrom(tgt, indexers.G2, []kvkey.BlockHash{11, 12}, 0, false, "s") }, 0},
+		{"GPU store of blocks 0-1", func() { feed.BlocksStoredFrom(tgt, indexers.G1, []kvkey.BlockHash{11, 12}, 0, false, "s") }, 2},
+		{"GPU store extending it", func() { feed.BlocksStoredFrom(tgt, indexers.G1, []kvkey.BlockHash{13, 14}, 12, true, "s") }, 4},
+		{"host-tier removal ignored", func() { feed.BlocksRemoved(tgt, indexers.G2, []kvkey.BlockHash{13}) }, 4},
+		{"GPU removal recedes", func() { feed.BlocksRemoved(tgt, indexers.G1, []kvkey.BlockHash{13, 14}) }, 2},
 		{"clear drops", func() { feed.Cleared(tgt, false) }, 0},
 	}
 	for _, st := range steps {
@@ -116,12 +111,12 @@ func TestSessionFeed(t *testing.T) {
 // frontier, the reset that follows drops it.
 func TestSessionFeedChangeSet(t *testing.T) {
 	ix := indexers.NewIndex(indexers.Options{BlockSize: 4})
-	sm, err := sessions.New(sessions.Config{}, ix, slog.New(slog.DiscardHandler))
+	sm, err := sessions.New(sessions.Defaults(), ix, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}
 	feed := &sessionFeed{m: sm}
-	tgt := workers.Target{Worker: "http://w:1"}
+	tgt := kvkey.Target{Worker: "http://w:1"}
 	sm.Observe(sessions.Identity{SessionID: "s"})
 	var cs indexers.ChangeSet
 	store := &indexers.BlockStored{BlockHashes: []indexers.WireHash{indexers.IntHash(1), indexers.IntHash(2)},

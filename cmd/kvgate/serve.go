@@ -41,7 +41,7 @@ func runServe(ctx context.Context, args []string, stderr io.Writer) error {
 		return fmt.Errorf("invalid configuration:\n  %w", err)
 	}
 	defer rt.close()
-	srv, err := server.New(server.Options{Config: cfg, Registry: reg, Router: rt.engine, Enricher: rt.enricher,
+	srv, err := server.New(server.Options{Config: cfg, Registry: reg, Router: rt.dispatcher, Enricher: rt.enricher,
 		Logger: log, Metrics: prom})
 	if err != nil {
 		return err
@@ -69,7 +69,7 @@ func runServe(ctx context.Context, args []string, stderr io.Writer) error {
 
 	keys, _ := cfg.ClientAPIKeys() // validated; server.New read them too
 	log.Info("kvgate listening", "addr", ln.Addr().String(), "model", cfg.Model,
-		"policy", rt.engine.Name(), "workers", len(cfg.Workers), "routable", reg.RoutableCount(),
+		"policy", rt.dispatcher.Name(), "workers", len(cfg.Workers), "routable", reg.RoutableCount(),
 		"client_keys", len(keys), "routing_headers", cfg.Proxy.ExposeRoutingHeaders)
 	if adminLn == nil {
 		return srv.Serve(ctx, ln)

@@ -11,6 +11,7 @@ import (
 	"io"
 	"os"
 
+	"github.com/kvgate/kvgate/kvkey"
 	"github.com/kvgate/kvgate/tokenize"
 )
 
@@ -119,10 +120,10 @@ type tokenizeRun struct {
 }
 
 type tokenizeOutput struct {
-	Prompt      string   `json:"prompt"`
-	TokenIDs    []uint32 `json:"token_ids"`
-	BlockSize   int      `json:"block_size"`
-	BlockHashes []uint64 `json:"block_hashes"`
+	Prompt      string            `json:"prompt"`
+	TokenIDs    []uint32          `json:"token_ids"`
+	BlockSize   int               `json:"block_size"`
+	BlockHashes []kvkey.BlockHash `json:"block_hashes"`
 }
 
 func (t *tokenizeRun) one(ctx context.Context, body []byte) error {
@@ -155,7 +156,7 @@ func (t *tokenizeRun) one(ctx context.Context, body []byte) error {
 		p.LoRAName = t.lora
 		hashes := p.BlockHashes(t.blockSize)
 		if hashes == nil {
-			hashes = []uint64{}
+			hashes = []kvkey.BlockHash{}
 		}
 		ids := p.TokenIDs
 		if ids == nil {

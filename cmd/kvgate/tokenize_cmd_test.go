@@ -58,7 +58,7 @@ func TestTokenizeCommand(t *testing.T) {
 	}
 	hashes := tokenize.BlockHashes(got.TokenIDs, 4, tokenize.HashOptions{})
 	for i := range hashes {
-		if hashes[i] != got.BlockHashes[i] {
+		if uint64(hashes[i]) != got.BlockHashes[i] {
 			t.Fatalf("block hash %d differs from tokenize.BlockHashes", i)
 		}
 	}

@@ -22,11 +22,11 @@ type Usage struct {
 // gateway's own prompt token count (a mismatch means the gateway renders or tokenizes
 // differently from that worker) and with the cache the decision predicted on the chosen
 // target. Both go to metrics; the first few mismatches are logged with the model name.
-func (e *Engine) Observe(model string, req *Request, d Decision, u Usage) {
+func (e *Dispatcher) Observe(model string, req *Request, d Decision, u Usage) {
 	e.feedback.observe(model, req, d, u)
 }
 
-// feedback holds the engine's metrics and the mismatch log limiter.
+// feedback holds the dispatcher's metrics and the mismatch log limiter.
 type feedback struct {
 	log        *slog.Logger
 	burst      int

@@ -13,12 +13,12 @@ type Residency interface {
 	// ResidencyVersion increases on every removal or clear on the target.
 	ResidencyVersion(t kvkey.Target) uint64
 	// IsResidentG1 reports whether the block is resident on the target's GPU.
-	IsResidentG1(t kvkey.Target, hash uint64) bool
+	IsResidentG1(t kvkey.Target, hash kvkey.BlockHash) bool
 	// DeepestG1 returns how many leading hashes are resident on the target's GPU.
-	DeepestG1(t kvkey.Target, hashes []uint64) int
+	DeepestG1(t kvkey.Target, hashes []kvkey.BlockHash) int
 }
 
-// Manager owns session state: identity records, affinity, the shared prefix forest with per-session
+// Tracker owns session state: identity records, affinity, the shared prefix forest with per-session
 // per-target frontiers, and the hints derived from them. It is safe for concurrent use. State
 // changes (Observe, End, OnRouted and the event methods) hold mu, the state lock; each publishes
 // the hint records it changed to the hint table before releasing it. Hints reads only the hint
@@ -29,7 +29,7 @@ type Residency interface {
 // that the index's read methods need: OnRouted calls ResidencyVersion and, on its rare verify
 // path, DeepestG1 while holding mu. (indexers hands its change sets over after releasing its
 // locks, so its ChangeConsumer may call them.)
-type Manager struct {
+type Tracker struct {
 	cfg Config
 	idx Residency
 	log *slog.Logger
@@ -56,17 +56,17 @@ type Manager struct {
 	stats counters
 }
 
-// New returns a Manager. idx may be nil (no KV events): then only affinity and parent placement
+// New returns a Tracker. idx may be nil (no KV events): then only affinity and parent placement
 // from affinity work, and frontiers come only from stored events.
-func New(cfg Config, idx Residency, log *slog.Logger) (*Manager, error) {
+func New(cfg Config, idx Residency, log *slog.Logger) (*Tracker, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	if log == nil {
 		log = slog.Default()
 	}
-	cfg = cfg.withDefaults()
-	return &Manager{
+	cfg.Identity = cfg.Identity.withDefaults()
+	return &Tracker{
 		cfg: cfg, idx: idx, log: log.With("component", "sessions"), now: time.Now,
 		f:    newForest(cfg.MaxNodes),
 		byID: make(map[string]uint32),
@@ -77,11 +77,11 @@ func New(cfg Config, idx Residency, log *slog.Logger) (*Manager, error) {
 }
 
 // Config returns the effective configuration (defaults applied).
-func (m *Manager) Config() Config { return m.cfg }
+func (m *Tracker) Config() Config { return m.cfg }
 
 // Observe records a request's identity: it creates or refreshes the session and remembers its
 // parent (the first parent named wins). Call it when the request is parsed, before routing.
-func (m *Manager) Observe(id Identity) {
+func (m *Tracker) Observe(id Identity) {
 	if id.SessionID == "" {
 		return
 	}
@@ -96,7 +96,7 @@ func (m *Manager) Observe(id Identity) {
 }
 
 // End releases a session's state (end of session). Unknown ids are ignored.
-func (m *Manager) End(sessionID string) {
+func (m *Tracker) End(sessionID string) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	defer m.publish()

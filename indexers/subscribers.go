@@ -14,10 +14,10 @@ import (
 	"github.com/kvgate/kvgate/kvkey"
 )
 
-// Manager runs one Subscriber per worker+rank into a shared Index and reports on them. The
+// Subscribers runs one Subscriber per worker+rank into a shared Index and reports on them. The
 // gateway creates one, Starts a subscription per configured target, calls WorkerRestarted
 // from its health prober, serves Snapshot on GET /debug/workers and registers Collector.
-type Manager struct {
+type Subscribers struct {
 	ix   *Index
 	zctx *zmq.Context
 	log  *slog.Logger
@@ -33,7 +33,7 @@ type Manager struct {
 }
 
 // publishLocked refreshes bySub from subs; m.mu must be held.
-func (m *Manager) publishLocked() {
+func (m *Subscribers) publishLocked() {
 	cp := make(map[kvkey.Target]*Subscriber, len(m.subs))
 	for t, r := range m.subs {
 		cp[t] = r.sub
@@ -45,7 +45,7 @@ func (m *Manager) publishLocked() {
 // is live or replaying and its index is exact (not approximate after lost batches, see
 // Sequencer). Targets without a subscription, or one that is connecting or backing off, are
 // not. It is three atomic loads and a map lookup, cheap enough for every request.
-func (m *Manager) EventsHealthy(t kvkey.Target) bool {
+func (m *Subscribers) EventsHealthy(t kvkey.Target) bool {
 	p := m.bySub.Load()
 	if p == nil {
 		return false
@@ -61,8 +61,8 @@ type running struct {
 	shared bool          // fed by a collector
 }
 
-// NewManager returns a manager feeding ix. Close releases its ZMQ context.
-func NewManager(ix *Index, log *slog.Logger) (*Manager, error) {
+// NewSubscribers returns the subscriptions feeding ix, none yet. Close releases its ZMQ context.
+func NewSubscribers(ix *Index, log *slog.Logger) (*Subscribers, error) {
 	zctx, err := zmq.NewContext()
 	if err != nil {
 		return nil, fmt.Errorf("zmq context: %w", err)
@@ -70,26 +70,26 @@ func NewManager(ix *Index, log *slog.Logger) (*Manager, error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	return &Manager{ix: ix, zctx: zctx, log: log, subs: map[kvkey.Target]*running{}}, nil
+	return &Subscribers{ix: ix, zctx: zctx, log: log, subs: map[kvkey.Target]*running{}}, nil
 }
 
 // SetConsumer makes c hear every change the subscriptions (and Stop with forget) make to the
 // index, after the index released its lock. Call it before the first Start: subscriptions
 // started earlier keep the consumer they had.
-func (m *Manager) SetConsumer(c ChangeConsumer) {
+func (m *Subscribers) SetConsumer(c ChangeConsumer) {
 	m.mu.Lock()
 	m.consumer = c
 	m.mu.Unlock()
 }
 
-func (m *Manager) getConsumer() ChangeConsumer {
+func (m *Subscribers) getConsumer() ChangeConsumer {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return m.consumer
 }
 
 // Index returns the index the subscriptions feed.
-func (m *Manager) Index() *Index { return m.ix }
+func (m *Subscribers) Index() *Index { return m.ix }
 
 // TargetConfigs expands one worker's vLLM kv-events settings into per-rank subscriptions with
 // vLLM's port offsets (rank r uses port+r for both the PUB and the replay endpoint, vLLM's offset_endpoint_port). The
@@ -139,7 +139,7 @@ func CollectorTargets(worker string, dpSize int, replayEndpoint, topic string) (
 
 // Start begins following one target's stream until ctx ends, Stop or Close. Starting an
 // already running target replaces its subscription.
-func (m *Manager) Start(ctx context.Context, cfg SubscriberConfig) error {
+func (m *Subscribers) Start(ctx context.Context, cfg SubscriberConfig) error {
 	if err := m.ix.AddTarget(cfg.Target); err != nil {
 		return err
 	}
@@ -165,7 +165,7 @@ func (m *Manager) Start(ctx context.Context, cfg SubscriberConfig) error {
 }
 
 // Stop ends a target's subscription and waits for it; with forget, its blocks leave the index.
-func (m *Manager) Stop(t kvkey.Target, forget bool) {
+func (m *Subscribers) Stop(t kvkey.Target, forget bool) {
 	m.mu.Lock()
 	r := m.subs[t]
 	delete(m.subs, t)
@@ -193,7 +193,7 @@ func (m *Manager) Stop(t kvkey.Target, forget bool) {
 // WorkerRestarted reports that a worker's health flapped (ejected, then readmitted). Each of
 // its ranks treats it as a hint and checks it against the worker's replay ring: the index
 // state is reset only if the engine did restart (see Sequencer).
-func (m *Manager) WorkerRestarted(worker string) {
+func (m *Subscribers) WorkerRestarted(worker string) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	for t, r := range m.subs {
@@ -204,7 +204,7 @@ func (m *Manager) WorkerRestarted(worker string) {
 }
 
 // Close stops every subscription and terminates the ZMQ context.
-func (m *Manager) Close() error {
+func (m *Subscribers) Close() error {
 	m.mu.Lock()
 	for _, r := range m.subs {
 		r.cancel()
@@ -257,7 +257,7 @@ type TargetDebug struct {
 const BytesPerBlock = 190
 
 // Snapshot returns every known target's subscription state and index size, sorted by target.
-func (m *Manager) Snapshot() []TargetDebug {
+func (m *Subscribers) Snapshot() []TargetDebug {
 	m.mu.Lock()
 	subs := make(map[kvkey.Target]*Subscriber, len(m.subs))
 	for t, r := range m.subs {

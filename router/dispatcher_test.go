@@ -13,8 +13,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
+	"github.com/kvgate/kvgate/kvkey"
 	"github.com/kvgate/kvgate/sessions"
-	"github.com/kvgate/kvgate/workers"
 )
 
 func TestPredictedCachedTokens(t *testing.T) {
@@ -33,9 +33,9 @@ func TestPredictedCachedTokens(t *testing.T) {
 	}
 }
 
-// TestEngineObserve: usage reports feed the prediction-error and mismatch metrics; the mismatch
+// TestDispatcherObserve: usage reports feed the prediction-error and mismatch metrics; the mismatch
 // log names the model and is rate limited.
-func TestEngineObserve(t *testing.T) {
+func TestDispatcherObserve(t *testing.T) {
 	reg := prometheus.NewPedanticRegistry()
 	var logs bytes.Buffer
 	log := slog.New(slog.NewTextHandler(&logs, nil))
@@ -43,7 +43,7 @@ func TestEngineObserve(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e, err := NewEngine(EngineOptions{KV: p, Registerer: reg, Log: log, MismatchLogBurst: 2, MismatchLogEvery: time.Hour})
+	e, err := NewDispatcher(DispatcherOptions{KV: p, Registerer: reg, Log: log, MismatchLogBurst: 2, MismatchLogEvery: time.Hour})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -85,15 +85,15 @@ func TestEngineObserve(t *testing.T) {
 	}
 }
 
-// TestEngineDryRunAccountsNothing: a dry run returns the same record shape and leaves load and
+// TestDispatcherDryRunAccountsNothing: a dry run returns the same record shape and leaves load and
 // the approximate index untouched.
-func TestEngineDryRunAccountsNothing(t *testing.T) {
+func TestDispatcherDryRunAccountsNothing(t *testing.T) {
 	approx := NewApproxIndex(DefaultKVConfig().Approximate)
 	p, err := NewKV(DefaultKVConfig(), KVDeps{Approx: approx})
 	if err != nil {
 		t.Fatal(err)
 	}
-	e, err := NewEngine(EngineOptions{KV: p})
+	e, err := NewDispatcher(DispatcherOptions{KV: p})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -169,10 +169,10 @@ func histogramCount(t *testing.T, reg prometheus.Gatherer, name string) uint64 {
 	return n
 }
 
-// TestEngineWrapsAnyPolicy: the engine is a Router around any policy, so the server accounts
+// TestDispatcherWrapsAnyPolicy: the dispatcher is a Router around any policy, so the server accounts
 // load the same way whichever policy is configured: every attempt's Lifecycle holds the load
 // until it is Done or Failed (exactly once, whichever comes first).
-func TestEngineWrapsAnyPolicy(t *testing.T) {
+func TestDispatcherWrapsAnyPolicy(t *testing.T) {
 	cases := []struct {
 		name  string
 		end   func(Lifecycle)
@@ -185,7 +185,7 @@ func TestEngineWrapsAnyPolicy(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			e, err := NewEngine(EngineOptions{Policy: &RoundRobin{}})
+			e, err := NewDispatcher(DispatcherOptions{Policy: &RoundRobin{}})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -227,10 +227,10 @@ func TestRequestWithoutBlockSize(t *testing.T) {
 	}
 }
 
-// TestEngineSessionSteps: the session updates hang off the Router's steps: Start records the
+// TestDispatcherSessionSteps: the session updates hang off the Router's steps: Start records the
 // identity, the attempt's Sent makes the post-selection update (affinity), and the end Start
 // returned releases a session whose request ended it, and only that.
-func TestEngineSessionSteps(t *testing.T) {
+func TestDispatcherSessionSteps(t *testing.T) {
 	cases := []struct {
 		name      string
 		final     bool
@@ -243,11 +243,11 @@ func TestEngineSessionSteps(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			sm, err := sessions.New(sessions.Config{}, nil, nil)
+			sm, err := sessions.New(sessions.Defaults(), nil, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
-			e, err := NewEngine(EngineOptions{Policy: &RoundRobin{}, Sessions: sm})
+			e, err := NewDispatcher(DispatcherOptions{Policy: &RoundRobin{}, Sessions: sm})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -280,15 +280,15 @@ func TestEngineSessionSteps(t *testing.T) {
 	}
 }
 
-// TestEngineDebugViews: the engine's debug views show its load and sessions, and say why a
+// TestDispatcherDebugViews: the dispatcher's debug views show its load and sessions, and say why a
 // session has no view.
-func TestEngineDebugViews(t *testing.T) {
-	sm, err := sessions.New(sessions.Config{}, nil, nil)
+func TestDispatcherDebugViews(t *testing.T) {
+	sm, err := sessions.New(sessions.Defaults(), nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	plain, _ := NewEngine(EngineOptions{Policy: &RoundRobin{}})
-	tracked, _ := NewEngine(EngineOptions{Policy: &RoundRobin{}, Sessions: sm})
+	plain, _ := NewDispatcher(DispatcherOptions{Policy: &RoundRobin{}})
+	tracked, _ := NewDispatcher(DispatcherOptions{Policy: &RoundRobin{}, Sessions: sm})
 	req := request(chain(1, 4))
 	req.SessionID = "s"
 	tracked.Start(req)
@@ -297,7 +297,7 @@ func TestEngineDebugViews(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer life.Done()
-	if v := tracked.DebugTargets([]workers.Target{d.Chosen.Target}); len(v) != 1 || v[0].Load == nil || v[0].Load.Requests != 1 || v[0].Mode != "" {
+	if v := tracked.DebugTargets([]kvkey.Target{d.Chosen.Target}); len(v) != 1 || v[0].Load == nil || v[0].Load.Requests != 1 || v[0].Mode != "" {
 		t.Errorf("DebugTargets: %+v", v)
 	}
 	if f := tracked.DebugFleet(); f.Sessions == nil || f.Sessions.Sessions != 1 {
@@ -305,7 +305,7 @@ func TestEngineDebugViews(t *testing.T) {
 	}
 	cases := []struct {
 		name string
-		e    *Engine
+		e    *Dispatcher
 		id   string
 		want string // error substring; "" = a view
 	}{
@@ -326,7 +326,7 @@ func TestEngineDebugViews(t *testing.T) {
 	}
 }
 
-// TestBuild: Build runs a KV-aware policy as the engine's KV policy (its mode and approximate
+// TestBuild: Build runs a KV-aware policy as the dispatcher's KV policy (its mode and approximate
 // index show in the views, Forget clears the latter) and any other as a plain policy.
 func TestBuild(t *testing.T) {
 	cases := []struct {
@@ -342,7 +342,7 @@ func TestBuild(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			deps := KVDeps{Approx: NewApproxIndex(DefaultKVConfig().Approximate)}
-			e, err := Build(tc.name, Options{KVDeps: deps}, EngineOptions{Policy: &RoundRobin{}})
+			e, err := Build(tc.name, Options{KVDeps: deps}, DispatcherOptions{Policy: &RoundRobin{}})
 			if tc.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
 					t.Fatalf("err %v, want %q", err, tc.wantErr)
@@ -350,7 +350,7 @@ func TestBuild(t *testing.T) {
 				return
 			}
 			if err != nil || e.Name() != tc.name {
-				t.Fatalf("engine %v, err %v", e, err)
+				t.Fatalf("dispatcher %v, err %v", e, err)
 			}
 			req := request(chain(1, 4))
 			d, life, err := e.Route(context.Background(), req, kvCands(1))
@@ -358,7 +358,7 @@ func TestBuild(t *testing.T) {
 				t.Fatal(err)
 			}
 			life.Done()
-			v := e.DebugTargets([]workers.Target{d.Chosen.Target})[0]
+			v := e.DebugTargets([]kvkey.Target{d.Chosen.Target})[0]
 			if v.Mode != tc.wantMode || (tc.wantMode != "") != (v.ApproximateBlocks != nil) {
 				t.Fatalf("view %+v", v)
 			}
@@ -366,12 +366,12 @@ func TestBuild(t *testing.T) {
 				t.Fatalf("approximate blocks %d after routing 4", *v.ApproximateBlocks)
 			}
 			e.Forget(d.Chosen.Target)
-			if v := e.DebugTargets([]workers.Target{d.Chosen.Target})[0]; v.ApproximateBlocks != nil && *v.ApproximateBlocks != 0 {
+			if v := e.DebugTargets([]kvkey.Target{d.Chosen.Target})[0]; v.ApproximateBlocks != nil && *v.ApproximateBlocks != 0 {
 				t.Fatalf("approximate blocks %d after Forget", *v.ApproximateBlocks)
 			}
 		})
 	}
-	if _, err := NewEngine(EngineOptions{Policy: &RoundRobin{}, KV: &KVPolicy{}}); err == nil {
-		t.Error("an engine with both a policy and a KV policy was built")
+	if _, err := NewDispatcher(DispatcherOptions{Policy: &RoundRobin{}, KV: &KVPolicy{}}); err == nil {
+		t.Error("a dispatcher with both a policy and a KV policy was built")
 	}
 }

@@ -1,11 +1,11 @@
-package router
+package indexers
 
 import (
 	"math/bits"
 	"sync"
 	"time"
 
-	"github.com/kvgate/kvgate/workers"
+	"github.com/kvgate/kvgate/kvkey"
 )
 
 // ApproxIndex predicts which blocks each target holds from the gateway's own routing decisions,
@@ -20,9 +20,9 @@ type ApproxIndex struct {
 	ttl     time.Duration
 	budget  int
 	now     func() time.Time
-	bit     map[workers.Target]int
+	bit     map[kvkey.Target]int
 	targets []*approxTarget
-	blocks  map[uint64]*approxBlock
+	blocks  map[kvkey.BlockHash]*approxBlock
 }
 
 // approxTarget is one target's LRU list of assumed-resident blocks (head = most recent).
@@ -33,7 +33,7 @@ type approxTarget struct {
 
 // approxNode is one (target, block) residency.
 type approxNode struct {
-	hash       uint64
+	hash       kvkey.BlockHash
 	bit        int
 	touched    time.Time
 	prev, next *approxNode
@@ -46,19 +46,20 @@ type approxBlock struct {
 	nodes []*approxNode
 }
 
-// NewApproxIndex returns an empty index with the given TTL and per-target block budget.
-func NewApproxIndex(cfg ApproxConfig) *ApproxIndex {
+// NewApproxIndex returns an empty index with the given TTL and per-target block budget
+// (router/routerconfig.Approx holds the configured values).
+func NewApproxIndex(ttl time.Duration, budget int) *ApproxIndex {
 	return &ApproxIndex{
-		ttl:    cfg.TTL.D(),
-		budget: cfg.BlockBudget,
+		ttl:    ttl,
+		budget: budget,
 		now:    time.Now,
-		bit:    make(map[workers.Target]int),
-		blocks: make(map[uint64]*approxBlock),
+		bit:    make(map[kvkey.Target]int),
+		blocks: make(map[kvkey.BlockHash]*approxBlock),
 	}
 }
 
 // Record notes that the prompt with these chained block hashes was routed to t.
-func (a *ApproxIndex) Record(t workers.Target, hashes []uint64) {
+func (a *ApproxIndex) Record(t kvkey.Target, hashes []kvkey.BlockHash) {
 	if len(hashes) == 0 {
 		return
 	}
@@ -96,9 +97,10 @@ func (a *ApproxIndex) Record(t workers.Target, hashes []uint64) {
 	a.expireLocked(at, now)
 }
 
-// Match writes into out[i] how many leading blocks of hashes are assumed resident on
-// targets[i] (0 for a target never recorded). len(out) must be len(targets).
-func (a *ApproxIndex) Match(hashes []uint64, targets []workers.Target, out []int) {
+// MatchTiers implements Matcher: out[i].G1 is how many leading blocks of hashes are assumed
+// resident on targets[i] (0 for a target never recorded); approximate mode predicts no host or
+// disk tier, so G2 and G3 stay 0. len(out) must be len(targets).
+func (a *ApproxIndex) MatchTiers(hashes []kvkey.BlockHash, targets []kvkey.Target, out []TierMatch) {
 	clear(out)
 	if len(hashes) == 0 {
 		return
@@ -149,15 +151,15 @@ func (a *ApproxIndex) Match(hashes []uint64, targets []workers.Target, out []int
 			continue
 		}
 		if depth[b] >= 0 {
-			out[i] = int(depth[b])
+			out[i].G1 = int(depth[b])
 		} else if b/64 < len(cur) && cur[b/64]&(1<<(b%64)) != 0 {
-			out[i] = len(hashes)
+			out[i].G1 = len(hashes)
 		}
 	}
 }
 
 // Resident returns how many blocks are assumed resident on t.
-func (a *ApproxIndex) Resident(t workers.Target) int {
+func (a *ApproxIndex) Resident(t kvkey.Target) int {
 	a.mu.RLock()
 	defer a.mu.RUnlock()
 	if b, ok := a.bit[t]; ok {
@@ -179,7 +181,7 @@ func (a *ApproxIndex) Expire() int {
 }
 
 // Forget drops everything assumed about t (e.g. the worker restarted or was removed).
-func (a *ApproxIndex) Forget(t workers.Target) {
+func (a *ApproxIndex) Forget(t kvkey.Target) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if b, ok := a.bit[t]; ok {

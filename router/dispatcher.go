@@ -11,53 +11,53 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvgate/kvgate/indexers"
+	"github.com/kvgate/kvgate/kvkey"
 	"github.com/kvgate/kvgate/sessions"
-	"github.com/kvgate/kvgate/workers"
 )
 
-// Engine is what the server calls to route (it implements Router): it runs a policy, accounts
+// Dispatcher is what the server calls to route (it implements Router): it runs a policy, accounts
 // the chosen target's load, teaches the approximate index, makes the session updates, scrapes
 // worker metrics, closes the loop on the workers' reported usage, and serves the debug views.
-// One Engine serves one gateway; it is safe for concurrent use.
-type Engine struct {
+// One Dispatcher serves one gateway; it is safe for concurrent use.
+type Dispatcher struct {
 	policy   Policy
 	kv       *KVPolicy // nil when the policy is not KV-aware
 	load     *LoadTracker
-	approx   *ApproxIndex
-	sessions *sessions.Manager // nil: no session tracking
-	events   *indexers.Manager // nil: no KV-event subscriptions
+	approx   *indexers.ApproxIndex
+	sessions *sessions.Tracker     // nil: no session tracking
+	events   *indexers.Subscribers // nil: no KV-event subscriptions
 	feedback *feedback
 	scraper  *Scraper
 	sweep    time.Duration
 	log      *slog.Logger
 }
 
-// EngineOptions configure an Engine. Exactly one of Policy and KV is required.
-type EngineOptions struct {
-	// Policy selects targets when the engine runs a simple policy (round robin, random, least
+// DispatcherOptions configure a Dispatcher. Exactly one of Policy and KV is required.
+type DispatcherOptions struct {
+	// Policy selects targets when the dispatcher runs a simple policy (round robin, random, least
 	// loaded); a KV-aware policy goes in KV instead.
 	Policy Policy
-	// KV is the KV-aware policy the engine runs; its load tracker and approximate index are the
-	// engine's (Load and Approx below are then ignored).
+	// KV is the KV-aware policy the dispatcher runs; its load tracker and approximate index are the
+	// dispatcher's (Load and Approx below are then ignored).
 	KV *KVPolicy
 	// Load accounts in-flight load for non-KV policies (a new tracker when nil).
 	Load *LoadTracker
 	// Approx is taught every routing decision when set (non-KV policies only; see Policy).
-	Approx *ApproxIndex
+	Approx *indexers.ApproxIndex
 	// Sessions, when set, hears every request's identity (Start), every routed attempt
 	// (Lifecycle.Sent: OnRouted) and end-of-session requests (End), and backs DebugSession.
-	Sessions *sessions.Manager
-	// Events, when set, is the KV-event subscription manager shown by DebugTargets and
+	Sessions *sessions.Tracker
+	// Events, when set, is the KV-event subscriptions shown by DebugTargets and
 	// DebugFleet.
-	Events *indexers.Manager
-	// Registerer receives the engine's metrics; nil registers nothing.
+	Events *indexers.Subscribers
+	// Registerer receives the dispatcher's metrics; nil registers nothing.
 	Registerer prometheus.Registerer
 	// Log receives tokenization-mismatch warnings and scrape failures (slog.Default when nil).
 	Log *slog.Logger
 	// Targets lists the routing targets whose workers' /metrics Run scrapes; nil disables
 	// scraping. MetricsClient does the scraping (http.DefaultClient when nil) every
 	// MetricsInterval (the KV policy's metrics_interval, else 1s).
-	Targets         func() []workers.Target
+	Targets         func() []kvkey.Target
 	MetricsClient   *http.Client
 	MetricsInterval time.Duration
 	// MismatchLogBurst is how many prompt-token mismatches are logged before the log is limited
@@ -66,16 +66,16 @@ type EngineOptions struct {
 	MismatchLogEvery time.Duration
 }
 
-// NewEngine builds an engine around a policy.
-func NewEngine(o EngineOptions) (*Engine, error) {
+// NewDispatcher builds a dispatcher around a policy.
+func NewDispatcher(o DispatcherOptions) (*Dispatcher, error) {
 	if (o.Policy == nil) == (o.KV == nil) {
-		return nil, errors.New("router engine: exactly one of Policy and KV is required")
+		return nil, errors.New("router dispatcher: exactly one of Policy and KV is required")
 	}
 	log := o.Log
 	if log == nil {
 		log = slog.Default()
 	}
-	e := &Engine{policy: o.Policy, load: o.Load, approx: o.Approx, sessions: o.Sessions, events: o.Events,
+	e := &Dispatcher{policy: o.Policy, load: o.Load, approx: o.Approx, sessions: o.Sessions, events: o.Events,
 		sweep: time.Second, log: log}
 	interval := o.MetricsInterval
 	if kv := o.KV; kv != nil {
@@ -103,19 +103,19 @@ func NewEngine(o EngineOptions) (*Engine, error) {
 	return e, nil
 }
 
-// Policy returns the engine's policy.
-func (e *Engine) Policy() Policy { return e.policy }
+// Policy returns the dispatcher's policy.
+func (e *Dispatcher) Policy() Policy { return e.policy }
 
-// Load returns the engine's load tracker (for the debug endpoint and tests).
-func (e *Engine) Load() *LoadTracker { return e.load }
+// Load returns the dispatcher's load tracker (for the debug endpoint and tests).
+func (e *Dispatcher) Load() *LoadTracker { return e.load }
 
 // Name is the wrapped policy's name.
-func (e *Engine) Name() string { return e.policy.Name() }
+func (e *Dispatcher) Name() string { return e.policy.Name() }
 
 // Start records the request's session identity before it is routed, and returns the function
 // that ends the session after the request when the request is its last (EndsSession): a
 // retry inside the request still sees the session.
-func (e *Engine) Start(req *Request) (end func()) {
+func (e *Dispatcher) Start(req *Request) (end func()) {
 	if e.sessions == nil || req.SessionID == "" {
 		return func() {}
 	}
@@ -130,7 +130,7 @@ func (e *Engine) Start(req *Request) (end func()) {
 // Route picks a target (Pick) and begins the attempt's accounting (Begin); the returned
 // Lifecycle makes the session update when the request is sent, ends the prefill load at the
 // first token, feeds the reported usage back, and releases the load at Done or Failed.
-func (e *Engine) Route(ctx context.Context, req *Request, cands []Candidate) (Decision, Lifecycle, error) {
+func (e *Dispatcher) Route(ctx context.Context, req *Request, cands []Candidate) (Decision, Lifecycle, error) {
 	d, err := e.Pick(ctx, req, cands)
 	if err != nil {
 		return Decision{}, nil, err
@@ -140,7 +140,7 @@ func (e *Engine) Route(ctx context.Context, req *Request, cands []Candidate) (De
 
 // Pick runs the policy and times it; it accounts nothing (POST /debug/route calls it as is).
 // Policies with their own state (round robin) still advance it.
-func (e *Engine) Pick(ctx context.Context, req *Request, candidates []Candidate) (Decision, error) {
+func (e *Dispatcher) Pick(ctx context.Context, req *Request, candidates []Candidate) (Decision, error) {
 	if len(candidates) == 0 {
 		return Decision{}, errNoCandidates
 	}
@@ -153,7 +153,7 @@ func (e *Engine) Pick(ctx context.Context, req *Request, candidates []Candidate)
 	return d, nil
 }
 
-func (e *Engine) begin(d Decision, req *Request) *Handle {
+func (e *Dispatcher) begin(d Decision, req *Request) *Handle {
 	if e.kv != nil {
 		return e.kv.begin(d, req)
 	}
@@ -166,14 +166,14 @@ func (e *Engine) begin(d Decision, req *Request) *Handle {
 
 // Forget drops what approximate mode assumed about t (its worker may have restarted with an
 // empty cache, e.g. after a health flap); without an approximate index it does nothing.
-func (e *Engine) Forget(t workers.Target) {
+func (e *Dispatcher) Forget(t kvkey.Target) {
 	if e.approx != nil {
 		e.approx.Forget(t)
 	}
 }
 
 // Run scrapes worker metrics and sweeps expired load and approximate entries until ctx ends.
-func (e *Engine) Run(ctx context.Context) {
+func (e *Dispatcher) Run(ctx context.Context) {
 	if e.scraper != nil {
 		go e.scraper.Run(ctx)
 	}
@@ -194,5 +194,5 @@ func (e *Engine) Run(ctx context.Context) {
 	}
 }
 
-// The server holds an Engine as its Router.
-var _ Router = (*Engine)(nil)
+// The server holds a Dispatcher as its Router.
+var _ Router = (*Dispatcher)(nil)

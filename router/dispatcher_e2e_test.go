@@ -16,18 +16,18 @@ import (
 	openai "github.com/sashabaranov/go-openai"
 
 	"github.com/kvgate/kvgate/indexers"
+	"github.com/kvgate/kvgate/kvkey"
 	"github.com/kvgate/kvgate/sim"
 	"github.com/kvgate/kvgate/tokenize"
-	"github.com/kvgate/kvgate/workers"
 )
 
 const e2eModelDir = "../models/qwen3"
 
 // e2eFleet is three simulated vLLM workers (real HTTP, real tokenizer, real ZMQ KV events when
 // enabled) with the gateway-side pieces this package owns: the event index fed by live
-// subscribers, the kv policy and the engine.
+// subscribers, the kv policy and the dispatcher.
 type e2eFleet struct {
-	engine  *Engine
+	disp    *Dispatcher
 	tok     *tokenize.Tokenizer
 	cands   []Candidate
 	clients map[string]*openai.Client
@@ -41,7 +41,7 @@ func startE2EFleet(t *testing.T, events bool, tok *tokenize.Tokenizer) *e2eFleet
 	var wg sync.WaitGroup
 	f := &e2eFleet{clients: map[string]*openai.Client{}, reg: prometheus.NewRegistry(), tok: tok}
 	ix := indexers.NewIndex(indexers.Options{BlockSize: 16})
-	mgr, err := indexers.NewManager(ix, quiet)
+	mgr, err := indexers.NewSubscribers(ix, quiet)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -76,13 +76,13 @@ func startE2EFleet(t *testing.T, events bool, tok *tokenize.Tokenizer) *e2eFleet
 		}
 		srv := httptest.NewServer(w.Handler())
 		t.Cleanup(func() { srv.Close(); _ = w.Close() })
-		target := workers.Target{Worker: srv.URL}
+		target := kvkey.Target{Worker: srv.URL}
 		f.cands = append(f.cands, Candidate{Target: target})
 		cfg := openai.DefaultConfig("none")
 		cfg.BaseURL = srv.URL + "/v1"
 		f.clients[srv.URL] = openai.NewClientWithConfig(cfg)
 		for _, ep := range w.EventEndpoints() {
-			err := mgr.Start(ctx, indexers.SubscriberConfig{Target: workers.Target{Worker: srv.URL, DPRank: ep.DPRank},
+			err := mgr.Start(ctx, indexers.SubscriberConfig{Target: kvkey.Target{Worker: srv.URL, DPRank: ep.DPRank},
 				Endpoint: ep.Endpoint, ReplayEndpoint: ep.Replay, Topic: "kv"})
 			if err != nil {
 				t.Fatal(err)
@@ -92,26 +92,26 @@ func startE2EFleet(t *testing.T, events bool, tok *tokenize.Tokenizer) *e2eFleet
 	if events {
 		f.awaitEvents(t, ix)
 	}
-	// Without events no subscription exists, so ManagerHealth puts every target in approximate mode.
-	deps := KVDeps{Approx: NewApproxIndex(DefaultKVConfig().Approximate), Events: ManagerHealth(mgr)}
+	// Without events no subscription exists, so SubscriberHealth puts every target in approximate mode.
+	deps := KVDeps{Approx: NewApproxIndex(DefaultKVConfig().Approximate), Events: SubscriberHealth(mgr)}
 	if events {
-		deps.Matcher = IndexMatcher(ix)
+		deps.Matcher = ix
 	}
 	p, err := NewKV(DefaultKVConfig(), deps)
 	if err != nil {
 		t.Fatal(err)
 	}
-	targets := make([]workers.Target, len(f.cands))
+	targets := make([]kvkey.Target, len(f.cands))
 	for i, c := range f.cands {
 		targets[i] = c.Target
 	}
-	f.engine, err = NewEngine(EngineOptions{KV: p, Registerer: f.reg, Log: quiet,
-		Targets: func() []workers.Target { return targets }, MetricsInterval: 50 * time.Millisecond})
+	f.disp, err = NewDispatcher(DispatcherOptions{KV: p, Registerer: f.reg, Log: quiet,
+		Targets: func() []kvkey.Target { return targets }, MetricsInterval: 50 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
 	wg.Add(1)
-	go func() { defer wg.Done(); f.engine.Run(ctx) }()
+	go func() { defer wg.Done(); f.disp.Run(ctx) }()
 	return f
 }
 
@@ -176,7 +176,7 @@ func (f *e2eFleet) send(t *testing.T, chat openai.ChatCompletionRequest) (Decisi
 		t.Fatal(err)
 	}
 	req := &Request{Model: chat.Model, PromptTokens: len(prompt.TokenIDs), BlockHashes: prompt.BlockHashes(16), BlockSize: 16}
-	d, h, err := pickAndBegin(ctx, f.engine, req, f.cands)
+	d, h, err := pickAndBegin(ctx, f.disp, req, f.cands)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -190,7 +190,7 @@ func (f *e2eFleet) send(t *testing.T, chat openai.ChatCompletionRequest) (Decisi
 	if resp.Usage.PromptTokensDetails != nil {
 		u.CachedTokens, u.HasCached = resp.Usage.PromptTokensDetails.CachedTokens, true
 	}
-	f.engine.Observe(chat.Model, req, d, u)
+	f.disp.Observe(chat.Model, req, d, u)
 	return d, resp.Usage
 }
 
@@ -203,7 +203,7 @@ func (f *e2eFleet) dryRun(t *testing.T, chat openai.ChatCompletionRequest) Decis
 		t.Fatal(err)
 	}
 	req := &Request{Model: chat.Model, PromptTokens: len(prompt.TokenIDs), BlockHashes: prompt.BlockHashes(16), BlockSize: 16}
-	d, err := f.engine.Pick(context.Background(), req, f.cands)
+	d, err := f.disp.Pick(context.Background(), req, f.cands)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -268,11 +268,11 @@ func TestE2ERepeatedPromptReturns(t *testing.T) {
 				}
 			}
 			for _, c := range f.cands {
-				if got := f.engine.Load().Load(c.Target); got != (TargetLoad{}) {
+				if got := f.disp.Load().Load(c.Target); got != (TargetLoad{}) {
 					t.Errorf("%v: load %+v after all requests ended", c.Target, got)
 				}
 			}
-			if n := metricValue(t, f.engine.feedback.mismatches.WithLabelValues("qwen")); n != 0 {
+			if n := metricValue(t, f.disp.feedback.mismatches.WithLabelValues("qwen")); n != 0 {
 				t.Errorf("%v tokenization mismatches", n)
 			}
 			// The scraper reads the workers' vLLM-format /metrics. (vllm:cache_config_info, which
@@ -280,7 +280,7 @@ func TestE2ERepeatedPromptReturns(t *testing.T) {
 			deadline := time.Now().Add(3 * time.Second)
 			for _, c := range f.cands {
 				for {
-					m, ok := f.engine.Load().Metrics(c.Target, time.Second)
+					m, ok := f.disp.Load().Metrics(c.Target, time.Second)
 					if ok {
 						break
 					}

@@ -1,0 +1,129 @@
+// Package serverconfig holds the server's sections of the kvgate YAML, proxy (how requests are
+// forwarded to workers) and limits (what the gateway admits), with their defaults and
+// validation. It is a leaf, so configs composes it into the schema without importing the server.
+package serverconfig
+
+import (
+	"time"
+
+	"github.com/kvgate/kvgate/confval"
+)
+
+// Proxy bounds how requests are forwarded to workers. Every field is used as given: zero is a
+// value, not "use the default"; start from DefaultProxy.
+type Proxy struct {
+	// MaxRetries is how many other workers a request may be retried on when a worker fails
+	// before its first byte (0 = no retry).
+	MaxRetries int `yaml:"max_retries"`
+	// MaxBodyBytes bounds a request body (413 beyond it).
+	MaxBodyBytes confval.ByteSize `yaml:"max_body_bytes"`
+	// DialTimeout bounds connecting to a worker.
+	DialTimeout confval.Duration `yaml:"dial_timeout"`
+	// ResponseHeaderTimeout bounds waiting for a worker's response headers; 0 = none.
+	ResponseHeaderTimeout confval.Duration `yaml:"response_header_timeout"`
+	// StreamIdleTimeout bounds the silence between two body chunks of a worker's response; 0 = none.
+	StreamIdleTimeout confval.Duration `yaml:"stream_idle_timeout"`
+	// IdleConnTimeout is how long an idle pooled connection to a worker is kept; 0 = no limit.
+	IdleConnTimeout confval.Duration `yaml:"idle_conn_timeout"`
+	// MaxIdleConnsPerWorker bounds the idle pooled connections to one worker.
+	MaxIdleConnsPerWorker int `yaml:"max_idle_conns_per_worker"`
+	// ExposeRoutingHeaders adds X-Kvgate-Worker and X-Kvgate-Cached-Blocks to responses. Off by
+	// default: the cached-block count lets a client test guesses of other users' prompts.
+	ExposeRoutingHeaders bool `yaml:"expose_routing_headers"`
+}
+
+// DefaultProxy returns the proxy section's defaults (configs/kvgate.yaml documents the same).
+func DefaultProxy() Proxy {
+	return Proxy{
+		MaxRetries:            2,
+		MaxBodyBytes:          32 << 20,
+		DialTimeout:           confval.Duration(5 * time.Second),
+		ResponseHeaderTimeout: confval.Duration(10 * time.Minute),
+		StreamIdleTimeout:     confval.Duration(5 * time.Minute),
+		IdleConnTimeout:       confval.Duration(90 * time.Second),
+		MaxIdleConnsPerWorker: 128,
+	}
+}
+
+// Validate returns every invalid key, named relative to the section ("max_retries"); configs
+// prefixes them with "proxy.".
+func (c Proxy) Validate() error {
+	var p confval.Problems
+	if c.MaxRetries < 0 || c.MaxRetries > 16 {
+		p.Addf("max_retries", "must be between 0 and 16, got %d", c.MaxRetries)
+	}
+	if c.MaxBodyBytes <= 0 {
+		p.Addf("max_body_bytes", "must be positive, got %d", c.MaxBodyBytes)
+	}
+	if c.DialTimeout <= 0 {
+		p.Addf("dial_timeout", "must be positive, got %s", c.DialTimeout)
+	}
+	if c.ResponseHeaderTimeout < 0 {
+		p.Addf("response_header_timeout", "must not be negative, got %s", c.ResponseHeaderTimeout)
+	}
+	if c.StreamIdleTimeout < 0 {
+		p.Addf("stream_idle_timeout", "must not be negative, got %s", c.StreamIdleTimeout)
+	}
+	if c.IdleConnTimeout < 0 {
+		p.Addf("idle_conn_timeout", "must not be negative, got %s", c.IdleConnTimeout)
+	}
+	if c.MaxIdleConnsPerWorker < 1 {
+		p.Addf("max_idle_conns_per_worker", "must be at least 1, got %d", c.MaxIdleConnsPerWorker)
+	}
+	return p.Err()
+}
+
+// Limits bounds what the gateway admits. Every field is used as given: zero is a value (for
+// several keys "learn it" or "no cap", as documented on each), not "use the default"; start
+// from DefaultLimits.
+type Limits struct {
+	// MaxModelLen is the longest prompt+output in tokens (vllm serve --max-model-len); prompts
+	// of at least this many tokens get vLLM's 400 before anything is sent. 0 learns it from the
+	// workers' /v1/models max_model_len.
+	MaxModelLen int `yaml:"max_model_len"`
+	// MaxConcurrentTokenizations caps requests being tokenized at once; 0 = GOMAXPROCS.
+	MaxConcurrentTokenizations int `yaml:"max_concurrent_tokenizations"`
+	// TokenizeQueue caps requests waiting for a tokenization slot; beyond it they get 503.
+	TokenizeQueue int `yaml:"tokenize_queue"`
+	// TokenizeQueueTimeout is the longest wait for a tokenization slot (then 503).
+	TokenizeQueueTimeout confval.Duration `yaml:"tokenize_queue_timeout"`
+	// BodyReadTimeout bounds reading one request's body after its headers; 0 = none. Responses
+	// (streams) are never timed out by it.
+	BodyReadTimeout confval.Duration `yaml:"body_read_timeout"`
+	// MaxConnsPerIP caps concurrent client connections from one IP address; 0 = no cap.
+	MaxConnsPerIP int `yaml:"max_conns_per_ip"`
+}
+
+// DefaultLimits returns the limits section's defaults (configs/kvgate.yaml documents the same).
+func DefaultLimits() Limits {
+	return Limits{
+		TokenizeQueue:        64,
+		TokenizeQueueTimeout: confval.Duration(10 * time.Second),
+		BodyReadTimeout:      confval.Duration(30 * time.Second),
+	}
+}
+
+// Validate returns every invalid key, named relative to the section ("tokenize_queue");
+// configs prefixes them with "limits.".
+func (c Limits) Validate() error {
+	var p confval.Problems
+	if c.MaxModelLen < 0 {
+		p.Addf("max_model_len", "must not be negative, got %d", c.MaxModelLen)
+	}
+	if c.MaxConcurrentTokenizations < 0 {
+		p.Addf("max_concurrent_tokenizations", "must not be negative, got %d", c.MaxConcurrentTokenizations)
+	}
+	if c.TokenizeQueue < 0 {
+		p.Addf("tokenize_queue", "must not be negative, got %d", c.TokenizeQueue)
+	}
+	if c.TokenizeQueueTimeout < 0 {
+		p.Addf("tokenize_queue_timeout", "must not be negative, got %s", c.TokenizeQueueTimeout)
+	}
+	if c.BodyReadTimeout < 0 {
+		p.Addf("body_read_timeout", "must not be negative, got %s", c.BodyReadTimeout)
+	}
+	if c.MaxConnsPerIP < 0 {
+		p.Addf("max_conns_per_ip", "must not be negative, got %d", c.MaxConnsPerIP)
+	}
+	return p.Err()
+}
