@@ -46,8 +46,10 @@ type step struct {
 	reqs          []*simRequest
 	numNew        []int
 	prefillTokens int
+	prefillPairs  float64 // Σ n·(c + n/2) over prefill chunks: attention pairs (see PerfModel)
 	loadTokens    int
 	decodes       int
+	decodeKV      int // Σ context length of the decoding requests
 }
 
 func newEngineCore(w *Worker, rank int) *engineCore {
@@ -234,9 +236,18 @@ func (e *engineCore) addToStep(st *step, r *simRequest, numNew int) {
 	st.numNew = append(st.numNew, numNew)
 	if numNew == 1 && r.computed == len(r.seq.tokens)-1 && len(r.seq.tokens) > r.promptLen {
 		st.decodes++
+		st.decodeKV += len(r.seq.tokens)
 	} else {
 		st.prefillTokens += numNew
+		st.prefillPairs += attentionPairs(numNew, r.computed)
 	}
+}
+
+// attentionPairs is the number of (query, key) pairs causal attention computes for a chunk of
+// n new tokens after c tokens whose KV is already there (a prefix-cache hit or earlier chunks):
+// each new token attends to the c earlier ones and, on average, to half of the chunk.
+func attentionPairs(n, c int) float64 {
+	return float64(n) * (float64(c) + float64(n)/2)
 }
 
 // stepTime is the modelled duration of a step, before Speedup.
@@ -255,16 +266,30 @@ func stepDuration(o Options, st step, u float64) time.Duration {
 		}
 		return 0
 	}
-	p := o.Perf
+	return time.Duration(o.Perf.stepMillis(st, u) * float64(time.Millisecond))
+}
+
+// stepMillis is the modelled time of one step in ms: a prefill part (fixed launch cost, the
+// per-token GEMMs, attention over every pair of new token × context token, and an optional
+// quadratic in the step's token count) plus a decode part (a floor that is the weight read,
+// the KV read of every decoding sequence, and a per-sequence cost), plus host-tier loads.
+func (p PerfModel) stepMillis(st step, u float64) float64 {
 	ms := 0.0
-	if t := float64(st.prefillTokens); t > 0 {
-		ms += p.PrefillA*t*t + p.PrefillB*t + p.PrefillC
+	if st.prefillTokens > 0 {
+		t := float64(st.prefillTokens)
+		fixed := p.PrefillC
+		gemm := p.PrefillB * t
+		attention := p.PrefillAttn * st.prefillPairs
+		batchQuadratic := p.PrefillA * t * t
+		ms += fixed + gemm + attention + batchQuadratic
 	}
 	if st.decodes > 0 {
-		ms += math.Max(p.DecodeMin, p.DecodeA*u*u+p.DecodeB*u+p.DecodeC) + p.DecodePerSeq*float64(st.decodes)
+		floor := math.Max(p.DecodeMin, p.DecodeA*u*u+p.DecodeB*u+p.DecodeC)
+		kvRead := p.DecodePerKVToken * float64(st.decodeKV)
+		perSeq := p.DecodePerSeq * float64(st.decodes)
+		ms += floor + kvRead + perSeq
 	}
-	ms += p.CPULoadPerToken * float64(st.loadTokens)
-	return time.Duration(ms * float64(time.Millisecond))
+	return ms + p.CPULoadPerToken*float64(st.loadTokens)
 }
 
 // maxClockDebt bounds how far the engine may run behind its virtual clock.

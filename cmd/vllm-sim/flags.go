@@ -65,13 +65,15 @@ func newServeFlags(fs *flag.FlagSet, o *sim.Options, c *serveConfig) func() erro
 	fs.DurationVar(&o.ITL, "itl", 0, "fixed time of a decode step (replaces the perf model with --ttft)")
 	p := sim.DefaultPerfModel()
 	o.Perf = p
-	fs.Float64Var(&o.Perf.PrefillA, "sim-prefill-a", p.PrefillA, "prefill ms = a*T^2 + b*T + c, T = uncached tokens in the step")
+	fs.Float64Var(&o.Perf.PrefillA, "sim-prefill-a", p.PrefillA, "prefill ms = c + b*T + attn*pairs + a*T^2, T = uncached tokens in the step")
 	fs.Float64Var(&o.Perf.PrefillB, "sim-prefill-b", p.PrefillB, "prefill linear coefficient (ms/token)")
 	fs.Float64Var(&o.Perf.PrefillC, "sim-prefill-c", p.PrefillC, "prefill fixed cost per step (ms)")
-	fs.Float64Var(&o.Perf.DecodeA, "sim-decode-a", p.DecodeA, "decode ms = max(min, a*u^2 + b*u + c) + per_seq*batch, u = KV usage")
+	fs.Float64Var(&o.Perf.PrefillAttn, "sim-prefill-attn", p.PrefillAttn, "prefill cost per attention pair (ms); a chunk of n new tokens at context offset c has n*(c + n/2) pairs")
+	fs.Float64Var(&o.Perf.DecodeA, "sim-decode-a", p.DecodeA, "decode ms = max(min, a*u^2 + b*u + c) + per_kv_token*sum(context) + per_seq*batch, u = KV usage")
 	fs.Float64Var(&o.Perf.DecodeB, "sim-decode-b", p.DecodeB, "decode linear coefficient in u")
 	fs.Float64Var(&o.Perf.DecodeC, "sim-decode-c", p.DecodeC, "decode constant (ms)")
 	fs.Float64Var(&o.Perf.DecodeMin, "sim-decode-min", p.DecodeMin, "decode floor (ms)")
+	fs.Float64Var(&o.Perf.DecodePerKVToken, "sim-decode-per-kv-token", p.DecodePerKVToken, "decode cost per token of context of every decoding sequence (ms)")
 	fs.Float64Var(&o.Perf.DecodePerSeq, "sim-decode-per-seq", p.DecodePerSeq, "decode cost per running sequence (ms)")
 	fs.Float64Var(&o.Perf.CPULoadPerToken, "sim-cpu-load-per-token", p.CPULoadPerToken, "host-tier load cost (ms/token)")
 
