@@ -273,18 +273,23 @@ func stepDuration(o Options, st step, u float64) time.Duration {
 // per-token GEMMs, attention over every pair of new token × context token, and an optional
 // quadratic in the step's token count) plus a decode part (a floor that is the weight read,
 // the KV read of every decoding sequence, and a per-sequence cost), plus host-tier loads.
+// With SharedWeightRead, a mixed step pays the decode floor only where it exceeds the
+// prefill GEMMs, as AIConfigurator composes a mixed step (prefill plus the marginal decode).
 func (p PerfModel) stepMillis(st step, u float64) float64 {
-	ms := 0.0
+	ms, gemm := 0.0, 0.0
 	if st.prefillTokens > 0 {
 		t := float64(st.prefillTokens)
 		fixed := p.PrefillC
-		gemm := p.PrefillB * t
+		gemm = p.PrefillB * t
 		attention := p.PrefillAttn * st.prefillPairs
 		batchQuadratic := p.PrefillA * t * t
 		ms += fixed + gemm + attention + batchQuadratic
 	}
 	if st.decodes > 0 {
 		floor := math.Max(p.DecodeMin, p.DecodeA*u*u+p.DecodeB*u+p.DecodeC)
+		if p.SharedWeightRead {
+			floor = math.Max(0, floor-gemm) // the prefill GEMMs already read the weights
+		}
 		kvRead := p.DecodePerKVToken * float64(st.decodeKV)
 		perSeq := p.DecodePerSeq * float64(st.decodes)
 		ms += floor + kvRead + perSeq

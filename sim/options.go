@@ -114,6 +114,10 @@ type PerfModel struct {
 	DecodePerKVToken float64
 	DecodePerSeq     float64
 	CPULoadPerToken  float64
+	// SharedWeightRead makes a step with prefill and decode work pay the decode floor (the
+	// weight read) only beyond the prefill GEMMs, which read the same weights:
+	// floor becomes max(0, floor − PrefillB·T).
+	SharedWeightRead bool
 }
 
 // DefaultPerfModel returns the "mocker" profile: the Dynamo mocker's polynomials

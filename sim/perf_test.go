@@ -81,3 +81,46 @@ func TestStepCostTerms(t *testing.T) {
 		t.Errorf("decode step %v ms, want %v", got, want)
 	}
 }
+
+// TestCalibratedProfile: the Llama-3.1-8B bf16 H200 profile reproduces the kernel-sum step
+// times it was fitted to (AIConfigurator's measured vLLM kernels; see perfProfiles) within
+// the stated tolerance, including prefill after a cached prefix and decode over long contexts.
+func TestCalibratedProfile(t *testing.T) {
+	p, err := PerfProfile("llama3.1-8b-bf16-h200")
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := Options{Perf: p}
+	decode := func(b, ctx int) step { return step{decodes: b, decodeKV: b * ctx} }
+	tests := []struct {
+		name   string
+		st     step
+		wantMS float64
+		tol    float64 // relative
+	}{
+		{"prefill 512", prefillStep(512, 0), 10.1, 0.05},
+		{"prefill 2048", prefillStep(2048, 0), 37.5, 0.05},
+		{"prefill 8192", prefillStep(8192, 0), 183.6, 0.05},
+		{"prefill 16384", prefillStep(16384, 0), 414.5, 0.05},
+		{"512 new after 3584 cached", prefillStep(512, 3584), 11.5, 0.10},
+		{"1024 new after 7168 cached", prefillStep(1024, 7168), 25.0, 0.10},
+		{"512 new after 15872 cached", prefillStep(512, 15872), 16.1, 0.20},
+		{"decode 1 x 1024", decode(1, 1024), 4.8, 0.05},
+		{"decode 32 x 8192", decode(32, 8192), 13.3, 0.08},
+		{"decode 128 x 4096", decode(128, 4096), 20.6, 0.08},
+		{"decode 256 x 1024", decode(256, 1024), 14.8, 0.08},
+	}
+	for _, tc := range tests {
+		got := float64(stepDuration(o, tc.st, 0)) / float64(time.Millisecond)
+		if rel := got/tc.wantMS - 1; rel < -tc.tol || rel > tc.tol {
+			t.Errorf("%s: %.2f ms, measured %.1f ms (off by %+.0f%%, tolerance %.0f%%)", tc.name, got, tc.wantMS, rel*100, tc.tol*100)
+		}
+	}
+	// A mixed step pays the weight read once: 512 prefill tokens plus 8 decodes cost less than
+	// the two steps apart.
+	mixed := prefillStep(512, 0)
+	mixed.decodes, mixed.decodeKV = 8, 8*1024
+	if m, apart := stepDuration(o, mixed, 0), stepDuration(o, prefillStep(512, 0), 0)+stepDuration(o, decode(8, 1024), 0); m >= apart {
+		t.Errorf("mixed step %v, not cheaper than prefill and decode apart (%v)", m, apart)
+	}
+}
