@@ -148,6 +148,7 @@ func (e *engineCore) drainInbox(ctx context.Context) {
 }
 
 func (e *engineCore) admit(r *simRequest) {
+	r.queuedAt = time.Now()
 	e.waiting = append(e.waiting, r)
 }
 
@@ -218,6 +219,7 @@ func (e *engineCore) schedule() step {
 		r.computed = hitTokens
 		if !r.scheduled {
 			r.scheduled = true
+			r.scheduledAt = time.Now() // vLLM keeps the first SCHEDULED, not a re-schedule after preemption
 			r.cached = hitTokens
 			e.w.metrics.prefixQueries.WithLabelValues(e.o.ServedModelName, e.label()).Add(float64(len(r.seq.tokens)))
 			e.w.metrics.prefixHits.WithLabelValues(e.o.ServedModelName, e.label()).Add(float64(len(hit.gpu) * e.o.BlockSize))
@@ -331,7 +333,9 @@ func (e *engineCore) update(st step, d time.Duration) {
 	for _, r := range e.waiting {
 		r.simElapsed += d
 	}
-	sampled := 0
+	sampled, promptDone := 0, 0
+	now := time.Now()
+	m, labels := e.w.metrics, []string{e.o.ServedModelName, e.label()}
 	for i, r := range st.reqs {
 		r.computed += st.numNew[i]
 		if r.computed < len(r.seq.tokens) {
@@ -344,7 +348,12 @@ func (e *engineCore) update(st step, d time.Duration) {
 		n++
 		if n == 1 {
 			r.simTTFT = r.simElapsed
+			r.firstTokenAt = now
+			promptDone += r.promptLen
+		} else {
+			m.itl.WithLabelValues(labels...).Observe(now.Sub(r.lastTokenAt).Seconds())
 		}
+		r.lastTokenAt = now
 		finish := ""
 		switch {
 		case r.stopAt > 0 && n >= r.stopAt:
@@ -369,7 +378,12 @@ func (e *engineCore) update(st step, d time.Duration) {
 		}
 		r.signal()
 	}
-	e.w.metrics.genTokens.WithLabelValues(e.o.ServedModelName, e.label()).Add(float64(sampled))
+	m.genTokens.WithLabelValues(labels...).Add(float64(sampled))
+	// vLLM's IterationStats: the whole prompt of every request whose prefill completed in this
+	// step, plus the tokens sampled (vllm/v1/metrics/stats.py, update_from_output).
+	if promptDone+sampled > 0 {
+		m.iterationTokens.WithLabelValues(labels...).Observe(float64(promptDone + sampled))
+	}
 }
 
 func (e *engineCore) finishRequest(r *simRequest, finish string, err error) {
@@ -381,6 +395,7 @@ func (e *engineCore) finishRequest(r *simRequest, finish string, err error) {
 	e.inflight.Add(-1)
 	if finish != "abort" && err == nil {
 		e.w.metrics.success.WithLabelValues(e.o.ServedModelName, e.label(), finish).Inc()
+		e.observeFinished(r, out)
 	}
 	if hook := e.o.OnRequestDone; hook != nil {
 		reason := finish
@@ -390,6 +405,26 @@ func (e *engineCore) finishRequest(r *simRequest, finish string, err error) {
 		hook(RequestRecord{ID: r.id, DPRank: e.rank, PromptTokens: r.promptLen, CachedTokens: r.cached,
 			OutputTokens: out, FinishReason: reason, SimTTFT: r.simTTFT, SimE2E: r.simElapsed})
 	}
+}
+
+// observeFinished records the per-request interval histograms when a request finishes, as
+// vLLM does (vllm/v1/metrics/stats.py, IterationStats.update_from_finished_request): queue =
+// first SCHEDULED − QUEUED, prefill = first token − first SCHEDULED, decode = last − first
+// token, inference = last token − first SCHEDULED, time per output token = decode / (n − 1).
+func (e *engineCore) observeFinished(r *simRequest, generated int) {
+	if r.scheduledAt.IsZero() || r.firstTokenAt.IsZero() {
+		return
+	}
+	m, labels := e.w.metrics, []string{e.o.ServedModelName, e.label()}
+	decode := r.lastTokenAt.Sub(r.firstTokenAt).Seconds()
+	m.queueTime.WithLabelValues(labels...).Observe(r.scheduledAt.Sub(r.queuedAt).Seconds())
+	m.prefillTime.WithLabelValues(labels...).Observe(r.firstTokenAt.Sub(r.scheduledAt).Seconds())
+	m.decodeTime.WithLabelValues(labels...).Observe(decode)
+	m.inferenceTime.WithLabelValues(labels...).Observe(r.lastTokenAt.Sub(r.scheduledAt).Seconds())
+	if generated > 1 {
+		m.tpot.WithLabelValues(labels...).Observe(decode / float64(generated-1))
+	}
+	m.prefillKVComputed.WithLabelValues(labels...).Observe(float64(max(0, r.promptLen-r.cached)))
 }
 
 // failAll ends every queued and running request with err (shutdown or restart fault).
