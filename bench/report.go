@@ -90,11 +90,16 @@ figure{margin:12px 0}small{color:#666}</style></head><body>`, esc(title))
 	b.WriteString("<h2>Prefix cache</h2>")
 	cached := barSeries{name: "cached (usage)"}
 	theo := barSeries{name: "theoretical hit"}
+	captured := barSeries{name: "captured of theoretical"}
 	for _, r := range runs {
 		cached.values = append(cached.values, r.Summary.CachedTokenRatio)
 		theo.values = append(theo.values, r.Summary.TheoreticalPrefixCacheHit)
+		captured.values = append(captured.values, r.Summary.CapturedCacheFraction)
 	}
-	b.WriteString(figure(svgBars("Cached-token ratio per policy", "ratio", labels, []barSeries{cached, theo})))
+	b.WriteString(figure(svgBars("Cached-token ratio per policy", "ratio", labels, []barSeries{cached, theo, captured})))
+	b.WriteString("<p><small>theoretical hit: leading trace blocks seen earlier, i.e. an infinite cache on one " +
+		"worker; captured of theoretical: cached tokens reported by the workers / the prompt tokens that " +
+		"theoretical cache would have served.</small></p>")
 
 	b.WriteString("<h2>Worker load</h2>")
 	workers := map[string]bool{}
