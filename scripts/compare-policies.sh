@@ -62,51 +62,8 @@ log "building kvgate, vllm-sim, kvbench into $BIN"
 build_bins
 warn_speedup "$SPEEDUP"
 
-# run_one VARIANT: one variant on its own fresh fleet; exit status 3 = skipped.
-run_one() {
-  parse_variant "$1"
-  log "[$label] starting $WORKERS simulated workers (policy $policy, session headers $headers, gateway port $BASE_PORT)"
-  # shellcheck disable=SC2086 # KVBENCH_ARGS is a list of flags
-  run_variant "$OUT/$label" "$TRACE" "$TIME_SCALE" $KVBENCH_ARGS
-}
-
-RUNS=()
-if [ "${PARALLEL:-0}" = 1 ]; then
-  # Every variant at once, each on its own ports (BASE_PORT + 200·i) with its own fleet: the
-  # simulated workers mostly sleep, so this shortens wall time without compressing GPU time.
-  jobs=() dirs=() i=0
-  for variant in $POLICIES; do
-    (
-      PIDS=()
-      trap cleanup EXIT
-      trap 'cleanup; exit 130' INT TERM
-      BASE_PORT=$((BASE_PORT + 200 * i))
-      run_one "$variant"
-    ) &
-    jobs+=($!)
-    PIDS+=($!)
-    parse_variant "$variant"
-    dirs+=("$OUT/$label")
-    i=$((i + 1))
-  done
-  for k in "${!jobs[@]}"; do
-    rc=0
-    wait "${jobs[$k]}" || rc=$?
-    case "$rc" in
-      0) RUNS+=("${dirs[$k]}/profile_export_kvbench.json") ;;
-      3) ;;
-      *) die "variant ${dirs[$k]##*/} failed (exit $rc)" ;;
-    esac
-  done
-else
-  for variant in $POLICIES; do
-    rc=0
-    run_one "$variant" || rc=$?
-    [ "$rc" = 3 ] && continue
-    [ "$rc" = 0 ] || exit "$rc"
-    RUNS+=("$OUT/$label/profile_export_kvbench.json")
-  done
-fi
+# shellcheck disable=SC2086 # KVBENCH_ARGS is a list of flags
+run_all "$OUT" "$TRACE" "$TIME_SCALE" $KVBENCH_ARGS
 
 [ "${#RUNS[@]}" -gt 0 ] || die "no policy ran"
 "$BIN/kvbench" compare --title "kvgate routing policies on $(basename "$TRACE")" \

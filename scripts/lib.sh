@@ -148,3 +148,51 @@ run_variant() {
   stop_pid "$gw"
   stop_pid "$fleet"
 }
+
+# run_all OUTDIR TRACE TIME_SCALE [kvbench flags...]: every variant of POLICIES not listed in
+# SKIPPED, each into OUTDIR/<label> on its own fresh fleet (run_variant): one after another, or
+# with PARALLEL=1 all at once, variant i on ports BASE_PORT + 200·i (the simulated workers mostly
+# sleep, so this shortens wall time without compressing GPU time). Sets RUNS to the summaries of
+# the runs made, in POLICIES order, and appends the variants kvgate rejects to SKIPPED.
+run_all() {
+  local outdir="$1" trace="$2" scale="$3" variant i=0 k rc jobs=() dirs=() names=()
+  shift 3
+  RUNS=()
+  for variant in $POLICIES; do
+    case " ${SKIPPED:-} " in *" $variant "*) continue ;; esac
+    parse_variant "$variant"
+    names+=("$variant")
+    dirs+=("$outdir/$label")
+    if [ "${PARALLEL:-0}" = 1 ]; then
+      (
+        PIDS=()
+        trap cleanup EXIT
+        trap 'cleanup; exit 130' INT TERM
+        BASE_PORT=$((BASE_PORT + 200 * i))
+        log "[$label] $WORKERS simulated workers, policy $policy, session headers $headers, gateway port $BASE_PORT"
+        run_variant "$outdir/$label" "$trace" "$scale" "$@"
+      ) &
+      jobs+=($!)
+      PIDS+=($!)
+    else
+      log "[$label] $WORKERS simulated workers, policy $policy, session headers $headers"
+      rc=0
+      run_variant "$outdir/$label" "$trace" "$scale" "$@" || rc=$?
+      jobs+=("rc:$rc")
+    fi
+    i=$((i + 1))
+  done
+  for k in "${!jobs[@]}"; do
+    rc=0
+    case "${jobs[$k]}" in
+      rc:*) rc="${jobs[$k]#rc:}" ;;
+      *) wait "${jobs[$k]}" || rc=$? ;;
+    esac
+    case "$rc" in
+      0) RUNS+=("${dirs[$k]}/$SUMMARY_FILE") ;;
+      3) SKIPPED="${SKIPPED:-} ${names[$k]}" ;;
+      *) die "variant ${names[$k]} failed (exit $rc)" ;;
+    esac
+  done
+}
+SUMMARY_FILE=profile_export_kvbench.json
