@@ -118,7 +118,7 @@ func TestTimingMetrics(t *testing.T) {
 }
 
 // TestTimingMetricsAtFinish: per-request intervals appear only when the request finishes (as
-// in vLLM), while per-step histograms are observed as the steps run.
+// in vLLM), while TTFT is observed at the first token and per-step histograms as steps run.
 func TestTimingMetricsAtFinish(t *testing.T) {
 	_, base := startWorker(t, Options{ServedModelName: "m", TTFT: time.Millisecond, ITL: 50 * time.Millisecond, Speedup: 1})
 	done := make(chan error, 1)
@@ -143,6 +143,9 @@ func TestTimingMetricsAtFinish(t *testing.T) {
 		if count(f, "vllm:inter_token_latency_seconds") >= 1 {
 			if n := count(f, "vllm:request_prefill_time_seconds"); n != 0 {
 				t.Errorf("prefill time observed %d times while the request still decodes, want 0", n)
+			}
+			if n := count(f, "vllm:time_to_first_token_seconds"); n != 1 {
+				t.Errorf("TTFT observed %d times after the first token, want 1 (vLLM observes it then)", n)
 			}
 			break
 		}
