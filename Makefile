@@ -7,7 +7,7 @@ STATICCHECK ?= $(shell go env GOPATH)/bin/staticcheck
 BENCHTIME   ?= 2s
 
 .PHONY: all build test setup fmt-check vet staticcheck lint gotest e2e-node demo demo-basic bench bench-router \
-	bench-index bench-tokenize bench-tokenize-hf bench-sim compare clean
+	bench-index bench-tokenize bench-tokenize-hf bench-sim compare sweep clean
 
 all: build
 
@@ -78,6 +78,11 @@ bench-sim: setup
 # The demo's policy comparison on any trace: scripts/compare-policies.sh TRACE.
 compare: setup build
 	BIN=bin SKIP_BUILD=1 scripts/compare-policies.sh $(TRACE)
+
+# Every policy at several load levels, as curves against load: scripts/load-sweep.sh TRACE
+# (SMOKE=1 for a one-minute check).
+sweep: setup build
+	BIN=bin SKIP_BUILD=1 scripts/load-sweep.sh $(TRACE)
 
 clean:
 	rm -rf bin out

@@ -157,6 +157,8 @@ func WriteCSV(w io.Writer, s *Summary) error {
 	_ = cw.Write([]string{"Error Count", strconv.Itoa(s.ErrorCount)})
 	_ = cw.Write([]string{"Cached Token Ratio", f(s.CachedTokenRatio)})
 	_ = cw.Write([]string{"Theoretical Prefix Cache Hit", f(s.TheoreticalPrefixCacheHit)})
+	_ = cw.Write([]string{"Theoretical Cacheable Tokens", strconv.Itoa(s.TheoreticalCacheableTokens)})
+	_ = cw.Write([]string{"Captured Cache Fraction", f(s.CapturedCacheFraction)})
 	_ = cw.Write([]string{"Total Usage Prompt Tokens", strconv.Itoa(s.TotalUsagePromptTokens)})
 	_ = cw.Write([]string{"Total Usage Prompt Cache Read Tokens", strconv.Itoa(s.TotalUsagePromptCacheReadTokens)})
 	_ = cw.Write([]string{"Benchmark Duration (sec)", f(s.BenchmarkDuration)})
@@ -249,6 +251,8 @@ func compareRows() []compareRow {
 		{"output tok/s", func(s *Summary) float64 { return s.OutputTokenThroughput.Avg }, false, "tok/s"},
 		{"requests/s", func(s *Summary) float64 { return s.RequestThroughput.Avg }, false, "req/s"},
 		{"cached ratio", func(s *Summary) float64 { return s.CachedTokenRatio }, false, ""},
+		{"theoretical hit", func(s *Summary) float64 { return s.TheoreticalPrefixCacheHit }, false, ""},
+		{"captured of theoretical", func(s *Summary) float64 { return s.CapturedCacheFraction }, false, ""},
 		{"requests ok", func(s *Summary) float64 { return float64(s.RequestCount) }, false, ""},
 		{"errors", func(s *Summary) float64 { return float64(s.ErrorCount) }, true, ""},
 	}
@@ -305,7 +309,7 @@ func WriteCompare(w io.Writer, runs []*Run) error {
 			b.WriteString(strings.Repeat("-", total-2) + "\n")
 		}
 	}
-	fmt.Fprintf(&b, "(ratios against %s; TTFT/latency lower is better, throughput and cached ratio higher)\n", runs[0].Summary.Label)
+	fmt.Fprintf(&b, "(ratios against %s; TTFT/latency lower is better, throughput, cached ratio and captured higher)\n", runs[0].Summary.Label)
 	_, err := io.WriteString(w, b.String())
 	return err
 }

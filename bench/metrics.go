@@ -74,14 +74,21 @@ type Summary struct {
 	RequestCount int `json:"request_count"`
 	ErrorCount   int `json:"error_count"`
 	// CachedTokenRatio = Σ usage.prompt_tokens_details.cached_tokens / Σ usage.prompt_tokens.
-	CachedTokenRatio                float64        `json:"cached_token_ratio"`
-	TotalUsagePromptTokens          int            `json:"total_usage_prompt_tokens"`
-	TotalUsagePromptCacheReadTokens int            `json:"total_usage_prompt_cache_read_tokens"`
-	TheoreticalPrefixCacheHit       float64        `json:"theoretical_prefix_cache_hit"`
-	BenchmarkDuration               float64        `json:"benchmark_duration"`
-	ErrorSummary                    map[string]int `json:"error_summary"`
-	WorkerDistribution              map[string]int `json:"worker_distribution"`
-	ContextResets                   int            `json:"context_resets"`
+	CachedTokenRatio                float64 `json:"cached_token_ratio"`
+	TotalUsagePromptTokens          int     `json:"total_usage_prompt_tokens"`
+	TotalUsagePromptCacheReadTokens int     `json:"total_usage_prompt_cache_read_tokens"`
+	TheoreticalPrefixCacheHit       float64 `json:"theoretical_prefix_cache_hit"`
+	// TheoreticalCacheableTokens is Σ min(theoretical hit blocks × block size, prompt tokens)
+	// over the successful requests with usage and trace blocks: the prompt tokens an infinite
+	// cache on a single worker could have served. CapturedCacheFraction is the cached tokens
+	// the workers reported for those same requests divided by it (0 when it is 0): how much of
+	// the achievable reuse the fleet and its routing actually got.
+	TheoreticalCacheableTokens int            `json:"theoretical_cacheable_tokens"`
+	CapturedCacheFraction      float64        `json:"captured_cache_fraction"`
+	BenchmarkDuration          float64        `json:"benchmark_duration"`
+	ErrorSummary               map[string]int `json:"error_summary"`
+	WorkerDistribution         map[string]int `json:"worker_distribution"`
+	ContextResets              int            `json:"context_resets"`
 }
 
 // InputConfig records how the run was made.
@@ -111,7 +118,7 @@ func Summarize(label string, cfg InputConfig, res *Result) *Summary {
 		ErrorSummary: map[string]int{}, WorkerDistribution: map[string]int{}}
 	var ttft, itl, lat, isl, osl []float64
 	first, last := time.Duration(math.MaxInt64), time.Duration(0)
-	totalOut, hit, blocks := 0, 0, 0
+	totalOut, hit, blocks, capturedCached := 0, 0, 0, 0
 	for i := range res.Records {
 		r := &res.Records[i]
 		hit += r.TheoreticalHit
@@ -138,6 +145,10 @@ func Summarize(label string, cfg InputConfig, res *Result) *Summary {
 			isl = append(isl, float64(r.PromptTokens))
 			s.TotalUsagePromptTokens += r.PromptTokens
 			s.TotalUsagePromptCacheReadTokens += r.CachedTokens
+			if r.TraceBlocks > 0 && cfg.BlockSize > 0 {
+				s.TheoreticalCacheableTokens += min(r.TheoreticalHit*cfg.BlockSize, r.PromptTokens)
+				capturedCached += r.CachedTokens
+			}
 		}
 	}
 	s.TimeToFirstToken = newStat("ms", ttft)
@@ -150,6 +161,9 @@ func Summarize(label string, cfg InputConfig, res *Result) *Summary {
 	}
 	if blocks > 0 {
 		s.TheoreticalPrefixCacheHit = float64(hit) / float64(blocks)
+	}
+	if s.TheoreticalCacheableTokens > 0 {
+		s.CapturedCacheFraction = float64(capturedCached) / float64(s.TheoreticalCacheableTokens)
 	}
 	s.OutputTokenThroughput = Stat{Unit: "tokens/sec"}
 	s.RequestThroughput = Stat{Unit: "requests/sec"}

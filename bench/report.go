@@ -5,6 +5,7 @@ import (
 	"html"
 	"io"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -90,11 +91,16 @@ figure{margin:12px 0}small{color:#666}</style></head><body>`, esc(title))
 	b.WriteString("<h2>Prefix cache</h2>")
 	cached := barSeries{name: "cached (usage)"}
 	theo := barSeries{name: "theoretical hit"}
+	captured := barSeries{name: "captured of theoretical"}
 	for _, r := range runs {
 		cached.values = append(cached.values, r.Summary.CachedTokenRatio)
 		theo.values = append(theo.values, r.Summary.TheoreticalPrefixCacheHit)
+		captured.values = append(captured.values, r.Summary.CapturedCacheFraction)
 	}
-	b.WriteString(figure(svgBars("Cached-token ratio per policy", "ratio", labels, []barSeries{cached, theo})))
+	b.WriteString(figure(svgBars("Cached-token ratio per policy", "ratio", labels, []barSeries{cached, theo, captured})))
+	b.WriteString("<p><small>theoretical hit: leading trace blocks seen earlier, i.e. an infinite cache on one " +
+		"worker; captured of theoretical: cached tokens reported by the workers / the prompt tokens that " +
+		"theoretical cache would have served.</small></p>")
 
 	b.WriteString("<h2>Worker load</h2>")
 	workers := map[string]bool{}
@@ -103,7 +109,42 @@ figure{margin:12px 0}small{color:#666}</style></head><body>`, esc(title))
 			workers[w] = true
 		}
 	}
-	if len(workers) > 0 {
+	sameWorkers := true
+	for _, r := range runs {
+		for w := range r.Summary.WorkerDistribution {
+			sameWorkers = sameWorkers && runs[0].Summary.WorkerDistribution[w] > 0
+		}
+		for w := range runs[0].Summary.WorkerDistribution {
+			sameWorkers = sameWorkers && r.Summary.WorkerDistribution[w] > 0
+		}
+	}
+	if len(workers) > 0 && !sameWorkers {
+		// The runs used different workers (e.g. fleets run side by side on different ports):
+		// compare how evenly each run spread its requests, busiest worker first.
+		n := 0
+		for _, r := range runs {
+			n = max(n, len(r.Summary.WorkerDistribution))
+		}
+		cats := make([]string, n)
+		for i := range cats {
+			cats[i] = "busiest #" + strconv.Itoa(i+1)
+		}
+		var series []barSeries
+		for _, r := range runs {
+			counts := make([]float64, 0, n)
+			for _, c := range r.Summary.WorkerDistribution {
+				counts = append(counts, float64(c))
+			}
+			sort.Sort(sort.Reverse(sort.Float64Slice(counts)))
+			for len(counts) < n {
+				counts = append(counts, 0)
+			}
+			series = append(series, barSeries{name: r.Summary.Label, values: counts})
+		}
+		b.WriteString(figure(svgBars("Requests per worker, busiest first (X-Kvgate-Worker)", "requests", cats, series)))
+		b.WriteString("<p><small>The runs used different worker addresses, so workers are ranked by requests " +
+			"within each run (a run that used fewer workers shows zeros at the end).</small></p>")
+	} else if len(workers) > 0 {
 		names := make([]string, 0, len(workers))
 		for w := range workers {
 			names = append(names, w)

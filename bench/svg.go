@@ -22,6 +22,7 @@ const (
 	plotW, plotH             = svgW - padL - padR, svgH - padT - padB
 	svgFont                  = `font-family="sans-serif"`
 	maxPointsPerScatterSerie = 4000
+	maxMarkedPoints          = 20
 )
 
 // niceMax rounds v up to a round axis top (quarters stay readable).
@@ -145,6 +146,11 @@ func svgXY(title, xlabel, ylabel string, series []xySeries, lines bool, ymaxFixe
 				fmt.Fprintf(&pts, "%.1f,%.1f ", px(s.x[i]), py(s.y[i]))
 			}
 			fmt.Fprintf(&b, `<polyline fill="none" stroke="%s" stroke-width="2" points="%s"/>`, seriesColor(si), pts.String())
+			if len(s.x) <= maxMarkedPoints { // few points (e.g. a load sweep): mark each one
+				for i := range s.x {
+					fmt.Fprintf(&b, `<circle cx="%.1f" cy="%.1f" r="4" fill="%s"/>`, px(s.x[i]), py(s.y[i]), seriesColor(si))
+				}
+			}
 			continue
 		}
 		for i := 0; i < len(s.x); i += step {

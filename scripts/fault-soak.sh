@@ -39,6 +39,7 @@ NAME=fault-soak
 . scripts/lib.sh
 
 build_bins
+warn_speedup "$SPEEDUP"
 
 GW="127.0.0.1:$BASE_PORT"
 # shellcheck disable=SC2086 # FAULTS is a list of flags

@@ -106,8 +106,8 @@ func TestTimingModelPrefill(t *testing.T) {
 	}
 	body := `{"model":"m","prompt":[` + strings.Join(ids, ",") + `],"max_tokens":1}`
 	perf := DefaultPerfModel()
-	prefill := func(tokens int) time.Duration {
-		return stepDuration(Options{Perf: perf}, step{prefillTokens: tokens}, 0)
+	prefill := func(n, c int) time.Duration {
+		return stepDuration(Options{Perf: perf}, prefillStep(n, c), 0)
 	}
 	for i, wantCached := range []int{0, 992} {
 		start := time.Now()
@@ -121,7 +121,7 @@ func TestTimingModelPrefill(t *testing.T) {
 		if r.CachedTokens != wantCached {
 			t.Fatalf("request %d: cached %d, want %d", i, r.CachedTokens, wantCached)
 		}
-		want := prefill(1000 - wantCached)
+		want := prefill(1000-wantCached, wantCached)
 		if r.SimTTFT != want {
 			t.Errorf("request %d: modelled TTFT %v, want %v (prefill of %d tokens)", i, r.SimTTFT, want, 1000-wantCached)
 		}
@@ -129,9 +129,10 @@ func TestTimingModelPrefill(t *testing.T) {
 			t.Errorf("request %d: took %v wall, less than the modelled %v / speedup %d", i, wall, want, speedup)
 		}
 	}
-	// The saving is the polynomial's difference: a*(1000²-8²) + b*(1000-8) ms.
-	saving := prefill(1000) - prefill(8)
-	wantSaving := time.Duration((perf.PrefillA*(1000*1000-8*8) + perf.PrefillB*(1000-8)) * float64(time.Millisecond))
+	// The saving is the model's difference: 992 fewer tokens through the GEMMs, and attention
+	// pairs 1000·500 cold against 8·(992+4) after the hit.
+	saving := prefill(1000, 0) - prefill(8, 992)
+	wantSaving := time.Duration((perf.PrefillAttn*(1000*500-8*996) + perf.PrefillB*(1000-8)) * float64(time.Millisecond))
 	if d := saving - wantSaving; d < -time.Microsecond || d > time.Microsecond {
 		t.Errorf("saving %v, want %v", saving, wantSaving)
 	}

@@ -46,8 +46,10 @@ type step struct {
 	reqs          []*simRequest
 	numNew        []int
 	prefillTokens int
+	prefillPairs  float64 // Σ n·(c + n/2) over prefill chunks: attention pairs (see PerfModel)
 	loadTokens    int
 	decodes       int
+	decodeKV      int // Σ context length of the decoding requests
 }
 
 func newEngineCore(w *Worker, rank int) *engineCore {
@@ -146,6 +148,7 @@ func (e *engineCore) drainInbox(ctx context.Context) {
 }
 
 func (e *engineCore) admit(r *simRequest) {
+	r.queuedAt = time.Now()
 	e.waiting = append(e.waiting, r)
 }
 
@@ -216,6 +219,7 @@ func (e *engineCore) schedule() step {
 		r.computed = hitTokens
 		if !r.scheduled {
 			r.scheduled = true
+			r.scheduledAt = time.Now() // vLLM keeps the first SCHEDULED, not a re-schedule after preemption
 			r.cached = hitTokens
 			e.w.metrics.prefixQueries.WithLabelValues(e.o.ServedModelName, e.label()).Add(float64(len(r.seq.tokens)))
 			e.w.metrics.prefixHits.WithLabelValues(e.o.ServedModelName, e.label()).Add(float64(len(hit.gpu) * e.o.BlockSize))
@@ -234,9 +238,18 @@ func (e *engineCore) addToStep(st *step, r *simRequest, numNew int) {
 	st.numNew = append(st.numNew, numNew)
 	if numNew == 1 && r.computed == len(r.seq.tokens)-1 && len(r.seq.tokens) > r.promptLen {
 		st.decodes++
+		st.decodeKV += len(r.seq.tokens)
 	} else {
 		st.prefillTokens += numNew
+		st.prefillPairs += attentionPairs(numNew, r.computed)
 	}
+}
+
+// attentionPairs is the number of (query, key) pairs causal attention computes for a chunk of
+// n new tokens after c tokens whose KV is already there (a prefix-cache hit or earlier chunks):
+// each new token attends to the c earlier ones and, on average, to half of the chunk.
+func attentionPairs(n, c int) float64 {
+	return float64(n) * (float64(c) + float64(n)/2)
 }
 
 // stepTime is the modelled duration of a step, before Speedup.
@@ -255,16 +268,35 @@ func stepDuration(o Options, st step, u float64) time.Duration {
 		}
 		return 0
 	}
-	p := o.Perf
-	ms := 0.0
-	if t := float64(st.prefillTokens); t > 0 {
-		ms += p.PrefillA*t*t + p.PrefillB*t + p.PrefillC
+	return time.Duration(o.Perf.stepMillis(st, u) * float64(time.Millisecond))
+}
+
+// stepMillis is the modelled time of one step in ms: a prefill part (fixed launch cost, the
+// per-token GEMMs, attention over every pair of new token × context token, and an optional
+// quadratic in the step's token count) plus a decode part (a floor that is the weight read,
+// the KV read of every decoding sequence, and a per-sequence cost), plus host-tier loads.
+// With SharedWeightRead, a mixed step pays the decode floor only where it exceeds the
+// prefill GEMMs, as AIConfigurator composes a mixed step (prefill plus the marginal decode).
+func (p PerfModel) stepMillis(st step, u float64) float64 {
+	ms, gemm := 0.0, 0.0
+	if st.prefillTokens > 0 {
+		t := float64(st.prefillTokens)
+		fixed := p.PrefillC
+		gemm = p.PrefillB * t
+		attention := p.PrefillAttn * st.prefillPairs
+		batchQuadratic := p.PrefillA * t * t
+		ms += fixed + gemm + attention + batchQuadratic
 	}
 	if st.decodes > 0 {
-		ms += math.Max(p.DecodeMin, p.DecodeA*u*u+p.DecodeB*u+p.DecodeC) + p.DecodePerSeq*float64(st.decodes)
+		floor := math.Max(p.DecodeMin, p.DecodeA*u*u+p.DecodeB*u+p.DecodeC)
+		if p.SharedWeightRead {
+			floor = math.Max(0, floor-gemm) // the prefill GEMMs already read the weights
+		}
+		kvRead := p.DecodePerKVToken * float64(st.decodeKV)
+		perSeq := p.DecodePerSeq * float64(st.decodes)
+		ms += floor + kvRead + perSeq
 	}
-	ms += p.CPULoadPerToken * float64(st.loadTokens)
-	return time.Duration(ms * float64(time.Millisecond))
+	return ms + p.CPULoadPerToken*float64(st.loadTokens)
 }
 
 // maxClockDebt bounds how far the engine may run behind its virtual clock.
@@ -301,7 +333,9 @@ func (e *engineCore) update(st step, d time.Duration) {
 	for _, r := range e.waiting {
 		r.simElapsed += d
 	}
-	sampled := 0
+	sampled, promptDone := 0, 0
+	now := time.Now()
+	m, labels := e.w.metrics, []string{e.o.ServedModelName, e.label()}
 	for i, r := range st.reqs {
 		r.computed += st.numNew[i]
 		if r.computed < len(r.seq.tokens) {
@@ -314,7 +348,12 @@ func (e *engineCore) update(st step, d time.Duration) {
 		n++
 		if n == 1 {
 			r.simTTFT = r.simElapsed
+			r.firstTokenAt = now
+			promptDone += r.promptLen
+		} else {
+			m.itl.WithLabelValues(labels...).Observe(now.Sub(r.lastTokenAt).Seconds())
 		}
+		r.lastTokenAt = now
 		finish := ""
 		switch {
 		case r.stopAt > 0 && n >= r.stopAt:
@@ -339,7 +378,12 @@ func (e *engineCore) update(st step, d time.Duration) {
 		}
 		r.signal()
 	}
-	e.w.metrics.genTokens.WithLabelValues(e.o.ServedModelName, e.label()).Add(float64(sampled))
+	m.genTokens.WithLabelValues(labels...).Add(float64(sampled))
+	// vLLM's IterationStats: the whole prompt of every request whose prefill completed in this
+	// step, plus the tokens sampled (vllm/v1/metrics/stats.py, update_from_output).
+	if promptDone+sampled > 0 {
+		m.iterationTokens.WithLabelValues(labels...).Observe(float64(promptDone + sampled))
+	}
 }
 
 func (e *engineCore) finishRequest(r *simRequest, finish string, err error) {
@@ -351,6 +395,7 @@ func (e *engineCore) finishRequest(r *simRequest, finish string, err error) {
 	e.inflight.Add(-1)
 	if finish != "abort" && err == nil {
 		e.w.metrics.success.WithLabelValues(e.o.ServedModelName, e.label(), finish).Inc()
+		e.observeFinished(r, out)
 	}
 	if hook := e.o.OnRequestDone; hook != nil {
 		reason := finish
@@ -360,6 +405,26 @@ func (e *engineCore) finishRequest(r *simRequest, finish string, err error) {
 		hook(RequestRecord{ID: r.id, DPRank: e.rank, PromptTokens: r.promptLen, CachedTokens: r.cached,
 			OutputTokens: out, FinishReason: reason, SimTTFT: r.simTTFT, SimE2E: r.simElapsed})
 	}
+}
+
+// observeFinished records the per-request interval histograms when a request finishes, as
+// vLLM does (vllm/v1/metrics/stats.py, IterationStats.update_from_finished_request): queue =
+// first SCHEDULED − QUEUED, prefill = first token − first SCHEDULED, decode = last − first
+// token, inference = last token − first SCHEDULED, time per output token = decode / (n − 1).
+func (e *engineCore) observeFinished(r *simRequest, generated int) {
+	if r.scheduledAt.IsZero() || r.firstTokenAt.IsZero() {
+		return
+	}
+	m, labels := e.w.metrics, []string{e.o.ServedModelName, e.label()}
+	decode := r.lastTokenAt.Sub(r.firstTokenAt).Seconds()
+	m.queueTime.WithLabelValues(labels...).Observe(r.scheduledAt.Sub(r.queuedAt).Seconds())
+	m.prefillTime.WithLabelValues(labels...).Observe(r.firstTokenAt.Sub(r.scheduledAt).Seconds())
+	m.decodeTime.WithLabelValues(labels...).Observe(decode)
+	m.inferenceTime.WithLabelValues(labels...).Observe(r.lastTokenAt.Sub(r.scheduledAt).Seconds())
+	if generated > 1 {
+		m.tpot.WithLabelValues(labels...).Observe(decode / float64(generated-1))
+	}
+	m.prefillKVComputed.WithLabelValues(labels...).Observe(float64(max(0, r.promptLen-r.cached)))
 }
 
 // failAll ends every queued and running request with err (shutdown or restart fault).

@@ -324,11 +324,18 @@ func (w *Worker) usageOf(a *admission, req *simRequest, completion int) *usageIn
 	return u
 }
 
-func (w *Worker) observe(e *engineCore, req *simRequest, first time.Time) {
+// observeFirstToken records TTFT and the prompt tokens when the first token reaches the
+// frontend, as vLLM does (vllm/v1/metrics/stats.py: TTFT at the iteration that produced the
+// first token, prompt tokens when the prefill completed), not when the request finishes.
+func (w *Worker) observeFirstToken(e *engineCore, req *simRequest, first time.Time) {
 	labels := []string{w.opts.ServedModelName, e.label()}
 	w.metrics.ttft.WithLabelValues(labels...).Observe(first.Sub(req.arrival).Seconds())
-	w.metrics.e2e.WithLabelValues(labels...).Observe(time.Since(req.arrival).Seconds())
 	w.metrics.promptTokens.WithLabelValues(labels...).Add(float64(req.promptLen))
+}
+
+// observe records the end-to-end latency of a finished request.
+func (w *Worker) observe(e *engineCore, req *simRequest) {
+	w.metrics.e2e.WithLabelValues(w.opts.ServedModelName, e.label()).Observe(time.Since(req.arrival).Seconds())
 }
 
 func (w *Worker) respond(rw http.ResponseWriter, r *http.Request, a *admission, req *simRequest, e *engineCore) {
@@ -340,6 +347,7 @@ func (w *Worker) respond(rw http.ResponseWriter, r *http.Request, a *admission, 
 		out, finished, finish, err := req.snapshot()
 		if first.IsZero() && len(out) > 0 {
 			first = time.Now()
+			w.observeFirstToken(e, req, first)
 		}
 		if !finished {
 			continue
@@ -368,7 +376,7 @@ func (w *Worker) respond(rw http.ResponseWriter, r *http.Request, a *admission, 
 			resp.ID, resp.Object = "cmpl-"+req.id, "text_completion"
 			resp.Choices = []textChoice{{Text: text.String(), FinishReason: finish}}
 		}
-		w.observe(e, req, first)
+		w.observe(e, req)
 		w.completed.Add(1)
 		writeJSON(rw, http.StatusOK, resp)
 		return
@@ -425,6 +433,9 @@ func (w *Worker) stream(rw http.ResponseWriter, r *http.Request, a *admission, r
 				continue
 			}
 			started, first = true, time.Now()
+			if len(out) > 0 {
+				w.observeFirstToken(e, req, first)
+			}
 			h := rw.Header()
 			h.Set("Content-Type", "text/event-stream; charset=utf-8")
 			h.Set("Cache-Control", "no-cache")
@@ -484,7 +495,7 @@ func (w *Worker) stream(rw http.ResponseWriter, r *http.Request, a *admission, r
 				flusher.Flush()
 			}
 			if err == nil {
-				w.observe(e, req, first)
+				w.observe(e, req)
 				w.completed.Add(1)
 			}
 			return

@@ -26,10 +26,39 @@ type simMetrics struct {
 	success       *prometheus.CounterVec
 	ttft          *prometheus.HistogramVec
 	e2e           *prometheus.HistogramVec
+
+	// engine-side intervals and sizes, observed per request at finish or per step
+	queueTime, prefillTime, decodeTime, inferenceTime *prometheus.HistogramVec
+	itl, tpot                                         *prometheus.HistogramVec
+	iterationTokens, prefillKVComputed                *prometheus.HistogramVec
+}
+
+// buckets125 is vLLM's build_1_2_5_buckets(max): 1, 2, 5, 10, 20, 50, ... up to max.
+func buckets125(limit int) []float64 {
+	var out []float64
+	for exp := 1.0; ; exp *= 10 {
+		for _, m := range []float64{1, 2, 5} {
+			v := m * exp
+			if v > float64(limit) {
+				return out
+			}
+			out = append(out, v)
+		}
+	}
 }
 
 func newSimMetrics(w *Worker) *simMetrics {
 	labels := []string{"model_name", "engine"}
+	histogram := func(name, help string, buckets []float64) *prometheus.HistogramVec {
+		return prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: name, Help: help, Buckets: buckets}, labels)
+	}
+	// vLLM's histogram buckets (vllm/v1/metrics/loggers.py, PrometheusStatLogger).
+	ttftBuckets := []float64{0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10,
+		20, 40, 80, 160, 640, 2560}
+	requestLatencyBuckets := []float64{0.3, 0.5, 0.8, 1, 1.5, 2, 2.5, 5, 10, 15, 20, 30, 40, 50, 60,
+		120, 240, 480, 960, 1920, 7680}
+	tokenLatencyBuckets := []float64{0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 20, 40, 80}
+	iterationBuckets := []float64{1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384}
 	m := &simMetrics{
 		reg: prometheus.NewRegistry(),
 		prefixQueries: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "vllm:prefix_cache_queries_total",
@@ -46,13 +75,22 @@ func newSimMetrics(w *Worker) *simMetrics {
 			Help: "Count of successfully processed requests."}, append(labels, "finished_reason")),
 		ttft: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "vllm:time_to_first_token_seconds",
 			Help:    "Histogram of time to first token in seconds.",
-			Buckets: []float64{0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10}}, labels),
-		e2e: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "vllm:e2e_request_latency_seconds",
-			Help:    "Histogram of e2e request latency in seconds.",
-			Buckets: []float64{0.3, 0.5, 0.8, 1, 1.5, 2, 2.5, 5, 10, 15, 20, 30, 40, 50, 60}}, labels),
+			Buckets: ttftBuckets}, labels),
+		e2e:           histogram("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", requestLatencyBuckets),
+		queueTime:     histogram("vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.", requestLatencyBuckets),
+		prefillTime:   histogram("vllm:request_prefill_time_seconds", "Histogram of time spent in PREFILL phase for request.", requestLatencyBuckets),
+		decodeTime:    histogram("vllm:request_decode_time_seconds", "Histogram of time spent in DECODE phase for request.", requestLatencyBuckets),
+		inferenceTime: histogram("vllm:request_inference_time_seconds", "Histogram of time spent in RUNNING phase for request.", requestLatencyBuckets),
+		itl:           histogram("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", tokenLatencyBuckets),
+		tpot: histogram("vllm:request_time_per_output_token_seconds", "Histogram of time_per_output_token_seconds per request.",
+			tokenLatencyBuckets),
+		iterationTokens: histogram("vllm:iteration_tokens_total", "Histogram of number of tokens per engine_step.", iterationBuckets),
+		prefillKVComputed: histogram("vllm:request_prefill_kv_computed_tokens",
+			"Histogram of new KV tokens computed during prefill (excluding cached tokens).", buckets125(w.opts.MaxModelLen)),
 	}
 	m.reg.MustRegister(m.prefixQueries, m.prefixHits, m.promptTokens, m.genTokens, m.preemptions,
-		m.success, m.ttft, m.e2e)
+		m.success, m.ttft, m.e2e, m.queueTime, m.prefillTime, m.decodeTime, m.inferenceTime, m.itl, m.tpot,
+		m.iterationTokens, m.prefillKVComputed)
 	m.reg.MustRegister(cacheConfigInfo(w))
 	for rank, e := range w.engines {
 		cl := prometheus.Labels{"model_name": w.opts.ServedModelName, "engine": w.rankLabels[rank]}

@@ -88,25 +88,47 @@ type Options struct {
 	Logger *slog.Logger
 }
 
-// PerfModel is the step-time model. Prefill of a step with T uncached tokens costs
-// PrefillA*T² + PrefillB*T + PrefillC ms (attention is quadratic, the MLP linear, plus a fixed
-// launch cost); a step with decoding sequences costs max(DecodeMin, DecodeA*u² + DecodeB*u +
-// DecodeC) + DecodePerSeq*batch ms where u is the fraction of the KV pool in use (memory-bound
-// decode reads every resident KV block). Blocks loaded back from the host tier cost
-// CPULoadPerToken ms per token instead of prefill. Defaults are Dynamo's mocker polynomials.
+// PerfModel is the step-time model, in ms (PerfModel.stepMillis is the whole formula).
+//
+// A step with prefill work costs PrefillC + PrefillB·T + PrefillAttn·Σpairs + PrefillA·T²,
+// where T is the step's new (uncached) prompt tokens and, for every request's chunk of n new
+// tokens at context offset c (its prefix-cache hit plus earlier chunks), pairs = n·(c + n/2):
+// causal attention of the new tokens over the cached context and over each other. So a short
+// suffix after a long cached prefix still pays for reading that prefix, and a step batching
+// several short prompts pays the attention of each, not of one long concatenated prompt.
+// PrefillA is an optional quadratic in the step's total T (the Dynamo mocker's form); the
+// built-in profiles leave it at 0 and carry their quadratic in PrefillAttn instead.
+//
+// A step with decoding sequences adds max(DecodeMin, DecodeA·u² + DecodeB·u + DecodeC) +
+// DecodePerKVToken·ΣK + DecodePerSeq·B, where u is the fraction of the KV pool in use, ΣK the
+// summed context length of the B decoding sequences (decode is memory-bound: it reads the
+// weights once and every sequence's KV). Blocks loaded back from the host tier cost
+// CPULoadPerToken per token instead of prefill.
 type PerfModel struct {
 	PrefillA, PrefillB, PrefillC float64
-	DecodeA, DecodeB, DecodeC    float64
-	DecodeMin                    float64
-	DecodePerSeq                 float64
-	CPULoadPerToken              float64
+	// PrefillAttn is the cost of one (new token, context token) attention pair.
+	PrefillAttn               float64
+	DecodeA, DecodeB, DecodeC float64
+	DecodeMin                 float64
+	// DecodePerKVToken is the cost of reading one token of KV in a decode step.
+	DecodePerKVToken float64
+	DecodePerSeq     float64
+	CPULoadPerToken  float64
+	// SharedWeightRead makes a step with prefill and decode work pay the decode floor (the
+	// weight read) only beyond the prefill GEMMs, which read the same weights:
+	// floor becomes max(0, floor − PrefillB·T).
+	SharedWeightRead bool
 }
 
-// DefaultPerfModel returns the mocker's polynomials (Dynamo lib/mocker, docs/mocker/mocker.md) with
-// a small per-sequence decode term and a host-to-GPU load cost of 64 GB/s for a 0.6B-class model.
+// DefaultPerfModel returns the "mocker" profile: the Dynamo mocker's polynomials
+// (https://github.com/ai-dynamo/dynamo, lib/mocker, docs/mocker/mocker.md) with their prefill
+// quadratic 4.209989e-7·T² expressed as attention pairs (a lone uncached prompt of T tokens
+// has T²/2 pairs, so it costs exactly the mocker's polynomial), a small per-sequence decode
+// term and a host-to-GPU load cost of 64 GB/s for a 0.6B-class model. Its decode cost follows
+// KV usage, not the decoding sequences' context length.
 func DefaultPerfModel() PerfModel {
 	return PerfModel{
-		PrefillA: 4.209989e-07, PrefillB: 1.518344e-02, PrefillC: 16.50142,
+		PrefillB: 1.518344e-02, PrefillC: 16.50142, PrefillAttn: 2 * 4.209989e-07,
 		DecodeA: -25.74, DecodeB: 54.01, DecodeC: 5.74, DecodeMin: 1,
 		DecodePerSeq:    0.01,
 		CPULoadPerToken: 0.0018,

@@ -293,11 +293,13 @@ func TestHostLoadCost(t *testing.T) {
 	runSync(t, e, a, 1, "", "")
 	runSync(t, e, seqTokens(50, 9), 1, "", "")
 	r, _ := runSync(t, e, a, 1, "", "")
-	want := stepDuration(e.o, step{prefillTokens: 1, loadTokens: 8}, 0)
+	st := prefillStep(1, 8)
+	st.loadTokens = 8
+	want := stepDuration(e.o, st, 0)
 	if r.cached != 8 || r.simTTFT != want {
 		t.Errorf("cached %d TTFT %v, want 8 and %v", r.cached, r.simTTFT, want)
 	}
-	if cold := stepDuration(e.o, step{prefillTokens: 9}, 0); want >= cold {
+	if cold := stepDuration(e.o, prefillStep(9, 0), 0); want >= cold {
 		t.Errorf("host load %v is not cheaper than recompute %v", want, cold)
 	}
 }
@@ -349,6 +351,11 @@ func stepAll(t *testing.T, e *engineCore, reqs []*simRequest) (events []kvEvent,
 	return events, maxRunning, maxWaiting
 }
 
+// prefillStep is a step holding one prefill chunk of n new tokens at context offset c.
+func prefillStep(n, c int) step {
+	return step{prefillTokens: n, prefillPairs: attentionPairs(n, c)}
+}
+
 func mkReq(id string, tokens []uint32, maxTokens int) *simRequest {
 	r := newSimRequest(id)
 	r.seq = seqState{tokens: slices.Clone(tokens)}
@@ -374,8 +381,8 @@ func TestChunkedPrefill(t *testing.T) {
 	if got := n.render(evs); !slices.Equal(got, want) {
 		t.Errorf("events\n got %q\nwant %q", got, want)
 	}
-	prefill := func(tok int) time.Duration { return stepDuration(e.o, step{prefillTokens: tok}, 0) }
-	if want := prefill(8) + prefill(8) + prefill(4); r.simTTFT != want {
+	prefill := func(n, c int) time.Duration { return stepDuration(e.o, prefillStep(n, c), 0) }
+	if want := prefill(8, 0) + prefill(8, 8) + prefill(4, 16); r.simTTFT != want {
 		t.Errorf("TTFT %v, want %v (three chunks)", r.simTTFT, want)
 	}
 }

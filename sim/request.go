@@ -22,7 +22,9 @@ type simRequest struct {
 	arrival    time.Time
 	simElapsed time.Duration // modelled time since admission
 	simTTFT    time.Duration
-	cancelled  atomic.Bool
+	// engine-core timestamps (vLLM's QUEUED, first SCHEDULED, first and last NEW_TOKENS)
+	queuedAt, scheduledAt, firstTokenAt, lastTokenAt time.Time
+	cancelled                                        atomic.Bool
 
 	notify chan struct{} // capacity 1: "new output or finished"
 

@@ -26,8 +26,9 @@ const usage = `kvbench — replay aiperf traces against an OpenAI endpoint
 usage:
   kvbench run --url URL --model NAME --tokenizer DIR --trace FILE|DIR --out DIR [flags]
   kvbench compare [--html FILE] [--png FILE] [--title T] RUN.json|RUNDIR ...
+  kvbench sweep [--html FILE] [--md FILE] [--title T] USERS:SCALE=RUN.json|RUNDIR ...
 
-run "kvbench run -h" or "kvbench compare -h" for the flags.
+run "kvbench run -h", "kvbench compare -h" or "kvbench sweep -h" for the flags.
 `
 
 func main() {
@@ -53,6 +54,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, logger *s
 		return runCmd(ctx, args[1:], stdout, stderr, logger)
 	case "compare":
 		return compareCmd(args[1:], stdout, stderr)
+	case "sweep":
+		return sweepCmd(args[1:], stdout, stderr)
 	case "-h", "--help", "help":
 		fmt.Fprint(stdout, usage)
 		return nil
@@ -277,6 +280,54 @@ func compareCmd(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	if *htmlOut != "" {
+		fmt.Fprintf(stdout, "report: %s\n", *htmlOut)
+	}
+	return nil
+}
+
+// sweepCmd draws a load sweep: each argument is one run (its label is the policy) at load
+// level USERS:SCALE. It prints the markdown table and optionally writes HTML and markdown.
+func sweepCmd(args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("kvbench sweep", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	htmlOut := fs.String("html", "", "also write the sweep HTML report (curves against load) here")
+	mdOut := fs.String("md", "", "also write the markdown table here")
+	title := fs.String("title", "kvbench load sweep", "report title")
+	if err := fs.Parse(flagsFirst(args, map[string]bool{})); err != nil {
+		return err
+	}
+	if fs.NArg() == 0 {
+		fs.Usage()
+		return errors.New("sweep needs at least one USERS:SCALE=RUN argument")
+	}
+	var points []bench.SweepPoint
+	for _, a := range fs.Args() {
+		level, path, ok := strings.Cut(a, "=")
+		if !ok {
+			return fmt.Errorf("sweep argument %q: want USERS:SCALE=RUN", a)
+		}
+		users, scale, err := bench.ParseSweepLevel(level)
+		if err != nil {
+			return err
+		}
+		r, err := bench.LoadRun(path)
+		if err != nil {
+			return err
+		}
+		points = append(points, bench.SweepPoint{Users: users, TimeScale: scale, Run: r})
+	}
+	if err := bench.WriteSweepMarkdown(stdout, points); err != nil {
+		return err
+	}
+	if *mdOut != "" {
+		if err := writeWith(*mdOut, func(w io.Writer) error { return bench.WriteSweepMarkdown(w, points) }); err != nil {
+			return err
+		}
+	}
+	if *htmlOut != "" {
+		if err := writeWith(*htmlOut, func(w io.Writer) error { return bench.WriteSweepReport(w, *title, points) }); err != nil {
+			return err
+		}
 		fmt.Fprintf(stdout, "report: %s\n", *htmlOut)
 	}
 	return nil

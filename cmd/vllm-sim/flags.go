@@ -63,17 +63,29 @@ func newServeFlags(fs *flag.FlagSet, o *sim.Options, c *serveConfig) func() erro
 	fs.Float64Var(&o.Speedup, "speedup", 1, "divide every simulated duration by this")
 	fs.DurationVar(&o.TTFT, "ttft", 0, "fixed time of a prefill step (replaces the perf model with --itl)")
 	fs.DurationVar(&o.ITL, "itl", 0, "fixed time of a decode step (replaces the perf model with --ttft)")
-	p := sim.DefaultPerfModel()
-	o.Perf = p
-	fs.Float64Var(&o.Perf.PrefillA, "sim-prefill-a", p.PrefillA, "prefill ms = a*T^2 + b*T + c, T = uncached tokens in the step")
-	fs.Float64Var(&o.Perf.PrefillB, "sim-prefill-b", p.PrefillB, "prefill linear coefficient (ms/token)")
-	fs.Float64Var(&o.Perf.PrefillC, "sim-prefill-c", p.PrefillC, "prefill fixed cost per step (ms)")
-	fs.Float64Var(&o.Perf.DecodeA, "sim-decode-a", p.DecodeA, "decode ms = max(min, a*u^2 + b*u + c) + per_seq*batch, u = KV usage")
-	fs.Float64Var(&o.Perf.DecodeB, "sim-decode-b", p.DecodeB, "decode linear coefficient in u")
-	fs.Float64Var(&o.Perf.DecodeC, "sim-decode-c", p.DecodeC, "decode constant (ms)")
-	fs.Float64Var(&o.Perf.DecodeMin, "sim-decode-min", p.DecodeMin, "decode floor (ms)")
-	fs.Float64Var(&o.Perf.DecodePerSeq, "sim-decode-per-seq", p.DecodePerSeq, "decode cost per running sequence (ms)")
-	fs.Float64Var(&o.Perf.CPULoadPerToken, "sim-cpu-load-per-token", p.CPULoadPerToken, "host-tier load cost (ms/token)")
+	profile := fs.String("profile", sim.DefaultProfile, "timing profile: "+strings.Join(sim.PerfProfileNames(), " | ")+"; --sim-* coefficient flags override single terms")
+	var coef sim.PerfModel // explicitly set --sim-* flags land here and override the profile
+	coefFlags := []struct {
+		name, usage string
+		field       func(*sim.PerfModel) *float64
+	}{
+		{"sim-prefill-c", "prefill fixed cost per step (ms); prefill ms = c + b*T + attn*pairs + a*T^2, T = uncached tokens in the step", func(p *sim.PerfModel) *float64 { return &p.PrefillC }},
+		{"sim-prefill-b", "prefill cost per uncached token (ms)", func(p *sim.PerfModel) *float64 { return &p.PrefillB }},
+		{"sim-prefill-attn", "prefill cost per attention pair (ms); a chunk of n new tokens at context offset c has n*(c + n/2) pairs", func(p *sim.PerfModel) *float64 { return &p.PrefillAttn }},
+		{"sim-prefill-a", "prefill quadratic in the step's T (ms/token^2)", func(p *sim.PerfModel) *float64 { return &p.PrefillA }},
+		{"sim-decode-a", "decode ms = max(min, a*u^2 + b*u + c) + per_kv_token*sum(context) + per_seq*batch, u = KV usage", func(p *sim.PerfModel) *float64 { return &p.DecodeA }},
+		{"sim-decode-b", "decode linear coefficient in u", func(p *sim.PerfModel) *float64 { return &p.DecodeB }},
+		{"sim-decode-c", "decode constant (ms)", func(p *sim.PerfModel) *float64 { return &p.DecodeC }},
+		{"sim-decode-min", "decode floor (ms)", func(p *sim.PerfModel) *float64 { return &p.DecodeMin }},
+		{"sim-decode-per-kv-token", "decode cost per token of context of every decoding sequence (ms)", func(p *sim.PerfModel) *float64 { return &p.DecodePerKVToken }},
+		{"sim-decode-per-seq", "decode cost per running sequence (ms)", func(p *sim.PerfModel) *float64 { return &p.DecodePerSeq }},
+		{"sim-cpu-load-per-token", "host-tier load cost (ms/token)", func(p *sim.PerfModel) *float64 { return &p.CPULoadPerToken }},
+	}
+	def := sim.DefaultPerfModel()
+	for _, f := range coefFlags {
+		fs.Float64Var(f.field(&coef), f.name, *f.field(&def), f.usage+" (default: from --profile)")
+	}
+	sharedWeights := fs.Bool("sim-shared-weight-read", def.SharedWeightRead, "a mixed prefill+decode step pays the decode floor only beyond the prefill GEMMs (default: from --profile)")
 
 	fs.BoolVar(&o.FailBeforeFirstByte, "fail-before-first-byte", false, "fault: fail every completion request before the first byte")
 	fs.IntVar(&o.DieMidStreamAfter, "die-mid-stream-after", 0, "fault: cut every stream after N tokens (0 = never)")
@@ -89,6 +101,22 @@ func newServeFlags(fs *flag.FlagSet, o *sim.Options, c *serveConfig) func() erro
 	fs.Int64Var(&o.Faults.Seed, "fault-seed", 1, "seed of the fault dice")
 
 	return func() error {
+		var errs []error
+		perf, err := sim.PerfProfile(*profile)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("--profile: %w", err))
+		}
+		set := map[string]bool{}
+		fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+		for _, f := range coefFlags {
+			if set[f.name] {
+				*f.field(&perf) = *f.field(&coef)
+			}
+		}
+		if set["sim-shared-weight-read"] {
+			perf.SharedWeightRead = *sharedWeights
+		}
+		o.Perf = perf
 		o.APIKeys = apiKeys
 		if len(o.APIKeys) == 0 {
 			if k := os.Getenv("VLLM_API_KEY"); k != "" {
@@ -102,7 +130,6 @@ func newServeFlags(fs *flag.FlagSet, o *sim.Options, c *serveConfig) func() erro
 		}
 		o.DisablePrefixCaching = *noPC || !*enablePC
 		o.HidePromptTokensDetails = !*promptDetails
-		var errs []error
 		switch *cpuEvents {
 		case "placeholder":
 		case "full":

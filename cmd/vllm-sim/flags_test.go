@@ -45,6 +45,20 @@ func TestServeFlags(t *testing.T) {
 		{"no prefix caching", []string{"--no-enable-prefix-caching"}, func(o sim.Options, _ serveConfig) bool { return o.DisablePrefixCaching }, ""},
 		{"lora modules", []string{"--lora-modules", "sql-lora=/a", "--lora-modules", "b=/b"},
 			func(o sim.Options, _ serveConfig) bool { return strings.Join(o.LoRAModules, ",") == "sql-lora,b" }, ""},
+		{"default profile is the mocker", nil,
+			func(o sim.Options, _ serveConfig) bool { return o.Perf == sim.DefaultPerfModel() }, ""},
+		{"calibrated profile", []string{"--profile", "llama3.1-8b-bf16-h200"},
+			func(o sim.Options, _ serveConfig) bool {
+				p, _ := sim.PerfProfile("llama3.1-8b-bf16-h200")
+				return o.Perf == p && p != sim.DefaultPerfModel()
+			}, ""},
+		{"coefficient flag overrides the profile", []string{"--sim-decode-c", "7", "--profile", "llama3.1-8b-bf16-h200"},
+			func(o sim.Options, _ serveConfig) bool {
+				p, _ := sim.PerfProfile("llama3.1-8b-bf16-h200")
+				p.DecodeC = 7
+				return o.Perf == p
+			}, ""},
+		{"unknown profile", []string{"--profile", "gpt-5"}, nil, "unknown timing profile"},
 		{"unknown kv key", []string{"--kv-events-config", `{"enable":true}`}, nil, "unknown field"},
 		{"bad layout", []string{"--kv-events-layout", "xml"}, nil, "unknown kv-event layout"},
 		{"bad cpu events", []string{"--cpu-events", "some"}, nil, "--cpu-events"},

@@ -52,6 +52,7 @@ func runFleet(ctx context.Context, args []string) error {
 		return err
 	}
 	o.Logger = logger
+	warnSpeedup(logger, o.Speedup)
 	if tok := firstNonEmpty(o.Tokenizer, o.Model); tok != "" {
 		t, err := tokenize.Load(tok, tokenize.Options{})
 		if err != nil {

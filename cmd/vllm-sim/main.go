@@ -62,7 +62,18 @@ func run(ctx context.Context, args []string) error {
 		return err
 	}
 	o.Logger = logger
+	warnSpeedup(logger, o.Speedup)
 	return serve(ctx, o, net.JoinHostPort(c.host, strconv.Itoa(c.port)), logger)
+}
+
+// warnSpeedup says, when speedup > 1, that simulated GPU time runs faster than wall time while
+// a gateway's CPU time does not: its overheads then weigh speedup times more than in front of
+// real workers, and wall-clock latencies are speedup times shorter than the modelled ones.
+func warnSpeedup(logger *slog.Logger, speedup float64) {
+	if speedup > 1 {
+		logger.Warn("speedup > 1 compresses simulated GPU time relative to gateway CPU time; "+
+			"gateway overheads weigh that much more than against real workers", "speedup", speedup)
+	}
 }
 
 func newLogger(level string) (*slog.Logger, error) {

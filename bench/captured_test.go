@@ -1,0 +1,89 @@
+package bench
+
+import (
+	"bytes"
+	"encoding/json"
+	"math"
+	"strings"
+	"testing"
+)
+
+// TestCapturedCacheFraction: captured = cached tokens reported / the prompt tokens an
+// infinite single-worker cache would have served (theoretical hit blocks × block size, capped
+// at the prompt), over the successful requests that have both usage and trace blocks.
+func TestCapturedCacheFraction(t *testing.T) {
+	ok := func(hit, blocks, prompt, cached int) Record {
+		return Record{Status: 200, HasUsage: true, PromptTokens: prompt, CachedTokens: cached, TheoreticalHit: hit, TraceBlocks: blocks}
+	}
+	tests := []struct {
+		name      string
+		blockSize int
+		recs      []Record
+		wantTheo  int
+		want      float64
+	}{
+		{"half captured", 64, []Record{ok(0, 4, 256, 0), ok(3, 4, 256, 96)}, 192, 0.5},
+		{"all captured", 64, []Record{ok(3, 4, 256, 192)}, 192, 1},
+		{"hit capped at the prompt", 64, []Record{ok(4, 4, 200, 150)}, 200, 0.75},
+		{"failed, usage-less and blockless requests do not count", 64, []Record{
+			ok(3, 4, 256, 96),
+			{ErrorKind: "http_503", Status: 503, TheoreticalHit: 3, TraceBlocks: 4},
+			{Status: 200, TheoreticalHit: 3, TraceBlocks: 4},
+			ok(0, 0, 256, 200),
+		}, 192, 0.5},
+		{"nothing cacheable", 64, []Record{ok(0, 4, 256, 16)}, 0, 0},
+		{"unknown block size", 0, []Record{ok(3, 4, 256, 96)}, 0, 0},
+	}
+	for _, tc := range tests {
+		s := Summarize("x", InputConfig{BlockSize: tc.blockSize}, &Result{Records: tc.recs})
+		if s.TheoreticalCacheableTokens != tc.wantTheo || math.Abs(s.CapturedCacheFraction-tc.want) > 1e-9 {
+			t.Errorf("%s: theoretical %d captured %v, want %d and %v", tc.name, s.TheoreticalCacheableTokens, s.CapturedCacheFraction, tc.wantTheo, tc.want)
+		}
+	}
+}
+
+// TestCapturedInReports: the captured fraction appears in the JSON summary, the text table,
+// the CSV and the HTML report.
+func TestCapturedInReports(t *testing.T) {
+	res := fakeResult(10, 1, []string{"w1", "w2"}) // 3 of 4 blocks hit, 1000-token prompts
+	s := Summarize("rr", InputConfig{Model: "m", BlockSize: 64}, res)
+	const want = 500.0 * 5 / (192 * 10) // 5 of 10 requests cache 500 tokens; 192 cacheable each
+	if math.Abs(s.CapturedCacheFraction-want) > 1e-9 {
+		t.Fatalf("captured %v, want %v", s.CapturedCacheFraction, want)
+	}
+	raw, err := json.Marshal(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var back map[string]any
+	if err := json.Unmarshal(raw, &back); err != nil {
+		t.Fatal(err)
+	}
+	if v, _ := back["captured_cache_fraction"].(float64); math.Abs(v-want) > 1e-9 {
+		t.Errorf("JSON captured_cache_fraction = %v, want %v", back["captured_cache_fraction"], want)
+	}
+	if v, _ := back["theoretical_cacheable_tokens"].(float64); v != 1920 {
+		t.Errorf("JSON theoretical_cacheable_tokens = %v, want 1920", back["theoretical_cacheable_tokens"])
+	}
+	run := &Run{Summary: s}
+	var text, csv, html bytes.Buffer
+	if err := WriteCompare(&text, []*Run{run}); err != nil {
+		t.Fatal(err)
+	}
+	if err := WriteCSV(&csv, s); err != nil {
+		t.Fatal(err)
+	}
+	if err := WriteReport(&html, "t", []*Run{run}); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct{ name, out, want string }{
+		{"text", text.String(), "captured of theoretical    " + formatNum(want)},
+		{"csv", csv.String(), "Captured Cache Fraction,1.302"},
+		{"html", html.String(), "captured of theoretical"},
+	}
+	for _, tc := range tests {
+		if !strings.Contains(tc.out, tc.want) {
+			t.Errorf("%s report lacks %q:\n%s", tc.name, tc.want, tc.out)
+		}
+	}
+}
