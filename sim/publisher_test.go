@@ -81,6 +81,34 @@ func testPublisher(t *testing.T, o Options, rank int) (*publisher, *zmq.Socket) 
 	return p, sub
 }
 
+// publishFirst publishes events as a fresh publisher's first batch and returns what a subscriber
+// received. A PUB socket drops what it sends before a subscription has reached it (ZMQ's slow
+// joiner) and a loaded machine can take longer than the join pause, so a batch that never
+// arrives is retried with a new publisher rather than waited for: what is compared is the bytes.
+func publishFirst(t *testing.T, o Options, rank int, events []kvEvent) indexers.LiveMessage {
+	t.Helper()
+	for attempt := 1; ; attempt++ {
+		p, sub := testPublisher(t, o, rank)
+		if err := sub.SetRcvtimeo(time.Second); err != nil {
+			t.Fatal(err)
+		}
+		p.publish(context.Background(), events)
+		frames, err := sub.RecvMessageBytes(0)
+		if err != nil {
+			if attempt < 5 {
+				t.Logf("attempt %d: nothing received (%v); retrying with a new publisher", attempt, err)
+				continue
+			}
+			t.Fatalf("recv after %d attempts: %v", attempt, err)
+		}
+		m, err := indexers.ParseLive(frames)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return m
+	}
+}
+
 func recvLive(t *testing.T, sub *zmq.Socket) indexers.LiveMessage {
 	t.Helper()
 	frames, err := sub.RecvMessageBytes(0)
@@ -113,9 +141,7 @@ func TestPublisherWireVectors(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			p, sub := testPublisher(t, Options{Encoding: EventEncoding{Layout: tc.layout}, KVEvents: KVEventsConfig{Topic: "kv-events"}}, tc.rank)
-			p.publish(context.Background(), tc.events)
-			m := recvLive(t, sub)
+			m := publishFirst(t, Options{Encoding: EventEncoding{Layout: tc.layout}, KVEvents: KVEventsConfig{Topic: "kv-events"}}, tc.rank, tc.events)
 			if m.Topic != "kv-events" || m.Seq != 0 {
 				t.Errorf("topic %q seq %d, want kv-events 0", m.Topic, m.Seq)
 			}
@@ -128,9 +154,7 @@ func TestPublisherWireVectors(t *testing.T) {
 
 // TestPublisherBytesHashes: VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0 writes 32-byte bin hashes.
 func TestPublisherBytesHashes(t *testing.T) {
-	p, sub := testPublisher(t, Options{Encoding: EventEncoding{BytesHashes: true}}, 0)
-	p.publish(context.Background(), []kvEvent{{kind: evRemoved, hashes: []uint64{0x0102}, medium: mediumGPU}})
-	m := recvLive(t, sub)
+	m := publishFirst(t, Options{Encoding: EventEncoding{BytesHashes: true}}, 0, []kvEvent{{kind: evRemoved, hashes: []uint64{0x0102}, medium: mediumGPU}})
 	want := "91c420" + strings.Repeat("00", 30) + "0102"
 	if !strings.Contains(hex.EncodeToString(m.Payload), want) {
 		t.Errorf("payload %x lacks bin8 hash %s", m.Payload, want)
