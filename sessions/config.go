@@ -58,8 +58,6 @@ type Config struct {
 	// MaxLineageBlocks caps the blocks a route-time update records (the deepest ones); the first
 	// recorded block then becomes a temporary root. 0 records the whole matched prefix.
 	MaxLineageBlocks int `yaml:"max_lineage_blocks" json:"max_lineage_blocks"`
-	// Identity names the headers and body fields that carry session identity.
-	Identity IdentityConfig `yaml:"identity" json:"identity"`
 }
 
 // Defaults returns the default configuration.
@@ -78,7 +76,6 @@ func Defaults() Config {
 		GroupTargets:           2,
 		SiblingPrefix:          &on2,
 		PendingTTL:             30 * time.Second,
-		Identity:               DefaultIdentity(),
 	}
 }
 
@@ -118,7 +115,6 @@ func (c Config) withDefaults() Config {
 	if c.PendingTTL == 0 {
 		c.PendingTTL = d.PendingTTL
 	}
-	c.Identity = c.Identity.withDefaults()
 	return c
 }
 

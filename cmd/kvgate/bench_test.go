@@ -6,9 +6,9 @@ import (
 	"fmt"
 	"testing"
 
+	"github.com/kvgate/kvgate/apireq"
 	"github.com/kvgate/kvgate/indexers"
 	"github.com/kvgate/kvgate/router"
-	"github.com/kvgate/kvgate/server"
 	"github.com/kvgate/kvgate/workers"
 )
 
@@ -25,7 +25,11 @@ func BenchmarkRequestRouting(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	in := &server.Inbound{Endpoint: "/v1/chat/completions", Body: body, Chat: &server.ChatRequest{}}
+	parser := apireq.NewParser(apireq.DefaultIdentity())
+	in, perr := parser.Parse(apireq.ChatCompletions, body)
+	if perr != nil {
+		b.Fatal(perr)
+	}
 	ctx := context.Background()
 	req := &router.Request{Model: servedModel}
 	if err := e.Enrich(ctx, in, req); err != nil {
@@ -62,10 +66,12 @@ func BenchmarkRequestRouting(b *testing.B) {
 	// Distinct prompts defeat the tokenizer's segment and message caches: the cost of a prompt
 	// the gateway has never seen.
 	const cold = 64
-	colds := make([]*server.Inbound, cold)
+	colds := make([]*apireq.Request, cold)
 	for i := range colds {
 		cb, _ := json.Marshal(chatRequest(fmt.Sprintf("You are benchmark %d.", i), longText(100+i, 280)))
-		colds[i] = &server.Inbound{Endpoint: "/v1/chat/completions", Body: cb, Chat: &server.ChatRequest{}}
+		if colds[i], perr = parser.Parse(apireq.ChatCompletions, cb); perr != nil {
+			b.Fatal(perr)
+		}
 	}
 	b.Run("enrich-cold", func(b *testing.B) {
 		i := 0
