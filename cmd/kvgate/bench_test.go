@@ -17,7 +17,7 @@ import (
 // chat template, tokenization and block hashing of a repeated prompt (the tokenizer's caches
 // warm), "enrich-cold" the same for prompts never seen (64 distinct ones, so at most the first
 // 64 iterations are cold: use -benchtime 64x), "enrich+pick" adds the tiered match, scoring and
-// choice. Run: go test ./cmd/kvgate -run '^$' -bench RequestRouting -benchtime 64x
+// choice; "parse+enrich" is "enrich" plus the request model's parse of the body. Run: go test ./cmd/kvgate -run '^$' -bench RequestRouting -benchtime 64x
 func BenchmarkRequestRouting(b *testing.B) {
 	tok := needModel(b)
 	e := &enricher{tok: tok, blockSize: 16, baseModel: servedModel}
@@ -87,6 +87,20 @@ func BenchmarkRequestRouting(b *testing.B) {
 		for b.Loop() {
 			r := &router.Request{Model: servedModel}
 			if err := e.Enrich(ctx, in, r); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	// parse+enrich adds the request model's one parse of the body (the server's step before
+	// the enricher): the whole request-side work before the policy's choice.
+	b.Run("parse+enrich", func(b *testing.B) {
+		for b.Loop() {
+			pin, perr := parser.Parse(apireq.ChatCompletions, body)
+			if perr != nil {
+				b.Fatal(perr)
+			}
+			r := &router.Request{Model: servedModel}
+			if err := e.Enrich(ctx, pin, r); err != nil {
 				b.Fatal(err)
 			}
 		}
