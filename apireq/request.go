@@ -200,7 +200,7 @@ func (r *Request) fill() *Error {
 	if v, ok := d.Get("stream"); ok {
 		r.Stream = v.AsBool()
 	}
-	if v, ok := d.Get("stream_options"); ok {
+	if _, ok := d.Get("stream_options"); ok {
 		so := &StreamOptions{}
 		if b, ok := d.Path("stream_options.include_usage"); ok && b.IsBool() {
 			x := b.AsBool()
@@ -210,7 +210,6 @@ func (r *Request) fill() *Error {
 			x := b.AsBool()
 			so.ContinuousUsageStats = &x
 		}
-		_ = v
 		r.StreamOptions = so
 	}
 	if v, ok := d.Get("nvext"); ok && v.IsDict() {
