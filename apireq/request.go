@@ -149,16 +149,19 @@ func (p *Parser) Parse(endpoint Endpoint, body []byte) (*Request, *Error) {
 	default:
 		return nil, &Error{Status: http.StatusNotFound, Message: "unknown endpoint " + string(endpoint)}
 	}
-	// json.Valid only scans (no values are built): the parse below leaves chat messages as raw
-	// spans, and a malformed body must be refused with encoding/json's exact message.
-	if !json.Valid(trimmed) {
-		return nil, malformed(json.Unmarshal(trimmed, new(any)))
-	}
 	if trimmed[0] != '{' {
+		if !json.Valid(trimmed) {
+			return nil, malformed(json.Unmarshal(trimmed, new(any)))
+		}
 		return nil, badRequest("", "request body must be a JSON object")
 	}
+	// The one parse. It validates the whole body, the chat messages it keeps as raw spans
+	// included; on failure encoding/json names the error (the gateway's message since before).
 	doc, err := chat.ParseDocument(body)
 	if err != nil {
+		if jerr := json.Unmarshal(body, new(any)); jerr != nil {
+			return nil, malformed(jerr)
+		}
 		return nil, badRequest("", "malformed JSON: "+err.Error())
 	}
 	r := &Request{Endpoint: endpoint, Body: body, doc: doc}
