@@ -215,11 +215,49 @@ func checkMessages(d *chat.Document, key string) *Error {
 	}
 	for i := range n {
 		raw := d.RawMessage(i)
-		if len(raw) > 0 && raw[0] != '{' && raw[0] != 'n' {
+		if len(raw) == 0 || raw[0] == 'n' {
+			continue // null: an empty message, as encoding/json decodes it
+		}
+		if raw[0] != '{' {
 			return badRequest(key, fmt.Sprintf("invalid type for %s[%d]: expected a message object, got JSON %s", key, i, rawKind(raw[0])))
+		}
+		var bad *Error
+		err := chat.EachField(raw, func(k, v []byte) error {
+			want, ok := messageFields[string(k)]
+			if !ok || v[0] == 'n' {
+				return nil
+			}
+			for _, c := range []byte(want.first) {
+				if v[0] == c {
+					return nil
+				}
+			}
+			path := key + "." + string(k)
+			bad = badRequest(path, fmt.Sprintf("invalid type for %s: expected %s, got JSON %s", path, want.goType, rawKind(v[0])))
+			return bad
+		})
+		if bad != nil {
+			return bad
+		}
+		if err != nil {
+			return badRequest(key, fmt.Sprintf("invalid %s[%d]: %v", key, i, err))
 		}
 	}
 	return nil
+}
+
+// messageFields are the message fields whose JSON kind is checked (by the first byte of the
+// value), with the type named in the error: the fields of go-openai's ChatCompletionMessage the
+// gateway used to decode messages into.
+var messageFields = map[string]struct{ first, goType string }{
+	"role":              {`"`, "string"},
+	"name":              {`"`, "string"},
+	"tool_call_id":      {`"`, "string"},
+	"reasoning_content": {`"`, "string"},
+	"refusal":           {`"`, "string"},
+	"content":           {`"[`, "[]openai.ChatMessagePart"},
+	"tool_calls":        {`[`, "[]openai.ToolCall"},
+	"function_call":     {`{`, "openai.FunctionCall"},
 }
 
 func typeError(path, goType string, v jinja.Value) *Error {
@@ -253,6 +291,8 @@ func rawKind(c byte) string {
 		return "bool"
 	case '[':
 		return "array"
+	case '{':
+		return "object"
 	}
 	return "number"
 }

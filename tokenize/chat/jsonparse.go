@@ -612,3 +612,47 @@ func (p *jsonParser) skipNumber() error {
 	}
 	return nil
 }
+
+// EachField calls fn with each member of the JSON object raw, in order: the key as it appears
+// between its quotes (escapes not decoded) and the raw JSON of its value, without building any
+// value. raw must be valid JSON (a Document's raw message is); anything but an object is an
+// error. An error from fn stops the walk and is returned.
+func EachField(raw []byte, fn func(key, value []byte) error) error {
+	p := jsonParser{data: raw}
+	p.skipSpace()
+	if p.pos >= len(raw) || raw[p.pos] != '{' {
+		return p.errorf("not an object")
+	}
+	p.pos++
+	for {
+		p.skipSpace()
+		if p.pos < len(raw) && raw[p.pos] == '}' {
+			return nil
+		}
+		if p.pos >= len(raw) || raw[p.pos] != '"' {
+			return p.errorf("expected an object key")
+		}
+		ks := p.pos + 1
+		if err := p.skipString(); err != nil {
+			return err
+		}
+		key := raw[ks : p.pos-1]
+		p.skipSpace()
+		if p.pos >= len(raw) || raw[p.pos] != ':' {
+			return p.errorf("expected ':'")
+		}
+		p.pos++
+		p.skipSpace()
+		vs := p.pos
+		if err := p.skip(1); err != nil {
+			return err
+		}
+		if err := fn(key, raw[vs:p.pos]); err != nil {
+			return err
+		}
+		p.skipSpace()
+		if p.pos < len(raw) && raw[p.pos] == ',' {
+			p.pos++
+		}
+	}
+}
