@@ -1,6 +1,7 @@
 package chat
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"strconv"
@@ -533,6 +534,14 @@ func (p *jsonParser) skipArray(depth int) error {
 func (p *jsonParser) skipString() error {
 	i := p.pos + 1
 	for i < len(p.data) {
+		// Eight bytes at a time while none is a quote, a backslash or a control byte (the
+		// bulk of a long message is plain text).
+		for i+8 <= len(p.data) && !specialWord(binary.LittleEndian.Uint64(p.data[i:])) {
+			i += 8
+		}
+		if i >= len(p.data) {
+			break
+		}
 		c := p.data[i]
 		switch {
 		case c == '"':
@@ -571,6 +580,16 @@ func (p *jsonParser) skipString() error {
 	}
 	p.pos = i
 	return p.errorf("unterminated string")
+}
+
+// specialWord reports whether any byte of x is '"', '\\' or below 0x20 (the classic SWAR
+// tests: a byte b is zero when (b-1) & ^b has its top bit set, and below n when (b-n) & ^b
+// does, for n <= 0x80).
+func specialWord(x uint64) bool {
+	const lo, hi = 0x0101010101010101, 0x8080808080808080
+	q := x ^ (lo * '"')
+	b := x ^ (lo * '\\')
+	return ((x-lo*0x20)&^x|(q-lo)&^q|(b-lo)&^b)&hi != 0
 }
 
 func isHex(c byte) bool {
