@@ -35,3 +35,21 @@ func TestRawMessagesValidated(t *testing.T) {
 		}
 	}
 }
+
+// FuzzRawMessages: a message span is accepted exactly when encoding/json accepts the body
+// (within the parser's nesting bound).
+func FuzzRawMessages(f *testing.F) {
+	for _, s := range []string{`{"role":"user","content":"hi"}`, `"a\"b\\c\u0041"`, `[1,-2.5e3,null]`, `{"a":"` + strings.Repeat("x", 40) + `\n"}`, `"\u00"`, "\"a\x1fb\""} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, m string) {
+		body := []byte(`{"messages":[` + m + `]}`)
+		_, err := ParseDocument(body)
+		if strings.Count(m, "[")+strings.Count(m, "{") > maxJSONDepth-4 {
+			return
+		}
+		if valid := json.Valid(body); valid != (err == nil) {
+			t.Fatalf("%q: json.Valid %v, parse error %v", m, valid, err)
+		}
+	})
+}
