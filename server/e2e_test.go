@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvgate/kvgate/sessions"
+	"github.com/kvgate/kvgate/apireq"
 	openai "github.com/sashabaranov/go-openai"
 )
 
@@ -222,9 +222,9 @@ func TestForwardedByteForByte(t *testing.T) {
 func TestSessionForwardHeader(t *testing.T) {
 	w := startSim(t, fastSim())
 	g := startGateway(t, nil, w.srv.URL)
-	ic := sessions.DefaultIdentity()
+	ic := apireq.DefaultIdentity()
 	ic.ForwardHeader = "X-Worker-Session"
-	g.ids = sessions.NewIdentityParser(ic) // before any request is served
+	g.requests = apireq.NewParser(ic) // before any request is served
 	cases := []struct {
 		name   string
 		header map[string]string

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvgate/kvgate/apireq"
 	"github.com/kvgate/kvgate/configs"
 	"github.com/kvgate/kvgate/kvkey"
 	"github.com/kvgate/kvgate/router"
@@ -217,9 +218,9 @@ func (p *spyRouter) Route(ctx context.Context, req *router.Request, cands []rout
 
 type spyEnricher struct{ calls atomic.Int32 }
 
-func (e *spyEnricher) Enrich(_ context.Context, in *Inbound, req *router.Request) error {
+func (e *spyEnricher) Enrich(_ context.Context, in *apireq.Request, req *router.Request) error {
 	e.calls.Add(1)
-	if in.Chat == nil || len(in.Chat.Messages) == 0 {
+	if in.Messages() == 0 {
 		return nil
 	}
 	req.PromptTokens, req.BlockHashes = 48, []kvkey.BlockHash{1, 2, 3}

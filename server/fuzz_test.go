@@ -3,9 +3,12 @@ package server
 import (
 	"bytes"
 	"encoding/json"
+	"net/http"
 	"os"
 	"path/filepath"
 	"testing"
+
+	"github.com/kvgate/kvgate/apireq"
 )
 
 // FuzzParseRequest feeds arbitrary bodies to the request parser: it must never panic, and a
@@ -46,12 +49,13 @@ func FuzzParseRequest(f *testing.F) {
 		f.Add(s, true)
 		f.Add(s, false)
 	}
+	p := apireq.NewParser(apireq.DefaultIdentity())
 	f.Fuzz(func(t *testing.T, body string, chat bool) {
 		endpoint := pathCompletions
 		if chat {
 			endpoint = pathChat
 		}
-		in, e := parseRequest(endpoint, []byte(body))
+		in, e := parseRequest(p, endpoint, []byte(body))
 		if e != nil {
 			if e.Status != 400 || e.Message == "" {
 				t.Fatalf("bad error %+v", e)
@@ -67,15 +71,23 @@ func FuzzParseRequest(f *testing.F) {
 		if !json.Valid([]byte(body)) {
 			t.Fatal("invalid JSON accepted")
 		}
-		if chat && (in.Chat == nil || len(in.Chat.Messages) == 0) {
+		if chat && in.Messages() == 0 {
 			t.Fatal("chat accepted without messages")
 		}
-		if !chat && (in.Completion == nil || in.Completion.Prompt == nil) {
-			t.Fatal("completion accepted without prompt")
+		if !chat {
+			var probe struct{ Prompt any }
+			if json.Unmarshal([]byte(body), &probe) != nil || probe.Prompt == nil {
+				t.Fatal("completion accepted without prompt")
+			}
 		}
-		if in.streamOptions() != nil && !in.Stream() {
+		if in.StreamOptions != nil && !in.Stream {
 			t.Fatal("stream_options accepted without stream")
 		}
-		_, _, _ = in.Model(), in.CacheSalt(), in.SessionControl()
+		if e := p.Identify(in, http.Header{}); e != nil && (e.Status != 400 || e.Message == "") {
+			t.Fatalf("bad identity error %+v", e)
+		}
+		// The template and prompt views come from the same parse and never panic either.
+		_, _ = in.TemplateInput()
+		_, _ = in.Prompts()
 	})
 }

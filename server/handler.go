@@ -13,6 +13,7 @@ import (
 
 	"github.com/gin-gonic/gin"
 
+	"github.com/kvgate/kvgate/apireq"
 	"github.com/kvgate/kvgate/router"
 )
 
@@ -57,26 +58,26 @@ func (s *Server) handleCompletion(endpoint string) gin.HandlerFunc {
 // prepare parses and validates a body and builds the routing request (session ids, and the
 // enricher's prompt tokens and block hashes when one is configured), holding tokenization
 // slots (limits.max_concurrent_tokenizations) while it does.
-func (s *Server) prepare(ctx context.Context, endpoint string, body []byte, h http.Header) (*Inbound, *router.Request, *apiError) {
+func (s *Server) prepare(ctx context.Context, endpoint string, body []byte, h http.Header) (*apireq.Request, *router.Request, *apiError) {
 	// Parsing and tokenizing cost CPU and a few times the body in memory: bounded together.
 	release, e := s.tokenize.acquire(ctx, len(body))
 	if e != nil {
 		return nil, nil, e
 	}
 	defer release()
-	in, e := parseRequest(endpoint, body)
+	in, e := parseRequest(s.requests, endpoint, body)
 	if e != nil {
 		return nil, nil, e
 	}
-	if e := s.checkModel(in.Model()); e != nil {
+	if e := s.checkModel(in.Model); e != nil {
 		return nil, nil, e
 	}
-	id, err := s.ids.Parse(h, body)
-	if err != nil {
-		return nil, nil, badRequest("", err.Error())
+	// Session identity comes from the same parse of the body.
+	if e := s.requests.Identify(in, h); e != nil {
+		return nil, nil, fromRequestError(e)
 	}
-	in.Session = id
-	model := in.Model()
+	id := in.Session
+	model := in.Model
 	if model == "" {
 		model = s.cfg.Model
 	}
@@ -91,8 +92,11 @@ func (s *Server) prepare(ctx context.Context, endpoint string, body []byte, h ht
 	if s.enricher != nil {
 		in.MaxModelLen = s.maxModelLen(model)
 		if err := s.enricher.Enrich(ctx, in, rreq); err != nil {
-			var ae *apiError
-			if errors.As(err, &ae) {
+			ae, isAPI := asRequestError(err)
+			if !isAPI {
+				isAPI = errors.As(err, &ae)
+			}
+			if isAPI {
 				// The request itself is wrong (e.g. the chat template rejects it): the worker
 				// would answer 400 too, so answer now with the same message.
 				return nil, nil, ae

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvgate/kvgate/apireq"
 	"github.com/kvgate/kvgate/configs"
 	"github.com/kvgate/kvgate/router"
 )
@@ -21,7 +22,7 @@ type blockingEnricher struct {
 	entered chan struct{}
 }
 
-func (e *blockingEnricher) Enrich(ctx context.Context, _ *Inbound, _ *router.Request) error {
+func (e *blockingEnricher) Enrich(ctx context.Context, _ *apireq.Request, _ *router.Request) error {
 	e.mu.Lock()
 	e.running++
 	e.peak = max(e.peak, e.running)
@@ -91,7 +92,7 @@ func TestTokenizeSlots(t *testing.T) {
 // limitSpy records the MaxModelLen the server hands the enricher.
 type limitSpy struct{ got chan int }
 
-func (e *limitSpy) Enrich(_ context.Context, in *Inbound, _ *router.Request) error {
+func (e *limitSpy) Enrich(_ context.Context, in *apireq.Request, _ *router.Request) error {
 	e.got <- in.MaxModelLen
 	if in.MaxModelLen > 0 {
 		return ContextLengthError(in.MaxModelLen, in.MaxModelLen+5, false)

@@ -15,6 +15,7 @@ import (
 
 	"github.com/gin-gonic/gin"
 
+	"github.com/kvgate/kvgate/apireq"
 	"github.com/kvgate/kvgate/router"
 	"github.com/kvgate/kvgate/workers"
 )
@@ -33,7 +34,7 @@ const (
 
 // proxy routes the request and relays the response, trying another worker when one fails
 // before its first byte (at most proxy.max_retries times). It returns the status for metrics.
-func (s *Server) proxy(c *gin.Context, in *Inbound, rreq *router.Request, start time.Time) int {
+func (s *Server) proxy(c *gin.Context, in *apireq.Request, rreq *router.Request, start time.Time) int {
 	ctx := c.Request.Context()
 	tried := map[string]bool{}
 	maxAttempts := 1 + s.cfg.Proxy.MaxRetries
@@ -54,7 +55,7 @@ func (s *Server) proxy(c *gin.Context, in *Inbound, rreq *router.Request, start 
 			break
 		}
 		if attempt > 0 {
-			s.m.retries.WithLabelValues(in.Endpoint).Inc()
+			s.m.retries.WithLabelValues(string(in.Endpoint)).Inc()
 		}
 		d, life, err := s.router.Route(ctx, rreq, cands)
 		if err != nil {
@@ -75,14 +76,14 @@ func (s *Server) proxy(c *gin.Context, in *Inbound, rreq *router.Request, start 
 		case served:
 			return code
 		case clientGone:
-			s.m.disconnects.WithLabelValues(in.Endpoint).Inc()
+			s.m.disconnects.WithLabelValues(string(in.Endpoint)).Inc()
 			return codeClientGone
 		}
 		last = e
 		s.log.Warn("worker failed before the first byte", "worker", w.URL(), "attempt", attempt+1, "err", e.Message)
 	}
 	if ctx.Err() != nil {
-		s.m.disconnects.WithLabelValues(in.Endpoint).Inc()
+		s.m.disconnects.WithLabelValues(string(in.Endpoint)).Inc()
 		return codeClientGone
 	}
 	if last == nil {
@@ -134,7 +135,7 @@ func retryableStatus(code int) bool {
 
 // call is one attempt of a request on one worker: what send and the relays need of it.
 type call struct {
-	in     *Inbound
+	in     *apireq.Request
 	d      router.Decision
 	life   router.Lifecycle // the routing side's record of this attempt
 	w      *workers.Worker
@@ -176,7 +177,7 @@ func (s *Server) attempt(c *gin.Context, a *call) (res outcome, code int, e *api
 func (s *Server) send(ctx context.Context, c *gin.Context, a *call) (outcome, int, *apiError) {
 	in, w, d, cancel := a.in, a.w, a.d, a.cancel
 	clientCtx := c.Request.Context()
-	up, err := http.NewRequestWithContext(ctx, http.MethodPost, w.Endpoint(in.Endpoint, c.Request.URL.RawQuery), bytes.NewReader(in.Body))
+	up, err := http.NewRequestWithContext(ctx, http.MethodPost, w.Endpoint(string(in.Endpoint), c.Request.URL.RawQuery), bytes.NewReader(in.Body))
 	if err != nil {
 		return failed, 0, &apiError{Status: http.StatusInternalServerError, Message: "building upstream request: " + err.Error()}
 	}
@@ -184,7 +185,7 @@ func (s *Server) send(ctx context.Context, c *gin.Context, a *call) (outcome, in
 	w.Authorize(up.Header) // the worker's key replaces the client's; without one it passes through
 	// The session id goes to the worker in the parser's forward header (X-Session-ID: vLLM reads
 	// it for the session_id of its KV events).
-	s.ids.Forward(up.Header, in.Session)
+	s.requests.Forward(up.Header, in.Session)
 	if ip, _, err := net.SplitHostPort(c.Request.RemoteAddr); err == nil {
 		if prior := c.Request.Header.Get("X-Forwarded-For"); prior != "" {
 			ip = prior + ", " + ip
@@ -200,7 +201,7 @@ func (s *Server) send(ctx context.Context, c *gin.Context, a *call) (outcome, in
 	// its wait for headers is bounded by proxy.response_header_timeout instead.
 	idle := s.cfg.Proxy.StreamIdleTimeout.D()
 	var idleTimer *time.Timer
-	if idle > 0 && in.Stream() {
+	if idle > 0 && in.Stream {
 		idleTimer = time.AfterFunc(idle, func() { cancel(errIdleTimeout) })
 		defer idleTimer.Stop()
 	}
@@ -280,14 +281,14 @@ func (s *Server) send(ctx context.Context, c *gin.Context, a *call) (outcome, in
 		}
 	}
 	c.Status(resp.StatusCode)
-	s.m.ttfb.WithLabelValues(in.Endpoint).Observe(time.Since(a.start).Seconds())
+	s.m.ttfb.WithLabelValues(string(in.Endpoint)).Observe(time.Since(a.start).Seconds())
 
 	uc := a.uc
 	if resp.StatusCode != http.StatusOK {
 		uc = nil // error bodies carry no usage
 	}
 	if stream && resp.StatusCode == http.StatusOK {
-		return s.relaySSE(ctx, c, w, in.Endpoint, buf[:n], body, rerr, uc), resp.StatusCode, nil
+		return s.relaySSE(ctx, c, w, string(in.Endpoint), buf[:n], body, rerr, uc), resp.StatusCode, nil
 	}
 	return s.relayBody(ctx, c, w, buf[:n], body, rerr, uc), resp.StatusCode, nil
 }

@@ -13,9 +13,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/kvgate/kvgate/apireq"
 	"github.com/kvgate/kvgate/configs"
 	"github.com/kvgate/kvgate/router"
-	"github.com/kvgate/kvgate/sessions"
 	"github.com/kvgate/kvgate/workers"
 )
 
@@ -25,7 +25,7 @@ import (
 // it too); any other error is logged and the request is routed without the enrichment: a
 // tokenizer problem must never fail a request the worker could serve.
 type RequestEnricher interface {
-	Enrich(ctx context.Context, in *Inbound, req *router.Request) error
+	Enrich(ctx context.Context, in *apireq.Request, req *router.Request) error
 }
 
 // Options are the parts a Server is built from.
@@ -49,7 +49,7 @@ type Server struct {
 	reg      *workers.Registry
 	router   router.Router
 	enricher RequestEnricher
-	ids      *sessions.IdentityParser
+	requests *apireq.Parser // the request model: one parse per body, session identity
 	log      *slog.Logger
 	m        *metrics
 	engine   *gin.Engine // the client listener: OpenAI API, /health, /metrics
@@ -73,7 +73,7 @@ func New(opts Options) (*Server, error) {
 		reg:      opts.Registry,
 		router:   opts.Router,
 		enricher: opts.Enricher,
-		ids:      sessions.NewIdentityParser(identityConfig(opts.Config.Sessions)),
+		requests: apireq.NewParser(identityConfig(opts.Config.Sessions)),
 		log:      opts.Logger,
 		m:        newMetrics(opts.Registry, opts.Metrics),
 		tokenize: newTokenizeSlots(opts.Config.Limits),

@@ -1,15 +1,15 @@
 package server
 
 import (
+	"github.com/kvgate/kvgate/apireq"
 	"github.com/kvgate/kvgate/configs"
-	"github.com/kvgate/kvgate/sessions"
 )
 
-// identityConfig maps the configured header names onto the session identity parser
-// (docs/ARCHITECTURE.md, "Session identity"); the body fields keep the parser's defaults:
+// identityConfig maps the configured header names onto the request model's session identity
+// (docs/ARCHITECTURE.md, "Session identity"); the body fields keep the defaults:
 // nvext.session_control.{session_id, parent_session_id, action} and vLLM's own session_id.
-func identityConfig(c configs.Sessions) sessions.IdentityConfig {
-	ic := sessions.DefaultIdentity()
+func identityConfig(c configs.Sessions) apireq.IdentityConfig {
+	ic := apireq.DefaultIdentity()
 	// A configured empty list turns a source off (non-nil empty slice); nil keeps the default.
 	if c.Headers != nil {
 		ic.SessionHeaders = append([]string{}, c.Headers...)

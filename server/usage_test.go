@@ -2,12 +2,14 @@ package server
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"net/http"
 	"strings"
 	"sync"
 	"testing"
 
+	"github.com/kvgate/kvgate/apireq"
 	"github.com/kvgate/kvgate/router"
 )
 
@@ -141,11 +143,13 @@ func TestUsageReachesObserver(t *testing.T) {
 // would) and fails internally on "crash".
 type refusingEnricher struct{}
 
-func (refusingEnricher) Enrich(_ context.Context, in *Inbound, _ *router.Request) error {
-	if in.Chat == nil {
+func (refusingEnricher) Enrich(_ context.Context, in *apireq.Request, _ *router.Request) error {
+	if in.Messages() == 0 {
 		return nil
 	}
-	switch in.Chat.Messages[len(in.Chat.Messages)-1].Content {
+	var last struct{ Content string }
+	_ = json.Unmarshal(in.RawMessage(in.Messages()-1), &last)
+	switch last.Content {
 	case "refuse":
 		return BadRequest("messages", "Conversation roles must alternate user/assistant/user/assistant/...")
 	case "crash":

@@ -62,8 +62,6 @@ type Config struct {
 	// MaxLineageBlocks caps the blocks a route-time update records (the deepest ones); the first
 	// recorded block then becomes a temporary root. 0 records the whole matched prefix.
 	MaxLineageBlocks int `yaml:"max_lineage_blocks" json:"max_lineage_blocks"`
-	// Identity names the headers and body fields that carry session identity.
-	Identity IdentityConfig `yaml:"identity" json:"identity"`
 }
 
 // Defaults returns the default configuration.
@@ -80,7 +78,6 @@ func Defaults() Config {
 		GroupTargets:           2,
 		SiblingPrefix:          true,
 		PendingTTL:             30 * time.Second,
-		Identity:               DefaultIdentity(),
 	}
 }
 

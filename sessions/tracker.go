@@ -65,7 +65,7 @@ func New(cfg Config, idx Residency, log *slog.Logger) (*Tracker, error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	cfg.Identity = cfg.Identity.withDefaults()
+
 	return &Tracker{
 		cfg: cfg, idx: idx, log: log.With("component", "sessions"), now: time.Now,
 		f:    newForest(cfg.MaxNodes),

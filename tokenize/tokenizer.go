@@ -13,8 +13,24 @@ import (
 )
 
 // TemplateInput is the input of a chat-template render (messages, tools, documents, flags);
-// not to be confused with server.ChatRequest, the parsed /v1/chat/completions body.
+// not to be confused with apireq.Request, the gateway's model of a whole request.
 type TemplateInput = chat.Request
+
+// CompletionPrompt is one prompt of a completions request: text to encode, or token ids.
+type CompletionPrompt = chat.CompletionPrompt
+
+// Input is a request body already parsed (once, by the gateway's request model): either the
+// chat template input or the completions prompts, with what else shapes the tokens.
+type Input struct {
+	// Chat is the template input of a chat request; nil for completions.
+	Chat *TemplateInput
+	// Prompts are the prompts of a completions request (one per batch entry).
+	Prompts []CompletionPrompt
+	// AddSpecialTokens applies the tokenizer's post-processor (e.g. BOS) to encoded text.
+	AddSpecialTokens bool
+	// CacheSalt is the validated cache_salt ("" for none); it enters block 0's hash.
+	CacheSalt string
+}
 
 // TemplateError is a failure raised by or inside the model's chat template; servers answer it
 // with HTTP 400 and its Message, as vLLM does.
@@ -178,6 +194,22 @@ func (t *Tokenizer) TokenizeRequest(ctx context.Context, body []byte) (*Prompt, 
 		return t.tokenizeChat(ctx, b.Chat, 0)
 	}
 	return t.tokenizeCompletion(ctx, b.Completion, 0)
+}
+
+// TokenizeInput tokenizes an already parsed request exactly as TokenizeChatLimit or
+// TokenizeCompletionLimit tokenize its body (nothing is parsed again), failing with a
+// *TooLongError beyond maxTokens tokens (0: no limit).
+func (t *Tokenizer) TokenizeInput(ctx context.Context, in Input, maxTokens int) (*Prompt, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if in.Chat != nil {
+		return t.tokenizeChat(ctx, &chat.ChatBody{Request: *in.Chat, AddSpecialTokens: in.AddSpecialTokens, CacheSalt: in.CacheSalt}, maxTokens)
+	}
+	if len(in.Prompts) == 0 {
+		return nil, &RequestError{Message: "'prompt' is required", Param: "prompt"}
+	}
+	return t.tokenizeCompletion(ctx, &chat.CompletionBody{Prompts: in.Prompts, AddSpecialTokens: in.AddSpecialTokens, CacheSalt: in.CacheSalt}, maxTokens)
 }
 
 // TokenizeChat tokenizes an OpenAI /v1/chat/completions body the way vLLM does: preprocess the

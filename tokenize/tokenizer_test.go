@@ -15,6 +15,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kvgate/kvgate/tokenize/chat"
 )
 
 const repoRoot = ".."
@@ -200,8 +202,42 @@ func TestTokenizeRequestKinds(t *testing.T) {
 			if len(p.Batch) != tc.batch && !(tc.batch == 0 && p.Batch == nil) {
 				t.Errorf("batch %d, want %d", len(p.Batch), tc.batch)
 			}
+			// An already parsed request (the gateway's one parse) tokenizes the same.
+			in := parsedInput(t, tc.body)
+			q, err := tk.TokenizeInput(context.Background(), in, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if q.Text != p.Text || !equalIDs(q.TokenIDs, p.TokenIDs) || q.CacheSalt != p.CacheSalt || len(q.Batch) != len(p.Batch) {
+				t.Errorf("TokenizeInput %+v, TokenizeRequest %+v", q, p)
+			}
 		})
 	}
+}
+
+// parsedInput maps a body into tokenize.Input from one chat.Document, as the request model does.
+func parsedInput(t *testing.T, body string) Input {
+	t.Helper()
+	doc, err := chat.ParseDocument([]byte(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	salt, err := doc.CacheSalt()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := doc.Get("messages"); ok {
+		cb, err := doc.ChatBody()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return Input{Chat: &cb.Request, AddSpecialTokens: cb.AddSpecialTokens, CacheSalt: salt}
+	}
+	cb, err := doc.CompletionBody()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return Input{Prompts: cb.Prompts, AddSpecialTokens: cb.AddSpecialTokens, CacheSalt: salt}
 }
 
 func TestTemplateErrorIsTyped(t *testing.T) {

@@ -6,10 +6,10 @@ import (
 	"fmt"
 	"testing"
 
+	"github.com/kvgate/kvgate/apireq"
 	"github.com/kvgate/kvgate/indexers"
 	"github.com/kvgate/kvgate/kvkey"
 	"github.com/kvgate/kvgate/router"
-	"github.com/kvgate/kvgate/server"
 )
 
 // BenchmarkRequestRouting measures the gateway's per-request routing work for a chat request of
@@ -17,7 +17,7 @@ import (
 // chat template, tokenization and block hashing of a repeated prompt (the tokenizer's caches
 // warm), "enrich-cold" the same for prompts never seen (64 distinct ones, so at most the first
 // 64 iterations are cold: use -benchtime 64x), "enrich+pick" adds the tiered match, scoring and
-// choice. Run: go test ./cmd/kvgate -run '^$' -bench RequestRouting -benchtime 64x
+// choice; "parse+enrich" is "enrich" plus the request model's parse of the body. Run: go test ./cmd/kvgate -run '^$' -bench RequestRouting -benchtime 64x
 func BenchmarkRequestRouting(b *testing.B) {
 	tok := needModel(b)
 	e := &enricher{tok: tok, blockSize: 16, baseModel: servedModel}
@@ -25,7 +25,11 @@ func BenchmarkRequestRouting(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	in := &server.Inbound{Endpoint: "/v1/chat/completions", Body: body, Chat: &server.ChatRequest{}}
+	parser := apireq.NewParser(apireq.DefaultIdentity())
+	in, perr := parser.Parse(apireq.ChatCompletions, body)
+	if perr != nil {
+		b.Fatal(perr)
+	}
 	ctx := context.Background()
 	req := &router.Request{Model: servedModel}
 	if err := e.Enrich(ctx, in, req); err != nil {
@@ -62,10 +66,12 @@ func BenchmarkRequestRouting(b *testing.B) {
 	// Distinct prompts defeat the tokenizer's segment and message caches: the cost of a prompt
 	// the gateway has never seen.
 	const cold = 64
-	colds := make([]*server.Inbound, cold)
+	colds := make([]*apireq.Request, cold)
 	for i := range colds {
 		cb, _ := json.Marshal(chatRequest(fmt.Sprintf("You are benchmark %d.", i), longText(100+i, 280)))
-		colds[i] = &server.Inbound{Endpoint: "/v1/chat/completions", Body: cb, Chat: &server.ChatRequest{}}
+		if colds[i], perr = parser.Parse(apireq.ChatCompletions, cb); perr != nil {
+			b.Fatal(perr)
+		}
 	}
 	b.Run("enrich-cold", func(b *testing.B) {
 		i := 0
@@ -81,6 +87,20 @@ func BenchmarkRequestRouting(b *testing.B) {
 		for b.Loop() {
 			r := &router.Request{Model: servedModel}
 			if err := e.Enrich(ctx, in, r); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	// parse+enrich adds the request model's one parse of the body (the server's step before
+	// the enricher): the whole request-side work before the policy's choice.
+	b.Run("parse+enrich", func(b *testing.B) {
+		for b.Loop() {
+			pin, perr := parser.Parse(apireq.ChatCompletions, body)
+			if perr != nil {
+				b.Fatal(perr)
+			}
+			r := &router.Request{Model: servedModel}
+			if err := e.Enrich(ctx, pin, r); err != nil {
 				b.Fatal(err)
 			}
 		}

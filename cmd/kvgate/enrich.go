@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/kvgate/kvgate/apireq"
 	"github.com/kvgate/kvgate/router"
 	"github.com/kvgate/kvgate/server"
 	"github.com/kvgate/kvgate/tokenize"
@@ -23,17 +24,20 @@ type enricher struct {
 // it comes back as server.BadRequest with the template's own message (vLLM answers 400 the
 // same way). Anything else (a tokenizer fault, a cancelled context) is returned as is, and the
 // server routes the request without block hashes.
-func (e *enricher) Enrich(ctx context.Context, in *server.Inbound, req *router.Request) error {
-	var (
-		p   *tokenize.Prompt
-		err error
-	)
+func (e *enricher) Enrich(ctx context.Context, in *apireq.Request, req *router.Request) error {
 	// vLLM needs room for one output token: a prompt of MaxModelLen tokens is refused.
 	limit := max(in.MaxModelLen-1, 0)
-	if in.Chat != nil {
-		p, err = e.tok.TokenizeChatLimit(ctx, in.Body, limit)
+	// The body was parsed once, by the request model: tokenize reads its views.
+	ti := tokenize.Input{AddSpecialTokens: in.AddSpecialTokens, CacheSalt: in.CacheSalt}
+	var err error
+	if in.Endpoint == apireq.ChatCompletions {
+		ti.Chat, err = in.TemplateInput()
 	} else {
-		p, err = e.tok.TokenizeCompletionLimit(ctx, in.Body, limit)
+		ti.Prompts, err = in.Prompts()
+	}
+	var p *tokenize.Prompt
+	if err == nil {
+		p, err = e.tok.TokenizeInput(ctx, ti, limit)
 	}
 	if err != nil {
 		var te *tokenize.TemplateError

@@ -30,16 +30,23 @@ type Body struct {
 // ParseBody parses a chat body (has "messages") or a completions body (has "prompt") in one
 // pass over the bytes.
 func ParseBody(body []byte) (*Body, error) {
-	top, raw, err := parseTopRaw(body)
+	doc, err := ParseDocument(body)
 	if err != nil {
 		return nil, err
 	}
-	if v, ok := top.Get("messages"); ok && !v.IsNone() {
-		cb, err := chatFromDict(top, raw)
+	salt, saltErr := doc.CacheSalt()
+	if v, ok := doc.top.Get("messages"); ok && !v.IsNone() {
+		cb, err := doc.ChatBody()
+		if err == nil {
+			cb.CacheSalt, err = salt, saltErr
+		}
 		return &Body{Kind: KindChat, Chat: cb}, err
 	}
-	if v, ok := top.Get("prompt"); ok && !v.IsNone() {
-		cb, err := completionFromDict(top)
+	if v, ok := doc.top.Get("prompt"); ok && !v.IsNone() {
+		cb, err := doc.CompletionBody()
+		if err == nil {
+			cb.CacheSalt, err = salt, saltErr
+		}
 		return &Body{Kind: KindCompletion, Completion: cb}, err
 	}
 	return nil, &RequestError{Message: "request body has neither 'messages' (chat) nor 'prompt' (completions)"}
@@ -57,10 +64,93 @@ func DetectKind(body []byte) (Kind, error) {
 	return b.Kind, nil
 }
 
-func parseTop(body []byte) (*jinja.Dict, error) {
-	d, _, err := parseTopRaw(body)
-	return d, err
+// Document is a request body parsed once by the order-preserving parser: its top-level object
+// (keys in the client's order, numbers as ints or floats) with the elements of a top-level
+// "messages" array kept as raw spans of the body, decoded later through the template's message
+// cache. Every view of the request (the gateway's request model, the chat template input, the
+// completions prompts) is read from it, so a body is decoded once. The raw spans alias the body,
+// which must not be modified while the Document is in use.
+type Document struct {
+	top         *jinja.Dict
+	rawMessages [][]byte
 }
+
+// ParseDocument parses a body that must be one JSON object. A malformed body or one that is not
+// an object is a *RequestError.
+func ParseDocument(body []byte) (*Document, error) {
+	top, raw, err := parseTopRaw(body)
+	if err != nil {
+		return nil, err
+	}
+	return &Document{top: top, rawMessages: raw}, nil
+}
+
+// Get returns a top-level field; JSON null counts as absent.
+func (d *Document) Get(key string) (jinja.Value, bool) { return field(d.top, key) }
+
+// Has reports whether the body has the key at all (null included).
+func (d *Document) Has(key string) bool {
+	_, ok := d.top.Get(key)
+	return ok
+}
+
+// Keys returns the top-level keys in the order the client sent them.
+func (d *Document) Keys() []string { return d.top.Keys }
+
+// Messages returns the number of elements of the top-level "messages" array and whether it is
+// an array at all.
+func (d *Document) Messages() (int, bool) {
+	v, ok := d.top.Get("messages")
+	if !ok || !v.IsList() {
+		return 0, false
+	}
+	if d.rawMessages != nil {
+		return len(d.rawMessages), true
+	}
+	return len(v.AsList().Items), true
+}
+
+// RawMessage returns the raw JSON of messages[i] ("" past the end or when "messages" was not
+// kept raw).
+func (d *Document) RawMessage(i int) []byte {
+	if i < 0 || i >= len(d.rawMessages) {
+		return nil
+	}
+	return d.rawMessages[i]
+}
+
+// Path follows a dotted path through nested objects ("nvext.session_control.session_id");
+// JSON null at the end counts as present.
+func (d *Document) Path(path string) (jinja.Value, bool) {
+	cur := d.top
+	for {
+		key, rest, more := strings.Cut(path, ".")
+		v, ok := cur.Get(key)
+		if !ok {
+			return jinja.None(), false
+		}
+		if !more {
+			return v, true
+		}
+		if !v.IsDict() {
+			return jinja.None(), false
+		}
+		cur, path = v.AsDict(), rest
+	}
+}
+
+// CacheSalt applies vLLM's cache_salt rule: absent or null is no salt; otherwise it must be a
+// non-empty string (vllm/entrypoints/openai/protocol.py, check_cache_salt_support). Any
+// non-empty string is accepted, as vLLM does: the salt enters block 0's hash in full.
+func (d *Document) CacheSalt() (string, error) { return cacheSalt(d.top) }
+
+// ChatBody builds the chat template input of a chat completions body with vLLM's defaults (see
+// ParseChatBody). The cache salt is not read here (the caller validates it once, CacheSalt).
+func (d *Document) ChatBody() (*ChatBody, error) { return chatFromDict(d.top, d.rawMessages) }
+
+// CompletionBody builds the prompts of a completions body (see ParseCompletionBody). The cache
+// salt is not read here (the caller validates it once, CacheSalt).
+func (d *Document) CompletionBody() (*CompletionBody, error) { return completionFromDict(d.top) }
 
 // parseTopRaw parses the top-level object, keeping "messages" elements as raw spans.
 func parseTopRaw(body []byte) (*jinja.Dict, [][]byte, error) {
@@ -111,11 +201,11 @@ type ChatBody struct {
 // chat_template is refused, as vLLM does without --trust-request-chat-template. The returned
 // Request carries its fields decoded (its raw JSON fields are left empty).
 func ParseChatBody(body []byte) (*ChatBody, error) {
-	top, raw, err := parseTopRaw(body)
+	doc, err := ParseDocument(body)
 	if err != nil {
 		return nil, err
 	}
-	return chatFromDict(top, raw)
+	return doc.salted(doc.ChatBody())
 }
 
 // chatFromDict builds a ChatBody; raw holds the messages' raw JSON spans when the parser kept
@@ -152,9 +242,6 @@ func chatFromDict(top *jinja.Dict, raw [][]byte) (*ChatBody, error) {
 		}
 		cb.Request.ReasoningEffort = v.AsString()
 	}
-	if cb.CacheSalt, err = cacheSalt(top); err != nil {
-		return nil, err
-	}
 	return cb, nil
 }
 
@@ -180,20 +267,35 @@ type CompletionBody struct {
 // takes: a string, an array of token ids, an array of strings, or an array of id arrays (the
 // latter two a batch). Empty batches and negative or non-integer ids are *RequestError.
 func ParseCompletionBody(body []byte) (*CompletionBody, error) {
-	top, err := parseTop(body)
+	doc, err := ParseDocument(body)
 	if err != nil {
 		return nil, err
 	}
-	return completionFromDict(top)
+	cb, err := doc.CompletionBody()
+	if err != nil {
+		return nil, err
+	}
+	if cb.CacheSalt, err = doc.CacheSalt(); err != nil {
+		return nil, err
+	}
+	return cb, nil
+}
+
+// salted fills a chat body's cache salt (ParseChatBody and ParseBody read it with the body).
+func (d *Document) salted(cb *ChatBody, err error) (*ChatBody, error) {
+	if err != nil {
+		return nil, err
+	}
+	if cb.CacheSalt, err = d.CacheSalt(); err != nil {
+		return nil, err
+	}
+	return cb, nil
 }
 
 func completionFromDict(top *jinja.Dict) (*CompletionBody, error) {
 	cb := &CompletionBody{}
 	var err error
 	if cb.AddSpecialTokens, err = boolField(top, "add_special_tokens", true); err != nil {
-		return nil, err
-	}
-	if cb.CacheSalt, err = cacheSalt(top); err != nil {
 		return nil, err
 	}
 	prompt, ok := field(top, "prompt")
@@ -263,8 +365,7 @@ func tokenIDs(items []jinja.Value) ([]uint32, error) {
 	return ids, nil
 }
 
-// cacheSalt applies vLLM's cache_salt validation: absent or null is no salt; otherwise a
-// non-empty string of at most 128 characters without '@', '/', '\' or NUL.
+// cacheSalt is Document.CacheSalt.
 func cacheSalt(top *jinja.Dict) (string, error) {
 	v, ok := field(top, "cache_salt")
 	if !ok {
@@ -273,9 +374,5 @@ func cacheSalt(top *jinja.Dict) (string, error) {
 	if !v.IsString() || v.AsString() == "" {
 		return "", &RequestError{Message: "Parameter 'cache_salt' must be a non-empty string if provided.", Param: "cache_salt"}
 	}
-	s := v.AsString()
-	if len([]rune(s)) > 128 || strings.ContainsAny(s, "@/\\\x00") {
-		return "", &RequestError{Message: "Parameter 'cache_salt' must be at most 128 characters and must not contain '@', '/', '\\\\', or NUL.", Param: "cache_salt"}
-	}
-	return s, nil
+	return v.AsString(), nil
 }

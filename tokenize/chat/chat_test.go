@@ -160,12 +160,25 @@ func TestParseChatBodyDefaults(t *testing.T) {
 	for _, body := range []string{
 		`{"messages":{}}`,
 		`{"messages":[],"cache_salt":5}`,
-		`{"messages":[],"cache_salt":"a/b"}`,
+		`{"messages":[],"cache_salt":""}`,
 		`{"messages":[],"add_generation_prompt":true,"continue_final_message":true}`,
 	} {
 		var re *RequestError
 		if _, err := ParseChatBody([]byte(body)); !errors.As(err, &re) {
 			t.Errorf("%s: want *RequestError, got %v", body, err)
+		}
+	}
+	// vLLM accepts any non-empty string as a salt (vllm/entrypoints/openai/protocol.py,
+	// check_cache_salt_support), so the template path does too.
+	for _, tc := range []struct{ json, want string }{
+		{`"a/b"`, "a/b"},
+		{`"t@n\\ant"`, `t@n\ant`},
+		{`"x\u0000y"`, "x\x00y"},
+		{`"` + strings.Repeat("s", 300) + `"`, strings.Repeat("s", 300)},
+	} {
+		cb, err := ParseChatBody([]byte(`{"messages":[],"cache_salt":` + tc.json + `}`))
+		if err != nil || cb.CacheSalt != tc.want {
+			t.Errorf("salt %s: got %+v, %v; want %q", tc.json, cb, err, tc.want)
 		}
 	}
 }

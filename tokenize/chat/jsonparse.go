@@ -1,7 +1,7 @@
 package chat
 
 import (
-	"bytes"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"strconv"
@@ -427,63 +427,251 @@ func (p *jsonParser) rawElements() ([][]byte, error) {
 	}
 }
 
-// skipValue moves past one JSON value without decoding it (the value is validated when it is
-// decoded).
-func (p *jsonParser) skipValue() error {
-	depth := 0
-	for p.pos < len(p.data) {
+// skipValue moves past one JSON value without building it, validating it as strictly as the
+// decoder does (structure, strings and their escapes, numbers, literals, nesting depth): a body
+// whose raw spans are kept is still refused whole when any part of it is malformed.
+func (p *jsonParser) skipValue() error { return p.skip(1) }
+
+func (p *jsonParser) skip(depth int) error {
+	if p.pos >= len(p.data) {
+		return p.errorf("unexpected end of input")
+	}
+	if depth > maxJSONDepth {
+		return p.errorf("nesting deeper than %d", maxJSONDepth)
+	}
+	switch c := p.data[p.pos]; {
+	case c == '{':
+		return p.skipObject(depth)
+	case c == '[':
+		return p.skipArray(depth)
+	case c == '"':
+		return p.skipString()
+	case c == 't':
+		_, err := p.literal("true", jinja.None())
+		return err
+	case c == 'f':
+		_, err := p.literal("false", jinja.None())
+		return err
+	case c == 'n':
+		_, err := p.literal("null", jinja.None())
+		return err
+	case c == '-' || (c >= '0' && c <= '9'):
+		return p.skipNumber()
+	}
+	return p.errorf("unexpected character %q", p.data[p.pos])
+}
+
+func (p *jsonParser) skipObject(depth int) error {
+	p.pos++ // {
+	p.skipSpace()
+	if p.pos < len(p.data) && p.data[p.pos] == '}' {
+		p.pos++
+		return nil
+	}
+	for {
+		p.skipSpace()
+		if p.pos >= len(p.data) || p.data[p.pos] != '"' {
+			return p.errorf("expected an object key")
+		}
+		if err := p.skipString(); err != nil {
+			return err
+		}
+		p.skipSpace()
+		if p.pos >= len(p.data) || p.data[p.pos] != ':' {
+			return p.errorf("expected ':'")
+		}
+		p.pos++
+		p.skipSpace()
+		if err := p.skip(depth + 1); err != nil {
+			return err
+		}
+		p.skipSpace()
+		if p.pos >= len(p.data) {
+			return p.errorf("unterminated object")
+		}
 		switch p.data[p.pos] {
-		case '"':
-			if err := p.skipString(); err != nil {
-				return err
-			}
-			if depth == 0 {
-				return nil
-			}
-		case '{', '[':
-			depth++
+		case ',':
 			p.pos++
-		case '}', ']':
-			if depth == 0 {
-				return nil
-			}
-			depth--
+		case '}':
 			p.pos++
-			if depth == 0 {
-				return nil
-			}
-		case ',', ' ', '\t', '\n', '\r', ':':
-			if depth == 0 {
-				return nil
-			}
-			p.pos++
+			return nil
 		default:
-			p.pos++
+			return p.errorf("expected ',' or '}'")
 		}
 	}
-	if depth != 0 {
-		return p.errorf("unterminated value")
+}
+
+func (p *jsonParser) skipArray(depth int) error {
+	p.pos++ // [
+	p.skipSpace()
+	if p.pos < len(p.data) && p.data[p.pos] == ']' {
+		p.pos++
+		return nil
+	}
+	for {
+		p.skipSpace()
+		if err := p.skip(depth + 1); err != nil {
+			return err
+		}
+		p.skipSpace()
+		if p.pos >= len(p.data) {
+			return p.errorf("unterminated array")
+		}
+		switch p.data[p.pos] {
+		case ',':
+			p.pos++
+		case ']':
+			p.pos++
+			return nil
+		default:
+			return p.errorf("expected ',' or ']'")
+		}
+	}
+}
+
+// skipString moves past the string at p.pos (on its opening quote), checking its escapes and
+// refusing control bytes, without building it.
+func (p *jsonParser) skipString() error {
+	i := p.pos + 1
+	for i < len(p.data) {
+		// Eight bytes at a time while none is a quote, a backslash or a control byte (the
+		// bulk of a long message is plain text).
+		for i+8 <= len(p.data) && !specialWord(binary.LittleEndian.Uint64(p.data[i:])) {
+			i += 8
+		}
+		if i >= len(p.data) {
+			break
+		}
+		c := p.data[i]
+		switch {
+		case c == '"':
+			p.pos = i + 1
+			return nil
+		case c < 0x20:
+			p.pos = i
+			return p.errorf("control character in string")
+		case c == '\\':
+			if i+1 >= len(p.data) {
+				p.pos = i
+				return p.errorf("unterminated string")
+			}
+			switch p.data[i+1] {
+			case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
+				i += 2
+			case 'u':
+				if i+6 > len(p.data) {
+					p.pos = i
+					return p.errorf("short \\u escape")
+				}
+				for _, h := range p.data[i+2 : i+6] {
+					if !isHex(h) {
+						p.pos = i
+						return p.errorf("invalid \\u escape")
+					}
+				}
+				i += 6
+			default:
+				p.pos = i
+				return p.errorf("invalid escape")
+			}
+		default:
+			i++
+		}
+	}
+	p.pos = i
+	return p.errorf("unterminated string")
+}
+
+// specialWord reports whether any byte of x is '"', '\\' or below 0x20 (the classic SWAR
+// tests: a byte b is zero when (b-1) & ^b has its top bit set, and below n when (b-n) & ^b
+// does, for n <= 0x80).
+func specialWord(x uint64) bool {
+	const lo, hi = 0x0101010101010101, 0x8080808080808080
+	q := x ^ (lo * '"')
+	b := x ^ (lo * '\\')
+	return ((x-lo*0x20)&^x|(q-lo)&^q|(b-lo)&^b)&hi != 0
+}
+
+func isHex(c byte) bool {
+	return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F')
+}
+
+// skipNumber moves past a number with JSON's grammar: -?(0|[1-9][0-9]*)(.[0-9]+)?([eE][+-]?[0-9]+)?
+func (p *jsonParser) skipNumber() error {
+	if p.data[p.pos] == '-' {
+		p.pos++
+	}
+	digits := func() int {
+		n := 0
+		for p.pos < len(p.data) && p.data[p.pos] >= '0' && p.data[p.pos] <= '9' {
+			p.pos++
+			n++
+		}
+		return n
+	}
+	if p.pos < len(p.data) && p.data[p.pos] == '0' {
+		p.pos++
+	} else if digits() == 0 {
+		return p.errorf("invalid number")
+	}
+	if p.pos < len(p.data) && p.data[p.pos] == '.' {
+		p.pos++
+		if digits() == 0 {
+			return p.errorf("invalid number")
+		}
+	}
+	if p.pos < len(p.data) && (p.data[p.pos] == 'e' || p.data[p.pos] == 'E') {
+		p.pos++
+		if p.pos < len(p.data) && (p.data[p.pos] == '+' || p.data[p.pos] == '-') {
+			p.pos++
+		}
+		if digits() == 0 {
+			return p.errorf("invalid number")
+		}
 	}
 	return nil
 }
 
-// skipString moves past the string at p.pos, finding the closing quote with IndexByte.
-func (p *jsonParser) skipString() error {
-	i := p.pos + 1
+// EachField calls fn with each member of the JSON object raw, in order: the key as it appears
+// between its quotes (escapes not decoded) and the raw JSON of its value, without building any
+// value. raw must be valid JSON (a Document's raw message is); anything but an object is an
+// error. An error from fn stops the walk and is returned.
+func EachField(raw []byte, fn func(key, value []byte) error) error {
+	p := jsonParser{data: raw}
+	p.skipSpace()
+	if p.pos >= len(raw) || raw[p.pos] != '{' {
+		return p.errorf("not an object")
+	}
+	p.pos++
 	for {
-		j := bytes.IndexByte(p.data[i:], '"')
-		if j < 0 {
-			return p.errorf("unterminated string")
-		}
-		end := i + j
-		bs := 0
-		for k := end - 1; k >= i && p.data[k] == '\\'; k-- {
-			bs++
-		}
-		if bs%2 == 0 {
-			p.pos = end + 1
+		p.skipSpace()
+		if p.pos < len(raw) && raw[p.pos] == '}' {
 			return nil
 		}
-		i = end + 1
+		if p.pos >= len(raw) || raw[p.pos] != '"' {
+			return p.errorf("expected an object key")
+		}
+		ks := p.pos + 1
+		if err := p.skipString(); err != nil {
+			return err
+		}
+		key := raw[ks : p.pos-1]
+		p.skipSpace()
+		if p.pos >= len(raw) || raw[p.pos] != ':' {
+			return p.errorf("expected ':'")
+		}
+		p.pos++
+		p.skipSpace()
+		vs := p.pos
+		if err := p.skip(1); err != nil {
+			return err
+		}
+		if err := fn(key, raw[vs:p.pos]); err != nil {
+			return err
+		}
+		p.skipSpace()
+		if p.pos < len(raw) && raw[p.pos] == ',' {
+			p.pos++
+		}
 	}
 }
