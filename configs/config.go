@@ -92,11 +92,13 @@ const PolicyAuto = "auto"
 
 // Policies returns the router.policy names the gateway knows (besides PolicyAuto).
 func Policies() []string {
-	return []string{"round_robin", "random", "least_loaded", "kv", "kv_no_load"}
+	return []string{"round_robin", "random", "least_loaded", "kv", "kv_no_load", "kv_blocks"}
 }
 
 // KVAware reports whether policy is one of the KV-aware policies (they need the tokenizer).
-func KVAware(policy string) bool { return policy == "kv" || policy == "kv_no_load" }
+func KVAware(policy string) bool {
+	return policy == "kv" || policy == "kv_no_load" || policy == "kv_blocks"
+}
 
 // Router selects the routing policy; the knobs of the KV-aware policies (kv, kv_no_load) are
 // the router package's own type, routerconfig.KV, inlined under the same router: keys (costs

@@ -97,6 +97,13 @@ func NewEngine(o EngineOptions) (*Engine, error) {
 		return nil, err
 	}
 	e.feedback = fb
+	if e.kv != nil && e.kv.timed != nil && o.Registerer != nil {
+		tm, err := newTimeMetrics(o.Registerer)
+		if err != nil {
+			return nil, err
+		}
+		e.kv.timed.metrics = tm
+	}
 	if o.Targets != nil {
 		e.scraper = &Scraper{Tracker: e.load, Client: o.MetricsClient, Interval: interval, Targets: o.Targets, Log: log}
 	}
@@ -135,7 +142,11 @@ func (e *Engine) Route(ctx context.Context, req *Request, cands []Candidate) (De
 	if err != nil {
 		return Decision{}, nil, err
 	}
-	return d, &attempt{e: e, req: req, d: d, h: e.begin(d, req)}, nil
+	a := &attempt{e: e, req: req, d: d, h: e.begin(d, req)}
+	if e.kv != nil {
+		a.obs = e.kv.beginTime(d, req)
+	}
+	return d, a, nil
 }
 
 // Pick runs the policy and times it; it accounts nothing (POST /debug/route calls it as is).
@@ -165,10 +176,13 @@ func (e *Engine) begin(d Decision, req *Request) *Handle {
 }
 
 // Forget drops what approximate mode assumed about t (its worker may have restarted with an
-// empty cache, e.g. after a health flap); without an approximate index it does nothing.
+// empty cache, e.g. after a health flap) and returns t's latency fit to the prior profile.
 func (e *Engine) Forget(t workers.Target) {
 	if e.approx != nil {
 		e.approx.Forget(t)
+	}
+	if e.kv != nil && e.kv.timed != nil {
+		e.kv.timed.reset(t)
 	}
 }
 

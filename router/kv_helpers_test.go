@@ -61,9 +61,12 @@ func newTestKV(t testing.TB, name string, cfg KVConfig, deps KVDeps, clk *fakeCl
 	t.Helper()
 	var p *KVPolicy
 	var err error
-	if name == PolicyKVNoLoad {
+	switch name {
+	case PolicyKVNoLoad:
 		p, err = NewKVNoLoad(cfg, deps)
-	} else {
+	case PolicyKVBlocks:
+		p, err = NewKVBlocks(cfg, deps)
+	default:
 		p, err = NewKV(cfg, deps)
 	}
 	if err != nil {

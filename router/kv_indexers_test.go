@@ -74,7 +74,7 @@ func TestIndexMatcher(t *testing.T) {
 				t.Fatalf("n=%d target %d: %+v, want %+v", n, i, out[i], want[i])
 			}
 		}
-		p, err := NewKV(DefaultKVConfig(), KVDeps{Matcher: IndexMatcher(ix)})
+		p, err := NewKVBlocks(DefaultKVConfig(), KVDeps{Matcher: IndexMatcher(ix)})
 		if err != nil {
 			t.Fatal(err)
 		}

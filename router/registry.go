@@ -28,6 +28,7 @@ func factories() map[string]Factory {
 		"least_loaded": func(Options) (Policy, error) { return &LeastLoaded{}, nil },
 		PolicyKV:       func(o Options) (Policy, error) { return kvPolicy(NewKV(o.KV, o.KVDeps)) },
 		PolicyKVNoLoad: func(o Options) (Policy, error) { return kvPolicy(NewKVNoLoad(o.KV, o.KVDeps)) },
+		PolicyKVBlocks: func(o Options) (Policy, error) { return kvPolicy(NewKVBlocks(o.KV, o.KVDeps)) },
 	}
 }
 
@@ -69,6 +70,8 @@ func Build(name string, o Options, eo EngineOptions) (*Engine, error) {
 		eo.KV, err = NewKV(o.KV, o.KVDeps)
 	case PolicyKVNoLoad:
 		eo.KV, err = NewKVNoLoad(o.KV, o.KVDeps)
+	case PolicyKVBlocks:
+		eo.KV, err = NewKVBlocks(o.KV, o.KVDeps)
 	default:
 		eo.Policy, err = New(name, o)
 	}

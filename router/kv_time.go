@@ -1,0 +1,411 @@
+package router
+
+import (
+	"fmt"
+	"math"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvgate/kvgate/router/latency"
+	"github.com/kvgate/kvgate/router/routerconfig"
+	"github.com/kvgate/kvgate/workers"
+)
+
+// maxTimedTargets bounds how many targets the time model keeps state for; targets beyond it
+// are scored with the prior and an empty queue (a fleet that large is not expected).
+const maxTimedTargets = 4096
+
+// timeModel is the kv policy's cost: per target, the gateway's own account of the prefill
+// queued there (tokens and attention pairs, routed and before their first token) and of the
+// running decodes (count and prompt KV tokens), and each target's online fit of the TTFT
+// model. Scoring reads atomics and an immutable Theta; only feeding a fit takes its lock.
+type timeModel struct {
+	params      latency.Params
+	prior       latency.Theta
+	fit         latency.FitConfig
+	learn       bool
+	fleetWeight float64
+	metrics     *timeMetrics // nil: no metrics registered
+
+	mu      sync.RWMutex
+	targets map[workers.Target]*targetTime
+}
+
+// targetTime is one target's queue, decode batch and fit.
+type targetTime struct {
+	aheadTokens atomic.Int64 // uncached prompt tokens routed here before their first token
+	aheadPairs  atomic.Int64 // their attention pairs
+	decodes     atomic.Int64 // requests past their first token and not done
+	decodeKV    atomic.Int64 // those requests' prompt tokens
+	theta       atomic.Pointer[latency.Theta]
+
+	mu     sync.Mutex // guards fitter
+	fitter *latency.Fitter
+}
+
+func newTimeModel(c routerconfig.Latency) (*timeModel, error) {
+	fc := latency.DefaultFitConfig()
+	fc.Lambda, fc.ReadySamples = c.Forgetting, c.ReadySamples
+	if err := fc.Validate(); err != nil {
+		return nil, fmt.Errorf("latency: %w", err)
+	}
+	tm := &timeModel{
+		params: latency.Params{MaxBatchedTokens: c.MaxNumBatchedTokens, KVPressureStart: c.KVPressureStart,
+			KVPressureWeight: c.KVPressureWeight},
+		prior: latency.Theta{c.FrontendMs, c.PrefillMsPerToken, c.AttentionMsPerPair, c.StepMs, c.StepMsPerKVToken},
+		fit:   fc, learn: c.Learn, fleetWeight: c.FleetWeight,
+		targets: make(map[workers.Target]*targetTime),
+	}
+	if !tm.prior.Valid() {
+		return nil, fmt.Errorf("latency: prior profile %v must be finite and nonnegative", tm.prior)
+	}
+	return tm, nil
+}
+
+func (tm *timeModel) get(t workers.Target) *targetTime {
+	tm.mu.RLock()
+	tt := tm.targets[t]
+	tm.mu.RUnlock()
+	return tt
+}
+
+// getOrCreate returns t's state, or nil when the model already tracks maxTimedTargets.
+func (tm *timeModel) getOrCreate(t workers.Target) *targetTime {
+	if tt := tm.get(t); tt != nil {
+		return tt
+	}
+	tm.mu.Lock()
+	defer tm.mu.Unlock()
+	if tt := tm.targets[t]; tt != nil {
+		return tt
+	}
+	if len(tm.targets) >= maxTimedTargets {
+		return nil
+	}
+	f, err := latency.NewFitter(tm.prior, tm.fit)
+	if err != nil { // the config was validated in newTimeModel
+		return nil
+	}
+	tt := &targetTime{fitter: f}
+	th := tm.prior
+	tt.theta.Store(&th)
+	tm.targets[t] = tt
+	return tt
+}
+
+// state is t's queue and decode batch as the gateway accounts it, and the Theta to score with.
+func (tm *timeModel) state(t workers.Target) (latency.State, latency.Theta) {
+	tt := tm.get(t)
+	if tt == nil {
+		return latency.State{}, tm.prior
+	}
+	return latency.State{
+		AheadTokens:    float64(max(tt.aheadTokens.Load(), 0)),
+		AheadPairs:     float64(max(tt.aheadPairs.Load(), 0)),
+		DecodeRequests: float64(max(tt.decodes.Load(), 0)),
+		DecodeKVTokens: float64(max(tt.decodeKV.Load(), 0)),
+	}, *tt.theta.Load()
+}
+
+// reset returns t's fit to the prior (its worker restarted or flapped).
+func (tm *timeModel) reset(t workers.Target) {
+	tt := tm.get(t)
+	if tt == nil {
+		return
+	}
+	tt.mu.Lock()
+	tt.fitter.Reset()
+	th := tt.fitter.Theta()
+	tt.mu.Unlock()
+	tt.theta.Store(&th)
+}
+
+// timeRow is the time-cost part of one candidate's evaluation.
+type timeRow struct {
+	pred      latency.Prediction
+	ownNoHint float64 // own prefill ms without the sibling-prefix credit
+	decodes   float64
+}
+
+// timeOf scores one candidate by predicted TTFT: the gateway's queue and decode accounting
+// for the target, raised to what its fresh /metrics report (decodes running, requests
+// waiting that the gateway did not send, each sized like waiting_weight blocks), and the
+// worker's KV usage for the pressure term. Preference hints subtract the prefill they save.
+func (p *KVPolicy) timeOf(r *kvRow, tr *timeRow, c Candidate, promptTokens, bs float64, now time.Time) {
+	var snap TargetLoad
+	var m WorkerMetrics
+	fresh := false
+	if tl := p.load.get(c.Target); tl != nil {
+		snap = tl.snapshot()
+		m, fresh = tl.freshMetrics(now, p.cfg.MetricsMaxAge.D())
+	}
+	p.busyOf(r, snap, m, fresh)
+	st, th := p.timed.state(c.Target)
+	if fresh {
+		st.KVUsage = m.KVUsage
+		st.DecodeRequests = math.Max(st.DecodeRequests, m.Running-float64(snap.PrefillRequests))
+		if unseen := math.Max(m.Waiting-float64(snap.PrefillRequests), 0); unseen > 0 {
+			each := p.cfg.WaitingWeight * bs
+			st.AheadTokens += unseen * each
+			st.AheadPairs += unseen * latency.Pairs(each, 0)
+		}
+	}
+	u := math.Min(math.Max(r.prefill*bs, 1), math.Max(promptTokens, 1))
+	uNo := math.Min(math.Max(r.noHint*bs, 1), math.Max(promptTokens, 1))
+	pred := latency.PredictTTFT(th, p.timed.params, st, latency.Req{Uncached: u, Cached: math.Max(promptTokens-u, 0)})
+	predNo := latency.PredictTTFT(th, p.timed.params, st, latency.Req{Uncached: uNo, Cached: math.Max(promptTokens-uNo, 0)})
+	hintMs := 0.0
+	if r.prefHint > 0 {
+		hintMs = latency.PrefillMs(th, r.prefHint*bs, math.Max(promptTokens-u, 0))
+	}
+	*tr = timeRow{pred: pred, ownNoHint: predNo.OwnMs, decodes: st.DecodeRequests}
+	r.load = pred.QueuedMs + pred.DecodeMs + pred.PressureMs
+	r.cost = pred.TotalMs - hintMs
+	r.costNoHnt = predNo.TotalMs
+}
+
+// addFleet adds the fleet term to every row: the own prefill beyond the cheapest eligible
+// candidate's (what a better cache hit would have saved) delays the target's running decodes.
+func (p *KVPolicy) addFleet(rows []kvRow, times []timeRow) {
+	if p.timed.fleetWeight == 0 {
+		return
+	}
+	allBusy := true
+	for i := range rows {
+		allBusy = allBusy && rows[i].busy
+	}
+	best, bestNo := math.Inf(1), math.Inf(1)
+	for i := range rows {
+		if allBusy || !rows[i].busy {
+			best = math.Min(best, times[i].pred.OwnMs)
+			bestNo = math.Min(bestNo, times[i].ownNoHint)
+		}
+	}
+	for i := range rows {
+		t := &times[i]
+		rows[i].cost += latency.FleetMs(t.pred.OwnMs-best, t.decodes, p.timed.fleetWeight)
+		rows[i].costNoHnt += latency.FleetMs(t.ownNoHint-bestNo, t.decodes, p.timed.fleetWeight)
+	}
+}
+
+// timeObs follows one routed attempt for the time model: it holds the attempt's share of the
+// target's queue and decode batch, and feeds the measured TTFT to the target's fit. Its
+// methods follow Lifecycle (FirstToken, UsageSeen, then end) and are safe for concurrent use.
+type timeObs struct {
+	tm     *timeModel
+	tt     *targetTime
+	worker string
+	now    func() time.Time
+	start  time.Time
+	state  latency.State // the target at routing time
+	prompt float64
+	u, c   float64 // uncached and cached tokens expected at routing
+	pairs  int64   // the attention pairs accounted in the queue
+	predMs float64
+
+	mu       sync.Mutex
+	stage    int32 // stagePrefill → stageDecode → stageDone
+	ttftMs   float64
+	fed      bool
+	accountU int64
+}
+
+// beginTime starts the time accounting of an attempt routed by d (nil when the policy does
+// not score by time or the target is beyond the model's bound).
+func (p *KVPolicy) beginTime(d Decision, req *Request) *timeObs {
+	if p.timed == nil {
+		return nil
+	}
+	tt := p.timed.getOrCreate(d.Chosen.Target)
+	if tt == nil {
+		return nil
+	}
+	bs := blockSizeOf(req)
+	prompt := float64(max(req.PromptTokens, len(req.BlockHashes)*bs))
+	c := math.Min(float64(CachedBlocks(d)*bs), math.Max(prompt-1, 0))
+	u := math.Max(prompt-c, 0)
+	st, th := p.timed.state(d.Chosen.Target)
+	if m, ok := p.load.Metrics(d.Chosen.Target, p.cfg.MetricsMaxAge.D()); ok {
+		st.KVUsage = m.KVUsage
+	}
+	o := &timeObs{tm: p.timed, tt: tt, worker: d.Chosen.Target.String(), now: p.now, start: p.now(),
+		state: st, prompt: prompt, u: u, c: c, pairs: int64(latency.Pairs(u, c)), accountU: int64(u),
+		predMs: latency.PredictTTFT(th, p.timed.params, st, latency.Req{Uncached: u, Cached: c}).TotalMs}
+	tt.aheadTokens.Add(o.accountU)
+	tt.aheadPairs.Add(o.pairs)
+	p.timed.metrics.predicted(o.worker, o.predMs)
+	return o
+}
+
+// firstToken measures the TTFT and moves the request from the target's queue to its decodes.
+func (o *timeObs) firstToken() {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.stage != stagePrefill {
+		return
+	}
+	o.stage = stageDecode
+	o.ttftMs = float64(o.now().Sub(o.start)) / float64(time.Millisecond)
+	o.tt.aheadTokens.Add(-o.accountU)
+	o.tt.aheadPairs.Add(-o.pairs)
+	o.tt.decodes.Add(1)
+	o.tt.decodeKV.Add(int64(o.prompt))
+	o.tm.metrics.observed(o.worker, o.ttftMs, o.predMs)
+}
+
+// usageSeen corrects the cached and uncached tokens with the worker's own count and feeds the
+// fit.
+func (o *timeObs) usageSeen(u Usage) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if u.HasCached && u.CachedTokens >= 0 {
+		prompt := o.prompt
+		if u.PromptTokens > 0 {
+			prompt = float64(u.PromptTokens)
+		}
+		o.c = math.Min(float64(u.CachedTokens), prompt)
+		o.u = math.Max(prompt-o.c, 0)
+	}
+	o.feed()
+}
+
+// end releases the attempt's accounting; a completed attempt (done) that measured a TTFT and
+// has not fed the fit yet feeds it with the routing-time cache estimate.
+func (o *timeObs) end(completed bool) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	switch o.stage {
+	case stageDone:
+		return
+	case stagePrefill:
+		o.tt.aheadTokens.Add(-o.accountU)
+		o.tt.aheadPairs.Add(-o.pairs)
+	case stageDecode:
+		if completed {
+			o.feed()
+		}
+		o.tt.decodes.Add(-1)
+		o.tt.decodeKV.Add(-int64(o.prompt))
+	}
+	o.stage = stageDone
+}
+
+// feed gives the fit one sample, once, if a TTFT was measured. Samples taken while the worker
+// reported its KV cache past the pressure threshold are skipped: preemption and admission
+// stalls there are not what the linear model describes.
+func (o *timeObs) feed() {
+	if o.fed || o.stage != stageDecode || !o.tm.learn {
+		return
+	}
+	o.fed = true
+	if o.tm.params.KVPressureWeight > 0 && o.state.KVUsage > o.tm.params.KVPressureStart {
+		return
+	}
+	x := latency.Features(o.state, latency.Req{Uncached: o.u, Cached: o.c}, o.tm.params)
+	o.tt.mu.Lock()
+	_, err := o.tt.fitter.Observe(x, o.ttftMs)
+	th := o.tt.fitter.Theta()
+	o.tt.mu.Unlock()
+	if err == nil {
+		o.tt.theta.Store(&th)
+	}
+}
+
+// timeMetrics are the time model's histograms, by worker (worker URL#rank).
+type timeMetrics struct {
+	pred, obs, errs *prometheus.HistogramVec
+}
+
+func newTimeMetrics(reg prometheus.Registerer) (*timeMetrics, error) {
+	secs := []float64{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80}
+	m := &timeMetrics{
+		pred: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "kvgate_router_predicted_ttft_seconds",
+			Help:    "The kv policy's predicted time to first token on the chosen worker+rank, at routing.",
+			Buckets: secs,
+		}, []string{"worker"}),
+		obs: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "kvgate_router_observed_ttft_seconds",
+			Help:    "Time to first token the gateway measured (routing to the worker's first response byte), kv policy.",
+			Buckets: secs,
+		}, []string{"worker"}),
+		errs: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "kvgate_router_ttft_prediction_error_ratio",
+			Help:    "(predicted − observed) / observed time to first token, kv policy (positive: predicted too long).",
+			Buckets: []float64{-0.9, -0.5, -0.25, -0.1, 0, 0.1, 0.25, 0.5, 1, 2, 5},
+		}, []string{"worker"}),
+	}
+	for _, c := range []prometheus.Collector{m.pred, m.obs, m.errs} {
+		if err := reg.Register(c); err != nil {
+			return nil, fmt.Errorf("register router latency metrics: %w", err)
+		}
+	}
+	return m, nil
+}
+
+func (m *timeMetrics) predicted(worker string, ms float64) {
+	if m != nil {
+		m.pred.WithLabelValues(worker).Observe(ms / 1000)
+	}
+}
+
+func (m *timeMetrics) observed(worker string, ms, predMs float64) {
+	if m == nil {
+		return
+	}
+	m.obs.WithLabelValues(worker).Observe(ms / 1000)
+	m.errs.WithLabelValues(worker).Observe((predMs - ms) / math.Max(ms, 1))
+}
+
+// LatencyView is a target's TTFT model in GET /debug/workers (kv policy).
+type LatencyView struct {
+	// Theta is the coefficients scoring uses now (the fit once ready, else the prior); Fitted
+	// is the fit's current estimate either way.
+	Theta  map[string]float64 `json:"theta"`
+	Fitted map[string]float64 `json:"fitted"`
+	Prior  map[string]float64 `json:"prior"`
+	// Samples is how many observed TTFTs the fit took since its last reset; Ready whether it
+	// replaced the prior.
+	Samples int  `json:"samples"`
+	Ready   bool `json:"ready"`
+	// ResidualMAD is the median absolute relative prediction error of the recent samples;
+	// MeanBias their mean relative error (positive: predicted too long).
+	ResidualMAD float64 `json:"residual_mad"`
+	MeanBias    float64 `json:"mean_bias"`
+	// Drifts counts how often the fit saw the worker change speed and reopened its covariance.
+	Drifts int `json:"drifts"`
+	// The gateway's queue and decode accounting for the target.
+	AheadTokens    float64 `json:"ahead_tokens"`
+	DecodeRequests float64 `json:"decode_requests"`
+	DecodeKVTokens float64 `json:"decode_kv_tokens"`
+}
+
+func thetaMap(th latency.Theta) map[string]float64 {
+	names := latency.FeatureNames()
+	out := make(map[string]float64, len(th))
+	for i, v := range th {
+		out[names[i]] = v
+	}
+	return out
+}
+
+// latencyView is t's model for the debug view (nil when the policy does not score by time).
+func (p *KVPolicy) latencyView(t workers.Target) *LatencyView {
+	if p.timed == nil {
+		return nil
+	}
+	st, th := p.timed.state(t)
+	v := &LatencyView{Theta: thetaMap(th), Fitted: thetaMap(p.timed.prior), Prior: thetaMap(p.timed.prior),
+		AheadTokens: st.AheadTokens, DecodeRequests: st.DecodeRequests, DecodeKVTokens: st.DecodeKVTokens}
+	if tt := p.timed.get(t); tt != nil {
+		tt.mu.Lock()
+		v.Fitted = thetaMap(tt.fitter.Fitted())
+		v.Samples, v.Ready = tt.fitter.Samples(), tt.fitter.Ready()
+		v.ResidualMAD, v.MeanBias, v.Drifts = tt.fitter.ResidualMAD(), tt.fitter.MeanBias(), tt.fitter.Drifts()
+		tt.mu.Unlock()
+	}
+	return v
+}
