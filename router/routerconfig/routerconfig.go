@@ -110,7 +110,6 @@ type Latency struct {
 	ReadySamples int `yaml:"ready_samples"`
 }
 
-
 // Approx configures approximate mode: the gateway assumes that the blocks it routed to a
 // target are resident there, until they expire or the target's block budget pushes them out.
 type Approx struct {
