@@ -100,9 +100,9 @@ func KVAware(policy string) bool {
 	return policy == "kv" || policy == "kv_no_load" || policy == "kv_blocks"
 }
 
-// Router selects the routing policy; the knobs of the KV-aware policies (kv, kv_no_load) are
-// the router package's own type, routerconfig.KV, inlined under the same router: keys (costs
-// are in KV blocks; routerconfig.KV documents what each one trades).
+// Router selects the routing policy; the knobs of the KV-aware policies (kv, kv_blocks, kv_no_load) are
+// the router package's own type, routerconfig.KV, inlined under the same router: keys
+// (routerconfig.KV documents what each one trades).
 type Router struct {
 	// Policy is one of Policies(), or "auto"/"" (kv with kv_events, else round_robin); Load
 	// resolves auto, so after Load it is always a concrete name.

@@ -131,7 +131,7 @@ func (e *Engine) DebugFleet() FleetView {
 // frontier lists its block lineage.
 func (e *Engine) DebugSession(id string, lineage bool) (any, error) {
 	if e.sessions == nil {
-		return nil, noSession(fmt.Sprintf("session %q is not tracked: sessions are tracked only with the kv and kv_no_load policies (policy is %s)",
+		return nil, noSession(fmt.Sprintf("session %q is not tracked: sessions are tracked only with the kv, kv_blocks and kv_no_load policies (policy is %s)",
 			id, e.Name()))
 	}
 	view, ok := e.sessions.Debug(id, lineage)

@@ -10,7 +10,7 @@ import (
 type Options struct {
 	// Seed seeds the random policy; 0 draws a seed.
 	Seed uint64
-	// KV configures the KV-aware policies (kv, kv_no_load); zero means DefaultKVConfig().
+	// KV configures the KV-aware policies (kv, kv_blocks, kv_no_load); zero means DefaultKVConfig().
 	KV KVConfig
 	// KVDeps are the KV-aware policies' collaborators (index matcher, event health, approximate
 	// index, load tracker, session hints); any may be nil (see KVDeps).

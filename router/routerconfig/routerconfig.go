@@ -12,10 +12,11 @@ import (
 	"github.com/kvgate/kvgate/confval"
 )
 
-// KV holds every knob of the KV-aware policies (kv, kv_no_load), the gateway's load
-// accounting, the metrics scraper and the approximate (no-events) mode. Costs are measured in
-// KV blocks: one block of prompt the target would have to prefill weighs the same as one block
-// of load it already carries, scaled by the weights below. Default documents the defaults;
+// KV holds every knob of the KV-aware policies (kv, kv_blocks, kv_no_load), the gateway's load
+// accounting, the metrics scraper and the approximate (no-events) mode. kv's cost is a
+// predicted TTFT in ms (Latency); kv_blocks' cost is in KV blocks: one block of prompt the
+// target would have to prefill weighs the same as one block of load it already carries,
+// scaled by the weights below. Default documents the defaults;
 // zero is a meaningful value of every field (Validate says which ones it rejects), never
 // "use the default": start from Default.
 type KV struct {
