@@ -198,6 +198,9 @@ func (e *Engine) Run(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-tick.C:
+			if e.kv != nil {
+				e.kv.checkRestarts()
+			}
 			if n := e.load.Expire(); n > 0 {
 				e.log.Warn("router: force-released stale request load", "count", n)
 			}

@@ -41,6 +41,7 @@ type targetTime struct {
 	decodes     atomic.Int64 // requests past their first token and not done
 	decodeKV    atomic.Int64 // those requests' prompt tokens
 	theta       atomic.Pointer[latency.Theta]
+	started     atomic.Uint64 // float64 bits of the worker's last seen process start time
 
 	mu     sync.Mutex // guards fitter
 	fitter *latency.Fitter
@@ -121,6 +122,31 @@ func (tm *timeModel) reset(t workers.Target) {
 	th := tt.fitter.Theta()
 	tt.mu.Unlock()
 	tt.theta.Store(&th)
+}
+
+// checkRestarts resets the fit of every target whose worker reported a new
+// process_start_time_seconds since the last check: a restarted worker may run another build,
+// model or GPU, and its queue is gone.
+func (p *KVPolicy) checkRestarts() {
+	if p.timed == nil {
+		return
+	}
+	p.timed.mu.RLock()
+	ts := make([]workers.Target, 0, len(p.timed.targets))
+	for t := range p.timed.targets {
+		ts = append(ts, t)
+	}
+	p.timed.mu.RUnlock()
+	for _, t := range ts {
+		m, ok := p.load.Metrics(t, p.cfg.MetricsMaxAge.D())
+		if !ok || m.StartTime <= 0 {
+			continue
+		}
+		tt := p.timed.get(t)
+		if old := math.Float64frombits(tt.started.Swap(math.Float64bits(m.StartTime))); old != 0 && old != m.StartTime {
+			p.timed.reset(t)
+		}
+	}
 }
 
 // timeRow is the time-cost part of one candidate's evaluation.

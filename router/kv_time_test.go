@@ -3,6 +3,7 @@ package router
 import (
 	"context"
 	"math/rand/v2"
+	"strings"
 	"testing"
 	"time"
 
@@ -249,5 +250,36 @@ func TestKVTimeAccountingSteps(t *testing.T) {
 				t.Fatalf("samples after Done %d, want %v (Done feeds a measured TTFT once)", p.latencyView(tgt(0)).Samples, want)
 			}
 		})
+	}
+}
+
+// TestKVRestartResetsFit: a new process_start_time_seconds in a worker's /metrics returns its
+// fit to the prior; the first reading, or the same one again, does not.
+func TestKVRestartResetsFit(t *testing.T) {
+	e, p, clk := timedEngine(t, DefaultKVConfig(), nil)
+	feed := func(n int) {
+		for i := 0; i < n; i++ {
+			_, lc, _ := e.Route(context.Background(), request(chain(uint64(i+5), 10+i*37)), kvCands(1))
+			clk.advance(time.Duration(30+i) * time.Millisecond)
+			lc.FirstToken()
+			lc.Done()
+		}
+	}
+	body := func(start string) {
+		page := "# TYPE process_start_time_seconds gauge\nprocess_start_time_seconds " + start + "\nvllm:num_requests_running{engine=\"0\",model_name=\"m\"} 0\n"
+		if err := p.load.FeedMetrics(tgt(0).Worker, []int{0}, strings.NewReader(page)); err != nil {
+			t.Fatal(err)
+		}
+		p.checkRestarts()
+	}
+	feed(30)
+	for _, tc := range []struct {
+		start string
+		want  int
+	}{{"1700000000", 30}, {"1700000000", 30}, {"1700000999", 0}} {
+		body(tc.start)
+		if got := p.latencyView(tgt(0)).Samples; got != tc.want {
+			t.Fatalf("after start time %s: %d samples, want %d", tc.start, got, tc.want)
+		}
 	}
 }

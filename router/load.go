@@ -42,11 +42,14 @@ type targetLoad struct {
 
 // WorkerMetrics is what a worker's /metrics said about one target at one moment.
 type WorkerMetrics struct {
-	Running      float64   // vllm:num_requests_running
-	Waiting      float64   // vllm:num_requests_waiting
-	KVUsage      float64   // vllm:kv_cache_usage_perc, a fraction 0..1
-	NumGPUBlocks int       // vllm:cache_config_info{num_gpu_blocks}; 0 when unknown
-	At           time.Time // when it was scraped
+	Running      float64 // vllm:num_requests_running
+	Waiting      float64 // vllm:num_requests_waiting
+	KVUsage      float64 // vllm:kv_cache_usage_perc, a fraction 0..1
+	NumGPUBlocks int     // vllm:cache_config_info{num_gpu_blocks}; 0 when unknown
+	// StartTime is the worker process's process_start_time_seconds (0 when not exposed, e.g.
+	// vLLM with --api-server-count > 1); a change means the worker restarted.
+	StartTime float64
+	At        time.Time // when it was scraped
 
 	mark metricsMark // the target's released/finished counters when the scrape was sent
 }

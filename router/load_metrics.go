@@ -32,7 +32,8 @@ const maxMetricsLine = 1 << 20
 func wantedMetric(name string) bool {
 	switch name {
 	case "vllm:num_requests_running", "vllm:num_requests_waiting",
-		"vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "vllm:cache_config_info":
+		"vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "vllm:cache_config_info",
+		"process_start_time_seconds":
 		return true
 	}
 	return false
@@ -41,7 +42,8 @@ func wantedMetric(name string) bool {
 // ParseWorkerMetrics reads a vLLM /metrics body in the Prometheus text format and returns the
 // load figures per DP rank, keyed by the `engine` label (noEngine, -1, when absent). Counts of
 // the same rank under different label sets (e.g. several model names) are summed; KV usage takes
-// the maximum. Both vllm:kv_cache_usage_perc and the older vllm:gpu_cache_usage_perc are read.
+// the maximum. Both vllm:kv_cache_usage_perc and the older vllm:gpu_cache_usage_perc are read,
+// and process_start_time_seconds (prometheus_client's process collector) to notice restarts.
 //
 // Only the sample lines of those families are handed to the Prometheus text parser
 // (github.com/prometheus/common/expfmt), without their HELP and TYPE comments, so the many
@@ -109,6 +111,8 @@ func addMetricFamilies(out map[int]WorkerMetrics, families map[string]*dto.Metri
 				if n, err := strconv.Atoi(blocks); err == nil {
 					m.NumGPUBlocks = n
 				}
+			case "process_start_time_seconds":
+				m.StartTime = max(m.StartTime, value)
 			}
 			out[rank] = m
 		}
@@ -139,6 +143,9 @@ func (lt *LoadTracker) feedMetrics(worker string, ranks []int, body io.Reader, s
 			n := float64(len(ranks))
 			m = WorkerMetrics{Running: shared.Running / n, Waiting: shared.Waiting / n,
 				KVUsage: shared.KVUsage, NumGPUBlocks: shared.NumGPUBlocks}
+		}
+		if m.StartTime == 0 {
+			m.StartTime = shared.StartTime // a process metric: no engine label
 		}
 		m.At, m.mark = sent, marks[r]
 		lt.UpdateMetrics(workers.Target{Worker: worker, DPRank: r}, m)
