@@ -231,6 +231,7 @@ type timeObs struct {
 	u, c   float64 // uncached and cached tokens expected at routing
 	pairs  int64   // the attention pairs accounted in the queue
 	predMs float64
+	stream bool // only a streamed response's first byte is its first token
 
 	mu       sync.Mutex
 	stage    int32 // stagePrefill → stageDecode → stageDone
@@ -258,7 +259,7 @@ func (p *KVPolicy) beginTime(d Decision, req *Request) *timeObs {
 		st.KVUsage = m.KVUsage
 	}
 	o := &timeObs{tm: p.timed, tt: tt, worker: d.Chosen.Target.String(), now: p.now, start: p.now(),
-		state: st, prompt: prompt, u: u, c: c, pairs: int64(latency.Pairs(u, c)), accountU: int64(u),
+		state: st, prompt: prompt, u: u, c: c, pairs: int64(latency.Pairs(u, c)), accountU: int64(u), stream: req.Stream,
 		predMs: latency.PredictTTFT(th, p.timed.params, st, latency.Req{Uncached: u, Cached: c}).TotalMs}
 	tt.aheadTokens.Add(o.accountU)
 	tt.aheadPairs.Add(o.pairs)
@@ -279,7 +280,9 @@ func (o *timeObs) firstToken() {
 	o.tt.aheadPairs.Add(-o.pairs)
 	o.tt.decodes.Add(1)
 	o.tt.decodeKV.Add(int64(o.prompt))
-	o.tm.metrics.observed(o.worker, o.ttftMs, o.predMs)
+	if o.stream {
+		o.tm.metrics.observed(o.worker, o.ttftMs, o.predMs)
+	}
 }
 
 // usageSeen corrects the cached and uncached tokens with the worker's own count and feeds the
@@ -319,11 +322,12 @@ func (o *timeObs) end(completed bool) {
 	o.stage = stageDone
 }
 
-// feed gives the fit one sample, once, if a TTFT was measured. Samples taken while the worker
-// reported its KV cache past the pressure threshold are skipped: preemption and admission
-// stalls there are not what the linear model describes.
+// feed gives the fit one sample, once, if a TTFT was measured on a streamed response (a
+// non-stream body's first byte comes after the whole generation). Samples taken while the
+// worker reported its KV cache past the pressure threshold are skipped: preemption and
+// admission stalls there are not what the linear model describes.
 func (o *timeObs) feed() {
-	if o.fed || o.stage != stageDecode || !o.tm.learn {
+	if o.fed || o.stage != stageDecode || !o.tm.learn || !o.stream {
 		return
 	}
 	o.fed = true

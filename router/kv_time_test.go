@@ -134,6 +134,12 @@ func TestKVFleetTerm(t *testing.T) {
 	}
 }
 
+// streamed marks r as a streamed request (its first byte is its first token).
+func streamed(r *Request) *Request {
+	r.Stream = true
+	return r
+}
+
 // timedEngine is a kv engine with a fake clock whose metrics go to reg.
 func timedEngine(t *testing.T, cfg KVConfig, reg *prometheus.Registry) (*Engine, *KVPolicy, *fakeClock) {
 	t.Helper()
@@ -164,7 +170,7 @@ func TestKVLearnsFromLifecycle(t *testing.T) {
 	for i := 0; i < 200; i++ {
 		blocks := 8 + r.IntN(1000)
 		cached := r.IntN(blocks) * 16
-		_, lc, err := e.Route(context.Background(), request(chain(uint64(i+10), blocks)), kvCands(1))
+		_, lc, err := e.Route(context.Background(), streamed(request(chain(uint64(i+10), blocks))), kvCands(1))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -212,24 +218,29 @@ func TestKVLearnsFromLifecycle(t *testing.T) {
 // TestKVTimeAccountingSteps: the queue and decode accounting per Lifecycle path, and which
 // paths feed the fit.
 func TestKVTimeAccountingSteps(t *testing.T) {
+	firstAndUsage := func(lc Lifecycle, clk *fakeClock) {
+		clk.advance(50 * time.Millisecond)
+		lc.FirstToken()
+		lc.UsageSeen(Usage{PromptTokens: 1024, CachedTokens: 512, HasCached: true})
+	}
 	for _, tc := range []struct {
-		name                     string
-		steps                    func(lc Lifecycle, clk *fakeClock)
-		ahead, decodes, fed      float64
-		aheadAfter, decodesAfter float64
+		name                string
+		stream              bool
+		steps               func(lc Lifecycle, clk *fakeClock)
+		ahead, decodes, fed float64
+		fedAfter            float64
 	}{
-		{"routed, no first token", func(Lifecycle, *fakeClock) {}, 1024, 0, 0, 0, 0},
-		{"first token", func(lc Lifecycle, clk *fakeClock) { clk.advance(50 * time.Millisecond); lc.FirstToken() }, 0, 1, 0, 0, 0},
-		{"usage feeds", func(lc Lifecycle, clk *fakeClock) {
-			clk.advance(50 * time.Millisecond)
-			lc.FirstToken()
-			lc.UsageSeen(Usage{PromptTokens: 1024, CachedTokens: 512, HasCached: true})
-		}, 0, 1, 1, 0, 0},
-		{"failed before first token", func(lc Lifecycle, _ *fakeClock) { lc.Failed(nil) }, 0, 0, 0, 0, 0},
+		{"routed, no first token", true, func(Lifecycle, *fakeClock) {}, 1024, 0, 0, 0},
+		{"first token; Done feeds", true, func(lc Lifecycle, clk *fakeClock) { clk.advance(50 * time.Millisecond); lc.FirstToken() }, 0, 1, 0, 1},
+		{"usage feeds", true, firstAndUsage, 0, 1, 1, 1},
+		{"non-stream body: its first byte is not a first token", false, firstAndUsage, 0, 1, 0, 0},
+		{"failed before first token", true, func(lc Lifecycle, _ *fakeClock) { lc.Failed(nil) }, 0, 0, 0, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			e, p, clk := timedEngine(t, DefaultKVConfig(), nil)
-			_, lc, err := e.Route(context.Background(), request(chain(1, 64)), kvCands(1))
+			req := request(chain(1, 64))
+			req.Stream = tc.stream
+			_, lc, err := e.Route(context.Background(), req, kvCands(1))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -243,11 +254,11 @@ func TestKVTimeAccountingSteps(t *testing.T) {
 			lc.Done()
 			lc.Done()
 			st, _ = p.timed.state(tgt(0))
-			if st.AheadTokens != tc.aheadAfter || st.DecodeRequests != tc.decodesAfter || st.DecodeKVTokens != 0 || st.AheadPairs != 0 {
+			if st != (latency.State{}) {
 				t.Fatalf("after Done: %+v, want all zero", st)
 			}
-			if want := max(tc.fed, tc.decodes); float64(p.latencyView(tgt(0)).Samples) != want {
-				t.Fatalf("samples after Done %d, want %v (Done feeds a measured TTFT once)", p.latencyView(tgt(0)).Samples, want)
+			if got := float64(p.latencyView(tgt(0)).Samples); got != tc.fedAfter {
+				t.Fatalf("samples after Done %v, want %v (Done feeds a measured TTFT once)", got, tc.fedAfter)
 			}
 		})
 	}
@@ -259,7 +270,7 @@ func TestKVRestartResetsFit(t *testing.T) {
 	e, p, clk := timedEngine(t, DefaultKVConfig(), nil)
 	feed := func(n int) {
 		for i := 0; i < n; i++ {
-			_, lc, _ := e.Route(context.Background(), request(chain(uint64(i+5), 10+i*37)), kvCands(1))
+			_, lc, _ := e.Route(context.Background(), streamed(request(chain(uint64(i+5), 10+i*37))), kvCands(1))
 			clk.advance(time.Duration(30+i) * time.Millisecond)
 			lc.FirstToken()
 			lc.Done()

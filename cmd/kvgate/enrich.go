@@ -28,6 +28,7 @@ func (e *enricher) Enrich(ctx context.Context, in *server.Inbound, req *router.R
 		p   *tokenize.Prompt
 		err error
 	)
+	req.Stream = in.Stream()
 	// vLLM needs room for one output token: a prompt of MaxModelLen tokens is refused.
 	limit := max(in.MaxModelLen-1, 0)
 	if in.Chat != nil {
