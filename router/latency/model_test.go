@@ -2,6 +2,7 @@ package latency
 
 import (
 	"math"
+	"math/rand/v2"
 	"testing"
 )
 
@@ -84,6 +85,44 @@ func TestFleetMs(t *testing.T) {
 	} {
 		if got := FleetMs(tc.extra, tc.dec, tc.w); math.Abs(got-tc.want) > 1e-9 {
 			t.Fatalf("FleetMs(%v, %v, %v) = %v, want %v", tc.extra, tc.dec, tc.w, got, tc.want)
+		}
+	}
+}
+
+// Property: for any nonnegative Theta, more cache (same prompt), less queue, fewer or shorter
+// decodes and a less-full KV cache never predict a longer TTFT.
+func TestPredictTTFTMonotone(t *testing.T) {
+	r := rand.New(rand.NewPCG(5, 8))
+	p := Params{MaxBatchedTokens: 8192, KVPressureStart: 0.9, KVPressureWeight: 1}
+	for i := 0; i < 5000; i++ {
+		var th Theta
+		for j := range th {
+			th[j] = r.Float64() * []float64{20, 0.05, 3e-6, 10, 1e-4}[j]
+		}
+		prompt := 1 + r.Float64()*100000
+		s := State{AheadTokens: r.Float64() * 50000, AheadPairs: r.Float64() * 1e9, DecodeRequests: float64(r.IntN(300)),
+			DecodeKVTokens: r.Float64() * 5e6, KVUsage: r.Float64()}
+		u := 1 + r.Float64()*(prompt-1)
+		base := PredictTTFT(th, p, s, Req{Uncached: u, Cached: prompt - u}).TotalMs
+		more := s
+		switch r.IntN(5) {
+		case 0:
+			u2 := u + r.Float64()*(prompt-u) // less cache
+			if got := PredictTTFT(th, p, s, Req{Uncached: u2, Cached: prompt - u2}).TotalMs; got < base-1e-9*base {
+				t.Fatalf("less cache predicted shorter: %v < %v (theta %v, u %v→%v of %v)", got, base, th, u, u2, prompt)
+			}
+			continue
+		case 1:
+			more.AheadTokens += r.Float64() * 10000
+		case 2:
+			more.DecodeRequests += float64(r.IntN(100))
+		case 3:
+			more.DecodeKVTokens += r.Float64() * 1e6
+		case 4:
+			more.KVUsage = math.Min(1, more.KVUsage+r.Float64()*0.2)
+		}
+		if got := PredictTTFT(th, p, more, Req{Uncached: u, Cached: prompt - u}).TotalMs; got < base-1e-9*base {
+			t.Fatalf("more load predicted shorter: %v < %v (%+v → %+v)", got, base, s, more)
 		}
 	}
 }
