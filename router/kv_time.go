@@ -43,8 +43,51 @@ type targetTime struct {
 	theta       atomic.Pointer[latency.Theta]
 	started     atomic.Uint64 // float64 bits of the worker's last seen process start time
 
-	mu     sync.Mutex // guards fitter
+	mu     sync.Mutex // guards fitter, worker
 	fitter *latency.Fitter
+	worker workerWindow
+}
+
+// workerWindow follows what the worker's own timing histograms say, window by window (between
+// two sweeps): mean TTFT and prefill time, and tokens per engine step, each smoothed. It is
+// shown beside the fit as a cross-check of the gateway's own measurements (vLLM's TTFT starts
+// at tokenization, the gateway's at routing), and is not fitted.
+type workerWindow struct {
+	last               WorkerTiming
+	seen               bool
+	ttftMs, prefillMs  float64
+	tokensPerStep      float64
+	hasTTFT, hasPrefil bool
+	hasSteps           bool
+}
+
+// workerWindowRate is the smoothing rate of the worker window means.
+const workerWindowRate = 0.3
+
+// add folds a new cumulative reading into the window means; a reading whose counts went down
+// (the worker restarted) starts over.
+func (w *workerWindow) add(t WorkerTiming) {
+	if !w.seen || t.TTFTCount < w.last.TTFTCount || t.PrefillCount < w.last.PrefillCount || t.Iterations < w.last.Iterations {
+		w.last, w.seen = t, true
+		return
+	}
+	ewma := func(v *float64, has *bool, x float64) {
+		if !*has {
+			*v, *has = x, true
+			return
+		}
+		*v += workerWindowRate * (x - *v)
+	}
+	if dc := t.TTFTCount - w.last.TTFTCount; dc > 0 {
+		ewma(&w.ttftMs, &w.hasTTFT, 1000*(t.TTFTSum-w.last.TTFTSum)/dc)
+	}
+	if dc := t.PrefillCount - w.last.PrefillCount; dc > 0 {
+		ewma(&w.prefillMs, &w.hasPrefil, 1000*(t.PrefillSum-w.last.PrefillSum)/dc)
+	}
+	if dc := t.Iterations - w.last.Iterations; dc > 0 {
+		ewma(&w.tokensPerStep, &w.hasSteps, (t.IterTokensSum-w.last.IterTokensSum)/dc)
+	}
+	w.last = t
 }
 
 func newTimeModel(c routerconfig.Latency) (*timeModel, error) {
@@ -125,8 +168,9 @@ func (tm *timeModel) reset(t workers.Target) {
 }
 
 // checkRestarts resets the fit of every target whose worker reported a new
-// process_start_time_seconds since the last check: a restarted worker may run another build,
-// model or GPU, and its queue is gone.
+// process_start_time_seconds since the last check (a restarted worker may run another build,
+// model or GPU, and its queue is gone), and folds the worker's timing histograms into its
+// window means.
 func (p *KVPolicy) checkRestarts() {
 	if p.timed == nil {
 		return
@@ -139,10 +183,16 @@ func (p *KVPolicy) checkRestarts() {
 	p.timed.mu.RUnlock()
 	for _, t := range ts {
 		m, ok := p.load.Metrics(t, p.cfg.MetricsMaxAge.D())
-		if !ok || m.StartTime <= 0 {
+		if !ok {
 			continue
 		}
 		tt := p.timed.get(t)
+		tt.mu.Lock()
+		tt.worker.add(m.Timing)
+		tt.mu.Unlock()
+		if m.StartTime <= 0 {
+			continue
+		}
 		if old := math.Float64frombits(tt.started.Swap(math.Float64bits(m.StartTime))); old != 0 && old != m.StartTime {
 			p.timed.reset(t)
 		}
@@ -407,6 +457,12 @@ type LatencyView struct {
 	MeanBias    float64 `json:"mean_bias"`
 	// Drifts counts how often the fit saw the worker change speed and reopened its covariance.
 	Drifts int `json:"drifts"`
+	// WorkerTTFTMs, WorkerPrefillMs and WorkerTokensPerStep are the worker's own means over
+	// recent scrape windows (vllm:time_to_first_token_seconds, vllm:request_prefill_time_seconds,
+	// vllm:iteration_tokens_total), smoothed; absent until two readings differ.
+	WorkerTTFTMs        *float64 `json:"worker_ttft_ms,omitempty"`
+	WorkerPrefillMs     *float64 `json:"worker_prefill_ms,omitempty"`
+	WorkerTokensPerStep *float64 `json:"worker_tokens_per_step,omitempty"`
 	// The gateway's queue and decode accounting for the target.
 	AheadTokens    float64 `json:"ahead_tokens"`
 	DecodeRequests float64 `json:"decode_requests"`
@@ -435,7 +491,17 @@ func (p *KVPolicy) latencyView(t workers.Target) *LatencyView {
 		v.Fitted = thetaMap(tt.fitter.Fitted())
 		v.Samples, v.Ready = tt.fitter.Samples(), tt.fitter.Ready()
 		v.ResidualMAD, v.MeanBias, v.Drifts = tt.fitter.ResidualMAD(), tt.fitter.MeanBias(), tt.fitter.Drifts()
+		w := tt.worker
 		tt.mu.Unlock()
+		if w.hasTTFT {
+			v.WorkerTTFTMs = &w.ttftMs
+		}
+		if w.hasPrefil {
+			v.WorkerPrefillMs = &w.prefillMs
+		}
+		if w.hasSteps {
+			v.WorkerTokensPerStep = &w.tokensPerStep
+		}
 	}
 	return v
 }

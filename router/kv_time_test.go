@@ -2,6 +2,8 @@ package router
 
 import (
 	"context"
+	"fmt"
+	"math"
 	"math/rand/v2"
 	"strings"
 	"testing"
@@ -291,6 +293,48 @@ func TestKVRestartResetsFit(t *testing.T) {
 		body(tc.start)
 		if got := p.latencyView(tgt(0)).Samples; got != tc.want {
 			t.Fatalf("after start time %s: %d samples, want %d", tc.start, got, tc.want)
+		}
+	}
+}
+
+// TestKVWorkerTimingWindows: the worker's own TTFT, prefill-time and iteration-token
+// histograms become window means in the latency view; a reset of the counters starts over.
+func TestKVWorkerTimingWindows(t *testing.T) {
+	_, p, _ := timedEngine(t, DefaultKVConfig(), nil)
+	p.timed.getOrCreate(tgt(0))
+	page := func(ttftSum, ttftN, prefSum, prefN, tokSum, steps float64) string {
+		return fmt.Sprintf("vllm:time_to_first_token_seconds_sum{engine=\"0\"} %g\nvllm:time_to_first_token_seconds_count{engine=\"0\"} %g\n"+
+			"vllm:request_prefill_time_seconds_sum{engine=\"0\"} %g\nvllm:request_prefill_time_seconds_count{engine=\"0\"} %g\n"+
+			"vllm:iteration_tokens_total_sum{engine=\"0\"} %g\nvllm:iteration_tokens_total_count{engine=\"0\"} %g\n",
+			ttftSum, ttftN, prefSum, prefN, tokSum, steps)
+	}
+	deref := func(f *float64) float64 {
+		if f == nil {
+			return -1
+		}
+		return *f
+	}
+	for _, tc := range []struct {
+		name                 string
+		body                 string
+		ttft, prefill, steps float64 // -1: absent
+	}{
+		{"first reading: no window yet", page(1, 10, 0.5, 10, 1000, 10), -1, -1, -1},
+		{"one window", page(3, 20, 1.5, 20, 3000, 20), 200, 100, 200},
+		{"smoothed", page(4, 30, 2.5, 30, 4000, 30), 200 + 0.3*(100-200), 100, 200 + 0.3*(100-200)},
+		{"counters reset (restart): starts over, keeps the means", page(0.1, 1, 0.1, 1, 10, 1), 170, 100, 170},
+	} {
+		if err := p.load.FeedMetrics(tgt(0).Worker, []int{0}, strings.NewReader(tc.body)); err != nil {
+			t.Fatal(err)
+		}
+		p.checkRestarts()
+		v := p.latencyView(tgt(0))
+		got := []float64{deref(v.WorkerTTFTMs), deref(v.WorkerPrefillMs), deref(v.WorkerTokensPerStep)}
+		want := []float64{tc.ttft, tc.prefill, tc.steps}
+		for i := range got {
+			if math.Abs(got[i]-want[i]) > 1e-6 {
+				t.Fatalf("%s: worker means %v, want %v", tc.name, got, want)
+			}
 		}
 	}
 }
