@@ -200,6 +200,9 @@ func (e *Engine) Run(ctx context.Context) {
 		case <-tick.C:
 			if e.kv != nil {
 				e.kv.checkRestarts()
+				if e.kv.timed != nil {
+					e.kv.timed.expire(e.kv.now().Add(-e.kv.cfg.LoadExpiry.D()))
+				}
 			}
 			if n := e.load.Expire(); n > 0 {
 				e.log.Warn("router: force-released stale request load", "count", n)

@@ -43,9 +43,10 @@ type targetTime struct {
 	theta       atomic.Pointer[latency.Theta]
 	started     atomic.Uint64 // float64 bits of the worker's last seen process start time
 
-	mu     sync.Mutex // guards fitter, worker
+	mu     sync.Mutex // guards fitter, worker, live
 	fitter *latency.Fitter
 	worker workerWindow
+	live   map[*timeObs]struct{} // attempts not ended, for expire
 }
 
 // workerWindow follows what the worker's own timing histograms say, window by window (between
@@ -133,7 +134,7 @@ func (tm *timeModel) getOrCreate(t workers.Target) *targetTime {
 	if err != nil { // the config was validated in newTimeModel
 		return nil
 	}
-	tt := &targetTime{fitter: f}
+	tt := &targetTime{fitter: f, live: make(map[*timeObs]struct{})}
 	th := tm.prior
 	tt.theta.Store(&th)
 	tm.targets[t] = tt
@@ -313,6 +314,9 @@ func (p *KVPolicy) beginTime(d Decision, req *Request) *timeObs {
 		predMs: latency.PredictTTFT(th, p.timed.params, st, latency.Req{Uncached: u, Cached: c}).TotalMs}
 	tt.aheadTokens.Add(o.accountU)
 	tt.aheadPairs.Add(o.pairs)
+	tt.mu.Lock()
+	tt.live[o] = struct{}{}
+	tt.mu.Unlock()
 	p.timed.metrics.predicted(o.worker, o.predMs)
 	return o
 }
@@ -370,6 +374,37 @@ func (o *timeObs) end(completed bool) {
 		o.tt.decodeKV.Add(-int64(o.prompt))
 	}
 	o.stage = stageDone
+	o.tt.mu.Lock()
+	delete(o.tt.live, o)
+	o.tt.mu.Unlock()
+}
+
+// expire ends, without feeding the fit, every attempt that began before cutoff and is still
+// open (a safety net like LoadTracker.Expire: a caller that never ends its Lifecycle must not
+// keep a target looking queued); it returns how many it ended.
+func (tm *timeModel) expire(cutoff time.Time) int {
+	tm.mu.RLock()
+	tts := make([]*targetTime, 0, len(tm.targets))
+	for _, tt := range tm.targets {
+		tts = append(tts, tt)
+	}
+	tm.mu.RUnlock()
+	n := 0
+	for _, tt := range tts {
+		var stale []*timeObs
+		tt.mu.Lock()
+		for o := range tt.live {
+			if o.start.Before(cutoff) {
+				stale = append(stale, o)
+			}
+		}
+		tt.mu.Unlock()
+		for _, o := range stale {
+			o.end(false)
+			n++
+		}
+	}
+	return n
 }
 
 // feed gives the fit one sample, once, if a TTFT was measured on a streamed response (a

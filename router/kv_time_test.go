@@ -338,3 +338,29 @@ func TestKVWorkerTimingWindows(t *testing.T) {
 		}
 	}
 }
+
+// TestKVTimeExpire: an attempt never ended stops counting as queued once it is older than
+// load_expiry; a younger one stays.
+func TestKVTimeExpire(t *testing.T) {
+	e, p, clk := timedEngine(t, DefaultKVConfig(), nil)
+	if _, _, err := e.Route(context.Background(), streamed(request(chain(1, 64))), kvCands(1)); err != nil {
+		t.Fatal(err)
+	}
+	clk.advance(p.cfg.LoadExpiry.D() / 2)
+	_, lc, err := e.Route(context.Background(), streamed(request(chain(2, 32))), kvCands(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lc.FirstToken()
+	clk.advance(p.cfg.LoadExpiry.D()/2 + time.Second)
+	if n := p.timed.expire(clk.now().Add(-p.cfg.LoadExpiry.D())); n != 1 {
+		t.Fatalf("expired %d attempts, want 1", n)
+	}
+	if st, _ := p.timed.state(tgt(0)); st.AheadTokens != 0 || st.DecodeRequests != 1 || st.DecodeKVTokens != 512 {
+		t.Fatalf("after expiry: %+v, want only the younger attempt's decode", st)
+	}
+	lc.Done()
+	if st, _ := p.timed.state(tgt(0)); st != (latency.State{}) {
+		t.Fatalf("after Done: %+v", st)
+	}
+}
