@@ -26,8 +26,8 @@ const (
 // of a target is the predicted time to first token there, in ms (kv_time.go, router/latency):
 // the prefill queued ahead, the request's own uncached prefill with its attention over the
 // cached context, the running decodes' share of those steps and a KV-pressure term, plus the
-// fleet term (the prefill the best-cached candidate would save, delaying the target's running
-// decodes), minus the prefill a session preference hint would save. Each target's
+// fleet term (this prefill stretches the steps of the target's running decodes), minus the
+// prefill a session preference hint would save. Each target's
 // coefficients are fitted online from the TTFTs the gateway observes.
 //
 // Under `kv_blocks` (the older cost, a baseline; after Dynamo's

@@ -244,27 +244,16 @@ func (p *KVPolicy) timeOf(r *kvRow, tr *timeRow, c Candidate, promptTokens, bs f
 	r.costNoHnt = predNo.TotalMs
 }
 
-// addFleet adds the fleet term to every row: the own prefill beyond the cheapest eligible
-// candidate's (what a better cache hit would have saved) delays the target's running decodes.
+// addFleet adds the fleet term to every row: the request's own prefill on a target stretches
+// every step it shares with the target's running decodes (latency.FleetMs).
 func (p *KVPolicy) addFleet(rows []kvRow, times []timeRow) {
 	if p.timed.fleetWeight == 0 {
 		return
 	}
-	allBusy := true
-	for i := range rows {
-		allBusy = allBusy && rows[i].busy
-	}
-	best, bestNo := math.Inf(1), math.Inf(1)
-	for i := range rows {
-		if allBusy || !rows[i].busy {
-			best = math.Min(best, times[i].pred.OwnMs)
-			bestNo = math.Min(bestNo, times[i].ownNoHint)
-		}
-	}
 	for i := range rows {
 		t := &times[i]
-		rows[i].cost += latency.FleetMs(t.pred.OwnMs-best, t.decodes, p.timed.fleetWeight)
-		rows[i].costNoHnt += latency.FleetMs(t.ownNoHint-bestNo, t.decodes, p.timed.fleetWeight)
+		rows[i].cost += latency.FleetMs(t.pred.OwnMs, t.decodes, p.timed.fleetWeight)
+		rows[i].costNoHnt += latency.FleetMs(t.ownNoHint, t.decodes, p.timed.fleetWeight)
 	}
 }
 

@@ -135,16 +135,18 @@ func PredictTTFT(th Theta, p Params, s State, r Req) Prediction {
 	return out
 }
 
-// FleetMs is the delay a request's avoidable prefill imposes on others: extraPrefillMs, the
-// prefill that the best cache hit among the candidates would have saved, stretches every step
-// it shares with the target's running decodes (decodes are scheduled in every step, so each
-// running stream waits through every extra chunk). weight converts that stall, summed over the
-// streams, into ms of this request's TTFT.
-func FleetMs(extraPrefillMs, decodeRequests, weight float64) float64 {
-	if extraPrefillMs <= 0 || decodeRequests <= 0 {
+// FleetMs is the delay a request's prefill imposes on others on the target: decodes are
+// scheduled in every step, so each of the target's running streams waits through every step
+// that carries a chunk of this prefill, about prefillMs in all. weight converts that stall,
+// summed over the streams, into ms of this request's TTFT. A cache hit shrinks prefillMs, so
+// the term also prices the prefill a better-cached target would have saved; unlike pricing
+// only that difference, it does not treat the best candidate's own prefill as free for the
+// decodes already running there.
+func FleetMs(prefillMs, decodeRequests, weight float64) float64 {
+	if prefillMs <= 0 || decodeRequests <= 0 {
 		return 0
 	}
-	return weight * extraPrefillMs * decodeRequests
+	return weight * prefillMs * decodeRequests
 }
 
 // Dot is xᵀθ.

@@ -97,9 +97,10 @@ type Latency struct {
 	// (default 1; 0 turns the term off).
 	KVPressureStart  float64 `yaml:"kv_pressure_start"`
 	KVPressureWeight float64 `yaml:"kv_pressure_weight"`
-	// FleetWeight prices the delay a cache miss imposes on the target's running decodes: the
-	// prefill the best-cached candidate would have saved, times the running decodes, times this
-	// (default 0.05; 0 turns it off). Higher keeps sessions on their cache harder.
+	// FleetWeight prices the delay a request's prefill imposes on the target's running decodes:
+	// its own prefill time, times the running decodes, times this (default 0.05; 0 turns it
+	// off). Higher keeps prefill away from busy decoders and sessions on their cache (a hit
+	// shrinks the prefill).
 	FleetWeight float64 `yaml:"fleet_weight"`
 	// Learn turns the online fit on (default true); false scores every worker with the prior.
 	Learn bool `yaml:"learn"`
