@@ -86,15 +86,17 @@ const PolicyAuto = "auto"
 
 // Policies returns the router.policy names the gateway knows (besides PolicyAuto).
 func Policies() []string {
-	return []string{"round_robin", "random", "least_loaded", "kv", "kv_no_load"}
+	return []string{"round_robin", "random", "least_loaded", "kv", "kv_no_load", "kv_blocks"}
 }
 
 // KVAware reports whether policy is one of the KV-aware policies (they need the tokenizer).
-func KVAware(policy string) bool { return policy == "kv" || policy == "kv_no_load" }
+func KVAware(policy string) bool {
+	return policy == "kv" || policy == "kv_no_load" || policy == "kv_blocks"
+}
 
-// Router selects the routing policy; the knobs of the KV-aware policies (kv, kv_no_load) are
-// the router package's own type, routerconfig.KV, inlined under the same router: keys (costs
-// are in KV blocks; routerconfig.KV documents what each one trades).
+// Router selects the routing policy; the knobs of the KV-aware policies (kv, kv_blocks, kv_no_load) are
+// the router package's own type, routerconfig.KV, inlined under the same router: keys
+// (routerconfig.KV documents what each one trades).
 type Router struct {
 	// Policy is one of Policies(), or "auto"/"" (kv with kv_events, else round_robin); Load
 	// resolves auto, so after Load it is always a concrete name.

@@ -191,7 +191,7 @@ func TestValidationMessages(t *testing.T) {
 		{"header name", append(base, "--sessions-headers", "X Bad"), nil, `sessions.headers[0]: "X Bad" is not a valid HTTP header name`},
 		{"tokenizer missing", append(base, "--tokenizer", "/nonexistent/tok"), nil, `tokenizer: "/nonexistent/tok" is not a folder`},
 		{"int flag", append(base, "--block-size", "x"), nil, `--block-size: "x" is not an integer`},
-		{"unknown policy", append(base, "--router-policy", "best"), nil, `router.policy: unknown policy "best" (known: auto, round_robin, random, least_loaded, kv, kv_no_load)`},
+		{"unknown policy", append(base, "--router-policy", "best"), nil, `router.policy: unknown policy "best" (known: auto, round_robin, random, least_loaded, kv, kv_no_load, kv_blocks)`},
 		{"kv needs tokenizer", append(base, "--router-policy", "kv_no_load"), nil, "tokenizer: is required by router.policy kv_no_load: "},
 		{"auto kv needs tokenizer", []string{"--model", "m", "--worker", "http://x:1", "--worker", "http://y:1,kv_events=tcp://y:5557"}, nil,
 			"tokenizer: is required by router.policy kv (the default because workers[1] has kv_events)"},

@@ -46,6 +46,9 @@ type TargetView struct {
 	ApproximateBlocks *int         `json:"approximate_blocks,omitempty"`
 	Load              *LoadView    `json:"load,omitempty"`
 	Metrics           *MetricsView `json:"metrics,omitempty"`
+	// Latency is the kv policy's TTFT model of the target: fitted θ, samples, readiness,
+	// prediction error (nil for other policies).
+	Latency *LatencyView `json:"latency,omitempty"`
 }
 
 // LoadView is a target's load as the gateway accounts it (TargetLoad with JSON keys).
@@ -92,6 +95,7 @@ func (e *Dispatcher) DebugTargets(ts []kvkey.Target) []TargetView {
 		}
 		if e.kv != nil {
 			v.Mode = e.kv.Mode(t)
+			v.Latency = e.kv.latencyView(t)
 			if a := e.kv.Approx(); a != nil {
 				n := a.Resident(t)
 				v.ApproximateBlocks = &n
@@ -127,7 +131,7 @@ func (e *Dispatcher) DebugFleet() FleetView {
 // frontier lists its block lineage.
 func (e *Dispatcher) DebugSession(id string, lineage bool) (any, error) {
 	if e.sessions == nil {
-		return nil, noSession(fmt.Sprintf("session %q is not tracked: sessions are tracked only with the kv and kv_no_load policies (policy is %s)",
+		return nil, noSession(fmt.Sprintf("session %q is not tracked: sessions are tracked only with the kv, kv_blocks and kv_no_load policies (policy is %s)",
 			id, e.Name()))
 	}
 	view, ok := e.sessions.Debug(id, lineage)

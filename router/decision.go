@@ -72,6 +72,9 @@ func (p *KVPolicy) decide(req *Request, cands []Candidate, rows []kvRow) Decisio
 		buf = append(buf, "lowest cost "...)
 	}
 	buf = strconv.AppendFloat(buf, r.cost, 'g', 4, 64)
+	if p.timed != nil {
+		buf = append(buf, " ms"...) // kv: predicted TTFT (+ fleet term); load is queue + decodes, ms
+	}
 	buf = append(buf, " ("...)
 	buf = append(buf, r.mode...)
 	buf = append(buf, ": g1 "...)

@@ -97,6 +97,13 @@ func NewDispatcher(o DispatcherOptions) (*Dispatcher, error) {
 		return nil, err
 	}
 	e.feedback = fb
+	if e.kv != nil && e.kv.timed != nil && o.Registerer != nil {
+		tm, err := newTimeMetrics(o.Registerer)
+		if err != nil {
+			return nil, err
+		}
+		e.kv.timed.metrics = tm
+	}
 	if o.Targets != nil {
 		e.scraper = &Scraper{Tracker: e.load, Client: o.MetricsClient, Interval: interval, Targets: o.Targets, Log: log}
 	}
@@ -135,7 +142,11 @@ func (e *Dispatcher) Route(ctx context.Context, req *Request, cands []Candidate)
 	if err != nil {
 		return Decision{}, nil, err
 	}
-	return d, &attempt{e: e, req: req, d: d, h: e.begin(d, req)}, nil
+	a := &attempt{e: e, req: req, d: d, h: e.begin(d, req)}
+	if e.kv != nil {
+		a.obs = e.kv.beginTime(d, req)
+	}
+	return d, a, nil
 }
 
 // Pick runs the policy and times it; it accounts nothing (POST /debug/route calls it as is).
@@ -165,10 +176,13 @@ func (e *Dispatcher) begin(d Decision, req *Request) *Handle {
 }
 
 // Forget drops what approximate mode assumed about t (its worker may have restarted with an
-// empty cache, e.g. after a health flap); without an approximate index it does nothing.
+// empty cache, e.g. after a health flap) and returns t's latency fit to the prior profile.
 func (e *Dispatcher) Forget(t kvkey.Target) {
 	if e.approx != nil {
 		e.approx.Forget(t)
+	}
+	if e.kv != nil && e.kv.timed != nil {
+		e.kv.timed.reset(t)
 	}
 }
 
@@ -184,6 +198,12 @@ func (e *Dispatcher) Run(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-tick.C:
+			if e.kv != nil {
+				e.kv.checkRestarts()
+				if e.kv.timed != nil {
+					e.kv.timed.expire(e.kv.now().Add(-e.kv.cfg.LoadExpiry.D()))
+				}
+			}
 			if n := e.load.Expire(); n > 0 {
 				e.log.Warn("router: force-released stale request load", "count", n)
 			}

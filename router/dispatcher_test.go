@@ -218,7 +218,7 @@ func TestDispatcherWrapsAnyPolicy(t *testing.T) {
 
 // TestRequestWithoutBlockSize: an unset block size means vLLM's default 16, not 1.
 func TestRequestWithoutBlockSize(t *testing.T) {
-	p := newTestKV(t, PolicyKV, DefaultKVConfig(), KVDeps{Matcher: fixedMatcher{tgt(0): {G1: 8}}}, nil)
+	p := newTestKV(t, PolicyKVBlocks, DefaultKVConfig(), KVDeps{Matcher: fixedMatcher{tgt(0): {G1: 8}}}, nil)
 	req := request(chain(1, 8))
 	req.BlockSize = 0
 	d, _ := p.Pick(context.Background(), req, kvCands(2))

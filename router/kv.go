@@ -19,10 +19,19 @@ import (
 const (
 	PolicyKV       = "kv"
 	PolicyKVNoLoad = "kv_no_load"
+	PolicyKVBlocks = "kv_blocks"
 )
 
-// KVPolicy is the KV-aware policy (docs/ARCHITECTURE.md, "Routing cost"; after Dynamo's
-// lib/kv-router/src/scheduling/selector/default.rs worker_logit). Per target:
+// KVPolicy is the KV-aware policy (docs/ARCHITECTURE.md, "Routing cost"). Under `kv` the cost
+// of a target is the predicted time to first token there, in ms (kv_time.go, router/latency):
+// the prefill queued ahead, the request's own uncached prefill with its attention over the
+// cached context, the running decodes' share of those steps and a KV-pressure term, plus the
+// fleet term (this prefill stretches the steps of the target's running decodes), minus the
+// prefill a session preference hint would save. Each target's
+// coefficients are fitted online from the TTFTs the gateway observes.
+//
+// Under `kv_blocks` (the older cost, a baseline; after Dynamo's
+// lib/kv-router/src/scheduling/selector/default.rs worker_logit), per target in KV blocks:
 //
 //	credit  = G1 + g2_credit·G2 + g3_credit·G3 + sibling-prefix hint blocks
 //	prefill = max(prompt blocks − credit, 0)
@@ -43,6 +52,7 @@ type KVPolicy struct {
 	name    string
 	cfg     KVConfig
 	noLoad  bool
+	timed   *timeModel       // the predicted-TTFT cost (kv); nil scores in blocks
 	matcher indexers.Matcher // exact: read for targets whose events are healthy
 	routed  RoutedRecorder   // the matcher, when it records routed prompts
 	events  EventHealth
@@ -60,6 +70,7 @@ type kvScratch struct {
 	matches []indexers.TierMatch
 	approx  []indexers.TierMatch
 	rows    []kvRow
+	times   []timeRow
 }
 
 // kvRow is one candidate's evaluation.
@@ -78,9 +89,16 @@ type kvRow struct {
 	costNoHnt float64
 }
 
-// NewKV returns the `kv` policy. A zero cfg means DefaultKVConfig().
+// NewKV returns the `kv` policy: cost = predicted TTFT in ms. A zero cfg means
+// DefaultKVConfig().
 func NewKV(cfg KVConfig, deps KVDeps) (*KVPolicy, error) {
 	return newKV(PolicyKV, false, cfg, deps)
+}
+
+// NewKVBlocks returns the `kv_blocks` policy: the cost in KV blocks (overlap plus block load),
+// kept as a baseline. A zero cfg means DefaultKVConfig().
+func NewKVBlocks(cfg KVConfig, deps KVDeps) (*KVPolicy, error) {
+	return newKV(PolicyKVBlocks, false, cfg, deps)
 }
 
 // NewKVNoLoad returns the `kv_no_load` policy: overlap (and session hints) only. A zero cfg
@@ -104,12 +122,19 @@ func newKV(name string, noLoad bool, cfg KVConfig, deps KVDeps) (*KVPolicy, erro
 	if p.load == nil {
 		p.load = NewLoadTracker(cfg.LoadExpiry.D())
 	}
+	if name == PolicyKV {
+		tm, err := newTimeModel(cfg.Latency)
+		if err != nil {
+			return nil, fmt.Errorf("%s policy: %w", name, err)
+		}
+		p.timed = tm
+	}
 	p.routed, _ = deps.Matcher.(RoutedRecorder)
 	p.scratch.New = func() any { return &kvScratch{} }
 	return p, nil
 }
 
-// Name returns "kv" or "kv_no_load".
+// Name returns "kv", "kv_blocks" or "kv_no_load".
 func (p *KVPolicy) Name() string { return p.name }
 
 // Config returns the policy's configuration.
@@ -167,6 +192,9 @@ func (p *KVPolicy) evaluate(req *Request, cands []Candidate, s *kvScratch) {
 	s.matches = grow(s.matches, n)
 	s.approx = grow(s.approx, n)
 	s.rows = grow(s.rows, n)
+	if p.timed != nil {
+		s.times = grow(s.times, n)
+	}
 	clear(s.matches)
 	hashes := req.BlockHashes
 	anyApprox := false
@@ -223,11 +251,18 @@ func (p *KVPolicy) evaluate(req *Request, cands []Candidate, s *kvScratch) {
 		credit := float64(r.match.G1) + p.cfg.G2Credit*float64(r.match.G2) + p.cfg.G3Credit*float64(r.match.G3)
 		r.noHint = math.Max(reqBlocks-credit, 0)
 		r.prefill = math.Max(reqBlocks-credit-(r.hint-r.prefHint), 0)
+		if p.timed != nil {
+			p.timeOf(r, &s.times[i], cands[i], reqBlocks*bs, bs, now)
+			continue
+		}
 		if !p.noLoad {
 			p.loadOf(r, cands[i], hashes, bs, now)
 		}
 		r.cost = p.cfg.PrefillWeight*(r.prefill-r.prefHint) + r.load
 		r.costNoHnt = p.cfg.PrefillWeight*r.noHint + r.load
+	}
+	if p.timed != nil {
+		p.addFleet(s.rows, s.times)
 	}
 }
 
@@ -255,20 +290,25 @@ func (p *KVPolicy) loadOf(r *kvRow, c Candidate, hashes []kvkey.BlockHash, bs fl
 		}
 		requests = math.Max(requests, mRequests)
 		unseenWaiting = math.Max(m.Waiting-float64(snap.PrefillRequests), 0)
-		switch {
-		case p.cfg.BusyWaitingRequests > 0 && m.Waiting >= float64(p.cfg.BusyWaitingRequests):
-			r.busy, r.busyWhy = true, fmt.Sprintf("waiting %g >= %d", m.Waiting, p.cfg.BusyWaitingRequests)
-		case p.cfg.BusyKVUsage > 0 && m.KVUsage >= p.cfg.BusyKVUsage:
-			r.busy, r.busyWhy = true, fmt.Sprintf("kv usage %.2f >= %.2f", m.KVUsage, p.cfg.BusyKVUsage)
-		}
 	}
-	if !r.busy && p.cfg.BusyPrefillTokens > 0 && snap.PrefillTokens >= p.cfg.BusyPrefillTokens {
-		r.busy, r.busyWhy = true, fmt.Sprintf("prefill tokens %d >= %d", snap.PrefillTokens, p.cfg.BusyPrefillTokens)
-	}
+	p.busyOf(r, snap, m, fresh)
 	r.load = p.cfg.PrefillLoadWeight*float64(snap.PrefillTokens)/bs +
 		p.cfg.DecodeWeight*math.Max(active-float64(shared), 0) +
 		p.cfg.RequestWeight*requests +
 		p.cfg.WaitingWeight*unseenWaiting
+}
+
+// busyOf sets the row's busy flag from the worker's fresh metrics (waiting requests, KV usage)
+// and the gateway's prefill tokens in flight.
+func (p *KVPolicy) busyOf(r *kvRow, snap TargetLoad, m WorkerMetrics, fresh bool) {
+	switch {
+	case fresh && p.cfg.BusyWaitingRequests > 0 && m.Waiting >= float64(p.cfg.BusyWaitingRequests):
+		r.busy, r.busyWhy = true, fmt.Sprintf("waiting %g >= %d", m.Waiting, p.cfg.BusyWaitingRequests)
+	case fresh && p.cfg.BusyKVUsage > 0 && m.KVUsage >= p.cfg.BusyKVUsage:
+		r.busy, r.busyWhy = true, fmt.Sprintf("kv usage %.2f >= %.2f", m.KVUsage, p.cfg.BusyKVUsage)
+	case p.cfg.BusyPrefillTokens > 0 && snap.PrefillTokens >= p.cfg.BusyPrefillTokens:
+		r.busy, r.busyWhy = true, fmt.Sprintf("prefill tokens %d >= %d", snap.PrefillTokens, p.cfg.BusyPrefillTokens)
+	}
 }
 
 // grow returns s resized to n, reusing its storage when it can.

@@ -6,7 +6,7 @@ import (
 	"github.com/kvgate/kvgate/router/routerconfig"
 )
 
-// KVConfig holds every knob of the KV-aware policies (kv, kv_no_load), the gateway's load
+// KVConfig holds every knob of the KV-aware policies (kv, kv_blocks, kv_no_load), the gateway's load
 // accounting, the metrics scraper and the approximate (no-events) mode; routerconfig.KV
 // documents each knob. The type lives in the leaf package routerconfig so that configs can
 // compose it into the YAML schema without importing the router.

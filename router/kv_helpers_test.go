@@ -26,10 +26,11 @@ type fixedHints []sessions.Hint
 
 func (h fixedHints) Hints(string, string) []sessions.Hint { return h }
 
-// fakeClock is a settable clock for staleness tests.
+// fakeClock is a settable clock for TTL and staleness tests.
 type fakeClock struct{ t time.Time }
 
-func (c *fakeClock) now() time.Time { return c.t }
+func (c *fakeClock) now() time.Time          { return c.t }
+func (c *fakeClock) advance(d time.Duration) { c.t = c.t.Add(d) }
 
 func tgt(i int) kvkey.Target {
 	return kvkey.Target{Worker: "http://127.0.0.1:81" + string(rune('0'+i/10)) + string(rune('0'+i%10)), DPRank: 0}
@@ -61,9 +62,12 @@ func newTestKV(t testing.TB, name string, cfg KVConfig, deps KVDeps, clk *fakeCl
 	t.Helper()
 	var p *KVPolicy
 	var err error
-	if name == PolicyKVNoLoad {
+	switch name {
+	case PolicyKVNoLoad:
 		p, err = NewKVNoLoad(cfg, deps)
-	} else {
+	case PolicyKVBlocks:
+		p, err = NewKVBlocks(cfg, deps)
+	default:
 		p, err = NewKV(cfg, deps)
 	}
 	if err != nil {

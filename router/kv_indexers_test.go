@@ -74,7 +74,7 @@ func TestIndexAsMatcher(t *testing.T) {
 				t.Fatalf("n=%d target %d: %+v, want %+v", n, i, out[i], want[i])
 			}
 		}
-		p, err := NewKV(DefaultKVConfig(), KVDeps{Matcher: ix})
+		p, err := NewKVBlocks(DefaultKVConfig(), KVDeps{Matcher: ix})
 		if err != nil {
 			t.Fatal(err)
 		}

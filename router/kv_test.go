@@ -69,7 +69,7 @@ func TestKVCost(t *testing.T) {
 			for i, tm := range tc.matches {
 				m[tgt(i)] = tm
 			}
-			p := newTestKV(t, PolicyKV, DefaultKVConfig(), KVDeps{Matcher: m}, nil)
+			p := newTestKV(t, PolicyKVBlocks, DefaultKVConfig(), KVDeps{Matcher: m}, nil)
 			for i, ls := range tc.load {
 				h := p.Load().Begin(tgt(i), request(chain(uint64(900+i), ls.otherBlocks)), 0)
 				if ls.firstToken {
@@ -94,7 +94,7 @@ func TestKVCost(t *testing.T) {
 // TestKVCostValues checks the numbers in the decision record against the formula.
 func TestKVCostValues(t *testing.T) {
 	m := fixedMatcher{tgt(0): {G1: 100}, tgt(1): {G2: 100}, tgt(2): {G3: 100}, tgt(3): {G1: 20, G2: 8, G3: 4}}
-	p := newTestKV(t, PolicyKV, DefaultKVConfig(), KVDeps{Matcher: m}, nil)
+	p := newTestKV(t, PolicyKVBlocks, DefaultKVConfig(), KVDeps{Matcher: m}, nil)
 	d, err := p.Pick(context.Background(), request(chain(1, 128)), kvCands(5))
 	if err != nil {
 		t.Fatal(err)
@@ -108,7 +108,7 @@ func TestKVCostValues(t *testing.T) {
 	if c := d.Candidates[3]; c.G1Blocks != 20 || c.G2Blocks != 8 || c.G3Blocks != 4 {
 		t.Errorf("tier blocks not recorded: %s", js(c))
 	}
-	if d.PromptBlocks != 128 || d.PromptTokens != 2048 || d.Policy != "kv" {
+	if d.PromptBlocks != 128 || d.PromptTokens != 2048 || d.Policy != "kv_blocks" {
 		t.Errorf("header fields: %s", js(d))
 	}
 	if CachedBlocks(d) != 100 || CachedBlocksHeader(d) != "100" {
@@ -121,7 +121,7 @@ func TestKVCostValues(t *testing.T) {
 func TestKVSharedActiveBlocks(t *testing.T) {
 	hashes := chain(1, 128)
 	m := fixedMatcher{tgt(0): {G1: 128}, tgt(1): {G1: 128}}
-	p := newTestKV(t, PolicyKV, DefaultKVConfig(), KVDeps{Matcher: m}, nil)
+	p := newTestKV(t, PolicyKVBlocks, DefaultKVConfig(), KVDeps{Matcher: m}, nil)
 	same := p.Load().Begin(tgt(0), request(hashes), 128)
 	same.FirstToken()
 	other := p.Load().Begin(tgt(1), request(chain(2, 128)), 0)
@@ -166,7 +166,7 @@ func TestKVBusyThresholds(t *testing.T) {
 			m := fixedMatcher{tgt(0): {G1: 120}}
 			cfg := DefaultKVConfig()
 			cfg.WaitingWeight = 0 // isolate the thresholds from the queue cost
-			p := newTestKV(t, PolicyKV, cfg, KVDeps{Matcher: m}, clk)
+			p := newTestKV(t, PolicyKVBlocks, cfg, KVDeps{Matcher: m}, clk)
 			for i, wm := range tc.metrics {
 				wm.At = clk.t.Add(-tc.age)
 				p.Load().UpdateMetrics(tgt(i), wm)
@@ -189,7 +189,7 @@ func TestKVBusyThresholds(t *testing.T) {
 // higher than the gateway's accounting (traffic from elsewhere).
 func TestKVMetricsCorrection(t *testing.T) {
 	clk := &fakeClock{t: time.Unix(1000, 0)}
-	p := newTestKV(t, PolicyKV, DefaultKVConfig(), KVDeps{Matcher: fixedMatcher{}}, clk)
+	p := newTestKV(t, PolicyKVBlocks, DefaultKVConfig(), KVDeps{Matcher: fixedMatcher{}}, clk)
 	p.Load().UpdateMetrics(tgt(0), WorkerMetrics{Waiting: 2, KVUsage: 0.5, NumGPUBlocks: 1000, At: clk.t})
 	d, _ := p.Pick(context.Background(), request(chain(1, 128)), kvCands(2))
 	// 500 blocks in use + 2 unseen waiting × 32.
@@ -209,7 +209,7 @@ func TestKVMetricsCorrection(t *testing.T) {
 
 // TestKVTiesSpread: equal costs are broken uniformly at random (Dynamo selector/default.rs, minimum_cost_index).
 func TestKVTiesSpread(t *testing.T) {
-	p := newTestKV(t, PolicyKV, DefaultKVConfig(), KVDeps{Matcher: fixedMatcher{}}, nil)
+	p := newTestKV(t, PolicyKVBlocks, DefaultKVConfig(), KVDeps{Matcher: fixedMatcher{}}, nil)
 	const n, picks = 4, 4000
 	count := map[kvkey.Target]int{}
 	for range picks {
@@ -233,7 +233,7 @@ func TestKVTiesSpread(t *testing.T) {
 func TestKVTemperature(t *testing.T) {
 	cfg := DefaultKVConfig()
 	cfg.Temperature = 1
-	p := newTestKV(t, PolicyKV, cfg, KVDeps{Matcher: fixedMatcher{tgt(0): {G1: 64}}}, nil)
+	p := newTestKV(t, PolicyKVBlocks, cfg, KVDeps{Matcher: fixedMatcher{tgt(0): {G1: 64}}}, nil)
 	count := map[kvkey.Target]int{}
 	for range 2000 {
 		d, _ := p.Pick(context.Background(), request(chain(1, 128)), kvCands(2))
@@ -251,7 +251,7 @@ func TestKVHints(t *testing.T) {
 	clk := &fakeClock{t: time.Unix(1000, 0)}
 	m := fixedMatcher{tgt(0): {G1: 20}}
 	hint := fixedHints{{Target: tgt(1), Rule: "affinity", Blocks: 40}}
-	p := newTestKV(t, PolicyKV, DefaultKVConfig(), KVDeps{Matcher: m, Hints: hint}, clk)
+	p := newTestKV(t, PolicyKVBlocks, DefaultKVConfig(), KVDeps{Matcher: m, Hints: hint}, clk)
 	req := request(chain(1, 128))
 	req.SessionID = "s1"
 	d, _ := p.Pick(context.Background(), req, kvCands(2))
@@ -264,7 +264,7 @@ func TestKVHints(t *testing.T) {
 		t.Fatalf("sessionless request followed a hint")
 	}
 	// A weak hint agrees with a winner that wins anyway.
-	p2 := newTestKV(t, PolicyKV, DefaultKVConfig(), KVDeps{Matcher: m, Hints: fixedHints{{Target: tgt(0), Rule: "parent", Blocks: 4}}}, clk)
+	p2 := newTestKV(t, PolicyKVBlocks, DefaultKVConfig(), KVDeps{Matcher: m, Hints: fixedHints{{Target: tgt(0), Rule: "parent", Blocks: 4}}}, clk)
 	d, _ = p2.Pick(context.Background(), req, kvCands(2))
 	if d.Chosen.Target != tgt(0) || !strings.Contains(d.Chosen.Reason, "session rule parent (+4 blocks) agreed") {
 		t.Fatalf("reason %q", d.Chosen.Reason)
@@ -296,7 +296,7 @@ func TestKVModes(t *testing.T) {
 	approx.Record(tgt(1), hashes[:40])
 	m := fixedMatcher{tgt(0): {G1: 10}, tgt(1): {G1: 64}} // the stale index claims 64 for target 1
 	healthy := EventHealthFunc(func(t kvkey.Target) bool { return t == tgt(0) })
-	p := newTestKV(t, PolicyKV, DefaultKVConfig(), KVDeps{Matcher: m, Events: healthy, Approx: approx}, nil)
+	p := newTestKV(t, PolicyKVBlocks, DefaultKVConfig(), KVDeps{Matcher: m, Events: healthy, Approx: approx}, nil)
 	d, _ := p.Pick(context.Background(), request(hashes), kvCands(3))
 	got := []CandidateScore{d.Candidates[0], d.Candidates[1], d.Candidates[2]}
 	if got[0].Mode != ModeEvents || got[0].G1Blocks != 10 {
@@ -358,7 +358,7 @@ func (p *prefixHints) HintsWithPrefix(_, _ string, hashes []kvkey.BlockHash) []s
 // hashes; several hints on one target add up and all their rules are named.
 func TestKVPrefixHints(t *testing.T) {
 	src := &prefixHints{fixedHints: fixedHints{{Target: tgt(1), Rule: "parent", Blocks: 20}}}
-	p := newTestKV(t, PolicyKV, DefaultKVConfig(), KVDeps{Matcher: fixedMatcher{tgt(0): {G1: 40}}, Hints: src}, nil)
+	p := newTestKV(t, PolicyKVBlocks, DefaultKVConfig(), KVDeps{Matcher: fixedMatcher{tgt(0): {G1: 40}}, Hints: src}, nil)
 	req := request(chain(1, 128))
 	req.ParentSessionID = "root"
 	d, _ := p.Pick(context.Background(), req, kvCands(2))

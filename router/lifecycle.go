@@ -46,6 +46,7 @@ type attempt struct {
 	req   *Request
 	d     Decision
 	h     *Handle
+	obs   *timeObs // the kv policy's TTFT observation (nil for other policies)
 	ended atomic.Bool
 }
 
@@ -58,20 +59,34 @@ func (a *attempt) Sent() {
 	}
 }
 
-// FirstToken ends the prompt's prefill load on the chosen target.
-func (a *attempt) FirstToken() { a.h.FirstToken() }
+// FirstToken ends the prompt's prefill load on the chosen target and measures its TTFT.
+func (a *attempt) FirstToken() {
+	a.h.FirstToken()
+	if a.obs != nil {
+		a.obs.firstToken()
+	}
+}
 
-// UsageSeen compares the worker's usage with the gateway's count and prediction (Observe).
-func (a *attempt) UsageSeen(u Usage) { a.e.Observe(a.req.Model, a.req, a.d, u) }
+// UsageSeen compares the worker's usage with the gateway's count and prediction (Observe), and
+// feeds the measured TTFT, with the worker's cached tokens, to the target's latency fit.
+func (a *attempt) UsageSeen(u Usage) {
+	a.e.Observe(a.req.Model, a.req, a.d, u)
+	if a.obs != nil {
+		a.obs.usageSeen(u)
+	}
+}
 
-// Done releases the attempt's load.
-func (a *attempt) Done() { a.end() }
+// Done releases the attempt's load (feeding the latency fit if UsageSeen did not).
+func (a *attempt) Done() { a.end(true) }
 
 // Failed releases the attempt's load; a failed attempt leaves no other trace.
-func (a *attempt) Failed(error) { a.end() }
+func (a *attempt) Failed(error) { a.end(false) }
 
-func (a *attempt) end() {
+func (a *attempt) end(completed bool) {
 	if a.ended.CompareAndSwap(false, true) {
 		a.h.Done()
+		if a.obs != nil {
+			a.obs.end(completed)
+		}
 	}
 }

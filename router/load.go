@@ -42,13 +42,32 @@ type targetLoad struct {
 
 // WorkerMetrics is what a worker's /metrics said about one target at one moment.
 type WorkerMetrics struct {
-	Running      float64   // vllm:num_requests_running
-	Waiting      float64   // vllm:num_requests_waiting
-	KVUsage      float64   // vllm:kv_cache_usage_perc, a fraction 0..1
-	NumGPUBlocks int       // vllm:cache_config_info{num_gpu_blocks}; 0 when unknown
-	At           time.Time // when it was scraped
+	Running      float64 // vllm:num_requests_running
+	Waiting      float64 // vllm:num_requests_waiting
+	KVUsage      float64 // vllm:kv_cache_usage_perc, a fraction 0..1
+	NumGPUBlocks int     // vllm:cache_config_info{num_gpu_blocks}; 0 when unknown
+	// StartTime is the worker process's process_start_time_seconds (0 when not exposed, e.g.
+	// vLLM with --api-server-count > 1); a change means the worker restarted.
+	StartTime float64
+	// Timing holds the worker's cumulative timing histograms' sums and counts.
+	Timing WorkerTiming
+	At     time.Time // when it was scraped
 
 	mark metricsMark // the target's released/finished counters when the scrape was sent
+}
+
+// WorkerTiming is the _sum and _count of vLLM's timing histograms (vllm/v1/metrics/loggers.py,
+// PrometheusStatLogger): cumulative, so the difference of two readings is a window.
+type WorkerTiming struct {
+	TTFTSum, TTFTCount       float64 // vllm:time_to_first_token_seconds (arrival to first token)
+	PrefillSum, PrefillCount float64 // vllm:request_prefill_time_seconds (first scheduled to first token; at finish)
+	IterTokensSum            float64 // vllm:iteration_tokens_total: tokens per engine step
+	Iterations               float64
+}
+
+// scaled is t with every figure times f (a worker total split over its ranks).
+func (t WorkerTiming) scaled(f float64) WorkerTiming {
+	return WorkerTiming{t.TTFTSum * f, t.TTFTCount * f, t.PrefillSum * f, t.PrefillCount * f, t.IterTokensSum * f, t.Iterations * f}
 }
 
 // metricsMark is a target's released-blocks and finished-requests counters at one moment.

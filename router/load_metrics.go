@@ -33,7 +33,11 @@ const maxMetricsLine = 1 << 20
 func wantedMetric(name string) bool {
 	switch name {
 	case "vllm:num_requests_running", "vllm:num_requests_waiting",
-		"vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "vllm:cache_config_info":
+		"vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "vllm:cache_config_info",
+		"process_start_time_seconds",
+		"vllm:time_to_first_token_seconds_sum", "vllm:time_to_first_token_seconds_count",
+		"vllm:request_prefill_time_seconds_sum", "vllm:request_prefill_time_seconds_count",
+		"vllm:iteration_tokens_total_sum", "vllm:iteration_tokens_total_count":
 		return true
 	}
 	return false
@@ -42,7 +46,9 @@ func wantedMetric(name string) bool {
 // ParseWorkerMetrics reads a vLLM /metrics body in the Prometheus text format and returns the
 // load figures per DP rank, keyed by the `engine` label (noEngine, -1, when absent). Counts of
 // the same rank under different label sets (e.g. several model names) are summed; KV usage takes
-// the maximum. Both vllm:kv_cache_usage_perc and the older vllm:gpu_cache_usage_perc are read.
+// the maximum. Both vllm:kv_cache_usage_perc and the older vllm:gpu_cache_usage_perc are read,
+// and process_start_time_seconds (prometheus_client's process collector) to notice restarts,
+// and the _sum/_count of the TTFT, prefill-time and iteration-tokens histograms (Timing).
 //
 // Only the sample lines of those families are handed to the Prometheus text parser
 // (github.com/prometheus/common/expfmt), without their HELP and TYPE comments, so the many
@@ -110,6 +116,20 @@ func addMetricFamilies(out map[int]WorkerMetrics, families map[string]*dto.Metri
 				if n, err := strconv.Atoi(blocks); err == nil {
 					m.NumGPUBlocks = n
 				}
+			case "process_start_time_seconds":
+				m.StartTime = max(m.StartTime, value)
+			case "vllm:time_to_first_token_seconds_sum":
+				m.Timing.TTFTSum += value
+			case "vllm:time_to_first_token_seconds_count":
+				m.Timing.TTFTCount += value
+			case "vllm:request_prefill_time_seconds_sum":
+				m.Timing.PrefillSum += value
+			case "vllm:request_prefill_time_seconds_count":
+				m.Timing.PrefillCount += value
+			case "vllm:iteration_tokens_total_sum":
+				m.Timing.IterTokensSum += value
+			case "vllm:iteration_tokens_total_count":
+				m.Timing.Iterations += value
 			}
 			out[rank] = m
 		}
@@ -139,7 +159,10 @@ func (lt *LoadTracker) feedMetrics(worker string, ranks []int, body io.Reader, s
 		if !ok {
 			n := float64(len(ranks))
 			m = WorkerMetrics{Running: shared.Running / n, Waiting: shared.Waiting / n,
-				KVUsage: shared.KVUsage, NumGPUBlocks: shared.NumGPUBlocks}
+				KVUsage: shared.KVUsage, NumGPUBlocks: shared.NumGPUBlocks, Timing: shared.Timing.scaled(1 / n)}
+		}
+		if m.StartTime == 0 {
+			m.StartTime = shared.StartTime // a process metric: no engine label
 		}
 		m.At, m.mark = sent, marks[r]
 		lt.UpdateMetrics(kvkey.Target{Worker: worker, DPRank: r}, m)

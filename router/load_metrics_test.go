@@ -141,6 +141,9 @@ func FuzzParseWorkerMetrics(f *testing.F) {
 // CacheConfig fields as labels, plus the process, python and HTTP families that sit beside them.
 const vllmSampleFile = "testdata/vllm_metrics_dp2.txt"
 
+// sampleTiming is each engine's timing histograms' _sum/_count in the vLLM sample.
+var sampleTiming = WorkerTiming{TTFTSum: 12.5, TTFTCount: 66, PrefillSum: 12.5, PrefillCount: 66, IterTokensSum: 12.5, Iterations: 42}
+
 func TestParseWorkerMetricsVLLMSample(t *testing.T) {
 	body, err := os.ReadFile(vllmSampleFile)
 	if err != nil {
@@ -151,8 +154,9 @@ func TestParseWorkerMetricsVLLMSample(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := map[int]WorkerMetrics{
-		0: {Running: 3, Waiting: 2, KVUsage: 0.2512, NumGPUBlocks: 27434},
-		1: {Running: 1, Waiting: 0, KVUsage: 0.0625, NumGPUBlocks: 27434},
+		0:        {Running: 3, Waiting: 2, KVUsage: 0.2512, NumGPUBlocks: 27434, Timing: sampleTiming},
+		1:        {Running: 1, Waiting: 0, KVUsage: 0.0625, NumGPUBlocks: 27434, Timing: sampleTiming},
+		noEngine: {StartTime: 1.76132e+09}, // the process collector's gauge has no engine label
 	}
 	if len(got) != len(want) {
 		t.Fatalf("got %+v, want %+v", got, want)

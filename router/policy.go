@@ -23,7 +23,11 @@ type Request struct {
 	// EndsSession is set when the request ends its session (X-Dynamo-Session-Final,
 	// nvext.session_control.action "close"): its state is released once the request is over.
 	EndsSession bool
-	Header      http.Header
+	// Stream is set when the client asked for a streamed response. Only then does the
+	// Lifecycle's FirstToken mark the first token; a non-stream body's first byte comes after
+	// the whole generation, so the kv policy learns TTFT from streamed requests only.
+	Stream bool
+	Header http.Header
 }
 
 // Candidate is a healthy routing target the policy may choose, with the load the gateway sees.

@@ -10,7 +10,7 @@ import (
 type Options struct {
 	// Seed seeds the random policy; 0 draws a seed.
 	Seed uint64
-	// KV configures the KV-aware policies (kv, kv_no_load); zero means DefaultKVConfig().
+	// KV configures the KV-aware policies (kv, kv_blocks, kv_no_load); zero means DefaultKVConfig().
 	KV KVConfig
 	// KVDeps are the KV-aware policies' collaborators (index matcher, event health, approximate
 	// index, load tracker, session hints); any may be nil (see KVDeps).
@@ -28,6 +28,7 @@ func factories() map[string]Factory {
 		"least_loaded": func(Options) (Policy, error) { return &LeastLoaded{}, nil },
 		PolicyKV:       func(o Options) (Policy, error) { return kvPolicy(NewKV(o.KV, o.KVDeps)) },
 		PolicyKVNoLoad: func(o Options) (Policy, error) { return kvPolicy(NewKVNoLoad(o.KV, o.KVDeps)) },
+		PolicyKVBlocks: func(o Options) (Policy, error) { return kvPolicy(NewKVBlocks(o.KV, o.KVDeps)) },
 	}
 }
 
@@ -69,6 +70,8 @@ func Build(name string, o Options, eo DispatcherOptions) (*Dispatcher, error) {
 		eo.KV, err = NewKV(o.KV, o.KVDeps)
 	case PolicyKVNoLoad:
 		eo.KV, err = NewKVNoLoad(o.KV, o.KVDeps)
+	case PolicyKVBlocks:
+		eo.KV, err = NewKVBlocks(o.KV, o.KVDeps)
 	default:
 		eo.Policy, err = New(name, o)
 	}

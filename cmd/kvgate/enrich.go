@@ -25,6 +25,7 @@ type enricher struct {
 // same way). Anything else (a tokenizer fault, a cancelled context) is returned as is, and the
 // server routes the request without block hashes.
 func (e *enricher) Enrich(ctx context.Context, in *apireq.Request, req *router.Request) error {
+	req.Stream = in.Stream
 	// vLLM needs room for one output token: a prompt of MaxModelLen tokens is refused.
 	limit := max(in.MaxModelLen-1, 0)
 	// The body was parsed once, by the request model: tokenize reads its views.

@@ -12,10 +12,11 @@ import (
 	"github.com/kvgate/kvgate/confval"
 )
 
-// KV holds every knob of the KV-aware policies (kv, kv_no_load), the gateway's load
-// accounting, the metrics scraper and the approximate (no-events) mode. Costs are measured in
-// KV blocks: one block of prompt the target would have to prefill weighs the same as one block
-// of load it already carries, scaled by the weights below. Default documents the defaults;
+// KV holds every knob of the KV-aware policies (kv, kv_blocks, kv_no_load), the gateway's load
+// accounting, the metrics scraper and the approximate (no-events) mode. kv's cost is a
+// predicted TTFT in ms (Latency); kv_blocks' cost is in KV blocks: one block of prompt the
+// target would have to prefill weighs the same as one block of load it already carries,
+// scaled by the weights below. Default documents the defaults;
 // zero is a meaningful value of every field (Validate says which ones it rejects), never
 // "use the default": start from Default.
 type KV struct {
@@ -66,6 +67,49 @@ type KV struct {
 	LoadExpiry confval.Duration `yaml:"load_expiry"`
 	// Approximate configures the cache prediction used for targets without a healthy event stream.
 	Approximate Approx `yaml:"approximate"`
+	// Latency configures the predicted-TTFT cost of the kv policy: the prior profile each
+	// worker's online fit starts from, the fit, and the terms that are not learned. The block
+	// weights above (prefill_weight, prefill_load_weight, decode_weight, request_weight) apply
+	// to kv_blocks only; waiting_weight also sizes, for kv, the unseen waiting requests.
+	Latency Latency `yaml:"latency"`
+}
+
+// Latency configures the kv policy's TTFT model (router/latency). The five *_ms* knobs are the
+// prior profile: the coefficients a worker is scored with until its own fit is ready, and the
+// fit's warm start. Defaults are a Llama-3.1-8B bf16 worker on one H100/H200.
+type Latency struct {
+	// FrontendMs is the per-request constant: HTTP, tokenization, scheduling (default 10).
+	FrontendMs float64 `yaml:"frontend_ms"`
+	// PrefillMsPerToken is the prefill time per uncached prompt token (default 0.0172, ~58k tok/s).
+	PrefillMsPerToken float64 `yaml:"prefill_ms_per_token"`
+	// AttentionMsPerPair is the time per attention pair: each new token × each token before it,
+	// cached or new (default 1.04e-6).
+	AttentionMsPerPair float64 `yaml:"attention_ms_per_pair"`
+	// StepMs is the fixed time of one engine step (default 2).
+	StepMs float64 `yaml:"step_ms"`
+	// StepMsPerKVToken is a step's time per KV token of the running decodes (default 2.9e-5).
+	StepMsPerKVToken float64 `yaml:"step_ms_per_kv_token"`
+	// MaxNumBatchedTokens is the workers' --max-num-batched-tokens, the token budget of one step
+	// (default 8192, vLLM's serve default on H100-class GPUs).
+	MaxNumBatchedTokens int `yaml:"max_num_batched_tokens"`
+	// KVPressureStart is the KV cache usage above which a target risks preemption (default 0.9);
+	// KVPressureWeight is the fraction of its queued and own prefill time added at full usage
+	// (default 1; 0 turns the term off).
+	KVPressureStart  float64 `yaml:"kv_pressure_start"`
+	KVPressureWeight float64 `yaml:"kv_pressure_weight"`
+	// FleetWeight prices the delay a request's prefill imposes on the target's running decodes:
+	// its own prefill time, times the running decodes, times this (default 0.05; 0 turns it
+	// off). Higher keeps prefill away from busy decoders and sessions on their cache (a hit
+	// shrinks the prefill).
+	FleetWeight float64 `yaml:"fleet_weight"`
+	// Learn turns the online fit on (default true); false scores every worker with the prior.
+	Learn bool `yaml:"learn"`
+	// Forgetting is the fit's forgetting factor λ in (0, 1] (default 0.997: a memory of ~330
+	// requests). Lower tracks changes faster and is noisier.
+	Forgetting float64 `yaml:"forgetting"`
+	// ReadySamples is how many observed requests a worker's fit needs before it replaces the
+	// prior (default 20).
+	ReadySamples int `yaml:"ready_samples"`
 }
 
 // Approx configures approximate mode: the gateway assumes that the blocks it routed to a
@@ -100,6 +144,12 @@ func Default() KV {
 			TTL:         confval.Duration(120 * time.Second),
 			BlockBudget: 16384,
 		},
+		Latency: Latency{
+			FrontendMs: 10, PrefillMsPerToken: 0.0172, AttentionMsPerPair: 1.04e-6,
+			StepMs: 2, StepMsPerKVToken: 2.9e-5, MaxNumBatchedTokens: 8192,
+			KVPressureStart: 0.9, KVPressureWeight: 1, FleetWeight: 0.05,
+			Learn: true, Forgetting: 0.997, ReadySamples: 20,
+		},
 	}
 }
 
@@ -117,6 +167,13 @@ func (c KV) Validate() error {
 		{"request_weight", c.RequestWeight},
 		{"waiting_weight", c.WaitingWeight},
 		{"temperature", c.Temperature},
+		{"latency.frontend_ms", c.Latency.FrontendMs},
+		{"latency.prefill_ms_per_token", c.Latency.PrefillMsPerToken},
+		{"latency.attention_ms_per_pair", c.Latency.AttentionMsPerPair},
+		{"latency.step_ms", c.Latency.StepMs},
+		{"latency.step_ms_per_kv_token", c.Latency.StepMsPerKVToken},
+		{"latency.kv_pressure_weight", c.Latency.KVPressureWeight},
+		{"latency.fleet_weight", c.Latency.FleetWeight},
 	}
 	for _, w := range weights {
 		if !(w.v >= 0) || math.IsInf(w.v, 0) {
@@ -130,6 +187,7 @@ func (c KV) Validate() error {
 		{"g2_credit", c.G2Credit},
 		{"g3_credit", c.G3Credit},
 		{"busy_kv_usage", c.BusyKVUsage},
+		{"latency.kv_pressure_start", c.Latency.KVPressureStart},
 	}
 	for _, f := range fractions {
 		if !(f.v >= 0 && f.v <= 1) {
@@ -158,6 +216,15 @@ func (c KV) Validate() error {
 	}
 	if c.MetricsMaxAge > 0 && c.MetricsInterval > 0 && c.MetricsMaxAge < c.MetricsInterval {
 		p.Addf("metrics_max_age", "(%s) must be at least router.metrics_interval (%s), or every reading is stale before the next scrape", c.MetricsMaxAge, c.MetricsInterval)
+	}
+	if c.Latency.MaxNumBatchedTokens < 1 {
+		p.Addf("latency.max_num_batched_tokens", "must be at least 1 token, got %d", c.Latency.MaxNumBatchedTokens)
+	}
+	if !(c.Latency.Forgetting > 0 && c.Latency.Forgetting <= 1) {
+		p.Addf("latency.forgetting", "must be in (0, 1], got %v", c.Latency.Forgetting)
+	}
+	if c.Latency.ReadySamples < 1 {
+		p.Addf("latency.ready_samples", "must be at least 1, got %d", c.Latency.ReadySamples)
 	}
 	if c.Approximate.BlockBudget < 1 {
 		p.Addf("approximate.block_budget", "must be at least 1 block, got %d", c.Approximate.BlockBudget)

@@ -1,0 +1,365 @@
+package router
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvgate/kvgate/kvkey"
+	"github.com/kvgate/kvgate/router/latency"
+)
+
+// TestKVKeepsSessionOnWorkerRunningLongDecodes: a worker whose cache holds a session's 32k-token
+// context, while it decodes three other agents' 80k-token contexts, must keep the session. A
+// running decode costs a new request a few ms per step; recomputing 32k tokens elsewhere costs
+// about a second. The block cost counted each 80k-token decode like 80k tokens of prefill and
+// sent the session to an idle worker with no cache.
+func TestKVKeepsSessionOnWorkerRunningLongDecodes(t *testing.T) {
+	session := chain(1, 2010) // a 32k-token context plus a new turn
+	p, err := NewKV(DefaultKVConfig(), KVDeps{Matcher: fixedMatcher{tgt(0): {G1: 2000}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := NewDispatcher(DispatcherOptions{KV: p})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 3; i++ {
+		other := request(chain(uint64(100+i), 5000)) // an 80k-token agent context
+		_, lc, err := e.Route(context.Background(), other, kvCands(1))
+		if err != nil {
+			t.Fatal(err)
+		}
+		lc.Sent()
+		lc.FirstToken() // now decoding on target 0
+		defer lc.Done()
+	}
+	d, err := e.Pick(context.Background(), request(session), kvCands(2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Chosen.Target != tgt(0) {
+		t.Fatalf("the session left its cache for an idle worker: %s", js(d))
+	}
+}
+
+// TestKVTimeCost: the kv policy's choice follows the predicted TTFT terms (table).
+func TestKVTimeCost(t *testing.T) {
+	type setup func(t *testing.T, e *Dispatcher, p *KVPolicy)
+	queue := func(target, blocks int) setup { // a prompt routed to target, before its first token
+		return func(t *testing.T, e *Dispatcher, _ *KVPolicy) {
+			cs := []Candidate{{Target: tgt(target)}}
+			if _, _, err := e.Route(context.Background(), request(chain(uint64(900+target), blocks)), cs); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	metrics := func(target int, m WorkerMetrics) setup {
+		return func(_ *testing.T, _ *Dispatcher, p *KVPolicy) { p.load.UpdateMetrics(tgt(target), m) }
+	}
+	for _, tc := range []struct {
+		name    string
+		matches fixedMatcher
+		hints   fixedHints
+		setup   []setup
+		want    int
+	}{
+		{"idle: more cache wins", fixedMatcher{tgt(0): {G1: 10}, tgt(1): {G1: 100}}, nil, nil, 1},
+		{"host-memory tier counts as partial cache", fixedMatcher{tgt(0): {G1: 10}, tgt(1): {G1: 10, G2: 100}}, nil, nil, 1},
+		{"a long prefill queue outweighs a small hit", fixedMatcher{tgt(0): {G1: 16}}, nil, []setup{queue(0, 2000)}, 1},
+		{"a short queue does not outweigh a big hit", fixedMatcher{tgt(0): {G1: 120}}, nil, []setup{queue(0, 20)}, 0},
+		{"unseen waiting requests count as queued prefill", fixedMatcher{tgt(0): {G1: 16}}, nil,
+			[]setup{metrics(0, WorkerMetrics{Waiting: 10, Running: 1})}, 1},
+		{"busy threshold avoids a saturated worker despite its cache", fixedMatcher{tgt(0): {G1: 128}}, nil,
+			[]setup{metrics(0, WorkerMetrics{KVUsage: 0.97})}, 1},
+		{"a parent hint decides between equal targets", nil, fixedHints{{Target: tgt(1), Rule: "parent", Blocks: 4}}, nil, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			deps := KVDeps{Matcher: tc.matches}
+			if tc.matches == nil {
+				deps.Matcher = fixedMatcher{}
+			}
+			if tc.hints != nil {
+				deps.Hints = tc.hints
+			}
+			p := newTestKV(t, PolicyKV, DefaultKVConfig(), deps, nil)
+			e, err := NewDispatcher(DispatcherOptions{KV: p})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, s := range tc.setup {
+				s(t, e, p)
+			}
+			req := request(chain(1, 128))
+			req.SessionID = "s"
+			d, err := p.Pick(context.Background(), req, kvCands(2))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d.Chosen.Target != tgt(tc.want) {
+				t.Fatalf("chose %s, want %s: %s", d.Chosen.Target, tgt(tc.want), js(d))
+			}
+		})
+	}
+}
+
+// TestKVFleetTerm: prefill on a worker with running decodes costs fleet_weight × the prefill ×
+// the decodes more; a worker without decodes pays nothing extra.
+func TestKVFleetTerm(t *testing.T) {
+	run := func(fleet float64) Decision {
+		cfg := DefaultKVConfig()
+		cfg.Latency.FleetWeight = fleet
+		p := newTestKV(t, PolicyKV, cfg, KVDeps{Matcher: fixedMatcher{tgt(2): {G1: 128}}}, nil)
+		p.load.UpdateMetrics(tgt(1), WorkerMetrics{Running: 50})
+		d, err := p.Pick(context.Background(), request(chain(1, 128)), kvCands(3))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	off, on := run(0), run(0.05)
+	p := newTestKV(t, PolicyKV, DefaultKVConfig(), KVDeps{}, nil)
+	th := p.timed.prior
+	wantDelta := 0.05 * (th[1]*2048 + th[2]*2048*1024) * 50 // the whole 2048-token prefill, 50 decodes
+	if got := on.Candidates[1].Cost - off.Candidates[1].Cost; got < wantDelta*0.999 || got > wantDelta*1.001 {
+		t.Fatalf("fleet term on the busy miss %v, want %v", got, wantDelta)
+	}
+	if on.Candidates[0].Cost != off.Candidates[0].Cost || on.Candidates[2].Cost != off.Candidates[2].Cost {
+		t.Fatalf("fleet term where there are no decodes: %s vs %s", js(on), js(off))
+	}
+}
+
+// streamed marks r as a streamed request (its first byte is its first token).
+func streamed(r *Request) *Request {
+	r.Stream = true
+	return r
+}
+
+// timedEngine is a kv engine with a fake clock whose metrics go to reg.
+func timedEngine(t *testing.T, cfg KVConfig, reg *prometheus.Registry) (*Dispatcher, *KVPolicy, *fakeClock) {
+	t.Helper()
+	clk := &fakeClock{t: time.Unix(1000, 0)}
+	p := newTestKV(t, PolicyKV, cfg, KVDeps{Matcher: fixedMatcher{}}, clk)
+	eo := DispatcherOptions{KV: p}
+	if reg != nil {
+		eo.Registerer = reg
+	}
+	e, err := NewDispatcher(eo)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e, p, clk
+}
+
+// TestKVLearnsFromLifecycle: TTFTs measured between Route and FirstToken, with the worker's
+// cached_tokens from UsageSeen, fit the target's model: a worker three times slower than the
+// prior profile is learned, and its queue accounting drains to zero.
+func TestKVLearnsFromLifecycle(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	e, p, clk := timedEngine(t, DefaultKVConfig(), reg)
+	var slow latency.Theta
+	for i, v := range p.timed.prior {
+		slow[i] = 3 * v
+	}
+	r := rand.New(rand.NewPCG(4, 2))
+	for i := 0; i < 200; i++ {
+		blocks := 8 + r.IntN(1000)
+		cached := r.IntN(blocks) * 16
+		_, lc, err := e.Route(context.Background(), streamed(request(chain(uint64(i+10), blocks))), kvCands(1))
+		if err != nil {
+			t.Fatal(err)
+		}
+		lc.Sent()
+		ms := latency.PredictTTFT(slow, p.timed.params, latency.State{}, latency.Req{Uncached: float64(blocks*16 - cached), Cached: float64(cached)}).TotalMs
+		clk.advance(time.Duration(ms * float64(time.Millisecond)))
+		lc.FirstToken()
+		lc.UsageSeen(Usage{PromptTokens: blocks * 16, CachedTokens: cached, HasCached: true})
+		lc.Done()
+	}
+	v := e.DebugTargets([]kvkey.Target{tgt(0)})[0].Latency
+	if v == nil || !v.Ready || v.Samples != 200 {
+		t.Fatalf("latency view %+v, want ready with 200 samples", v)
+	}
+	if got, want := v.Theta["prefill_ms_per_token"], slow[latency.FTokens]; got < 0.8*want || got > 1.2*want {
+		t.Fatalf("fitted prefill_ms_per_token %v, want ~%v (3x the prior)", got, want)
+	}
+	if v.ResidualMAD > 0.05 {
+		t.Fatalf("residual MAD %v on noiseless data", v.ResidualMAD)
+	}
+	if v.AheadTokens != 0 || v.DecodeRequests != 0 || v.DecodeKVTokens != 0 {
+		t.Fatalf("accounting left after every request ended: %+v", v)
+	}
+	counts := map[string]uint64{}
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			counts[mf.GetName()] += m.GetHistogram().GetSampleCount()
+		}
+	}
+	for _, name := range []string{"kvgate_router_predicted_ttft_seconds", "kvgate_router_observed_ttft_seconds", "kvgate_router_ttft_prediction_error_ratio"} {
+		if counts[name] != 200 {
+			t.Fatalf("%s has %d samples, want 200", name, counts[name])
+		}
+	}
+	e.Forget(tgt(0))
+	if v := e.DebugTargets([]kvkey.Target{tgt(0)})[0].Latency; v.Ready || v.Samples != 0 || v.Theta["prefill_ms_per_token"] != p.timed.prior[latency.FTokens] {
+		t.Fatalf("after Forget the fit must be the prior again: %+v", v)
+	}
+}
+
+// TestKVTimeAccountingSteps: the queue and decode accounting per Lifecycle path, and which
+// paths feed the fit.
+func TestKVTimeAccountingSteps(t *testing.T) {
+	firstAndUsage := func(lc Lifecycle, clk *fakeClock) {
+		clk.advance(50 * time.Millisecond)
+		lc.FirstToken()
+		lc.UsageSeen(Usage{PromptTokens: 1024, CachedTokens: 512, HasCached: true})
+	}
+	for _, tc := range []struct {
+		name                string
+		stream              bool
+		steps               func(lc Lifecycle, clk *fakeClock)
+		ahead, decodes, fed float64
+		fedAfter            float64
+	}{
+		{"routed, no first token", true, func(Lifecycle, *fakeClock) {}, 1024, 0, 0, 0},
+		{"first token; Done feeds", true, func(lc Lifecycle, clk *fakeClock) { clk.advance(50 * time.Millisecond); lc.FirstToken() }, 0, 1, 0, 1},
+		{"usage feeds", true, firstAndUsage, 0, 1, 1, 1},
+		{"non-stream body: its first byte is not a first token", false, firstAndUsage, 0, 1, 0, 0},
+		{"failed before first token", true, func(lc Lifecycle, _ *fakeClock) { lc.Failed(nil) }, 0, 0, 0, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e, p, clk := timedEngine(t, DefaultKVConfig(), nil)
+			req := request(chain(1, 64))
+			req.Stream = tc.stream
+			_, lc, err := e.Route(context.Background(), req, kvCands(1))
+			if err != nil {
+				t.Fatal(err)
+			}
+			lc.Sent()
+			tc.steps(lc, clk)
+			st, _ := p.timed.state(tgt(0))
+			fed := float64(p.latencyView(tgt(0)).Samples)
+			if st.AheadTokens != tc.ahead || st.DecodeRequests != tc.decodes || fed != tc.fed {
+				t.Fatalf("ahead %v decodes %v fed %v, want %v %v %v", st.AheadTokens, st.DecodeRequests, fed, tc.ahead, tc.decodes, tc.fed)
+			}
+			lc.Done()
+			lc.Done()
+			st, _ = p.timed.state(tgt(0))
+			if st != (latency.State{}) {
+				t.Fatalf("after Done: %+v, want all zero", st)
+			}
+			if got := float64(p.latencyView(tgt(0)).Samples); got != tc.fedAfter {
+				t.Fatalf("samples after Done %v, want %v (Done feeds a measured TTFT once)", got, tc.fedAfter)
+			}
+		})
+	}
+}
+
+// TestKVRestartResetsFit: a new process_start_time_seconds in a worker's /metrics returns its
+// fit to the prior; the first reading, or the same one again, does not.
+func TestKVRestartResetsFit(t *testing.T) {
+	e, p, clk := timedEngine(t, DefaultKVConfig(), nil)
+	feed := func(n int) {
+		for i := 0; i < n; i++ {
+			_, lc, _ := e.Route(context.Background(), streamed(request(chain(uint64(i+5), 10+i*37))), kvCands(1))
+			clk.advance(time.Duration(30+i) * time.Millisecond)
+			lc.FirstToken()
+			lc.Done()
+		}
+	}
+	body := func(start string) {
+		page := "# TYPE process_start_time_seconds gauge\nprocess_start_time_seconds " + start + "\nvllm:num_requests_running{engine=\"0\",model_name=\"m\"} 0\n"
+		if err := p.load.FeedMetrics(tgt(0).Worker, []int{0}, strings.NewReader(page)); err != nil {
+			t.Fatal(err)
+		}
+		p.checkRestarts()
+	}
+	feed(30)
+	for _, tc := range []struct {
+		start string
+		want  int
+	}{{"1700000000", 30}, {"1700000000", 30}, {"1700000999", 0}} {
+		body(tc.start)
+		if got := p.latencyView(tgt(0)).Samples; got != tc.want {
+			t.Fatalf("after start time %s: %d samples, want %d", tc.start, got, tc.want)
+		}
+	}
+}
+
+// TestKVWorkerTimingWindows: the worker's own TTFT, prefill-time and iteration-token
+// histograms become window means in the latency view; a reset of the counters starts over.
+func TestKVWorkerTimingWindows(t *testing.T) {
+	_, p, _ := timedEngine(t, DefaultKVConfig(), nil)
+	p.timed.getOrCreate(tgt(0))
+	page := func(ttftSum, ttftN, prefSum, prefN, tokSum, steps float64) string {
+		return fmt.Sprintf("vllm:time_to_first_token_seconds_sum{engine=\"0\"} %g\nvllm:time_to_first_token_seconds_count{engine=\"0\"} %g\n"+
+			"vllm:request_prefill_time_seconds_sum{engine=\"0\"} %g\nvllm:request_prefill_time_seconds_count{engine=\"0\"} %g\n"+
+			"vllm:iteration_tokens_total_sum{engine=\"0\"} %g\nvllm:iteration_tokens_total_count{engine=\"0\"} %g\n",
+			ttftSum, ttftN, prefSum, prefN, tokSum, steps)
+	}
+	deref := func(f *float64) float64 {
+		if f == nil {
+			return -1
+		}
+		return *f
+	}
+	for _, tc := range []struct {
+		name                 string
+		body                 string
+		ttft, prefill, steps float64 // -1: absent
+	}{
+		{"first reading: no window yet", page(1, 10, 0.5, 10, 1000, 10), -1, -1, -1},
+		{"one window", page(3, 20, 1.5, 20, 3000, 20), 200, 100, 200},
+		{"smoothed", page(4, 30, 2.5, 30, 4000, 30), 200 + 0.3*(100-200), 100, 200 + 0.3*(100-200)},
+		{"counters reset (restart): starts over, keeps the means", page(0.1, 1, 0.1, 1, 10, 1), 170, 100, 170},
+	} {
+		if err := p.load.FeedMetrics(tgt(0).Worker, []int{0}, strings.NewReader(tc.body)); err != nil {
+			t.Fatal(err)
+		}
+		p.checkRestarts()
+		v := p.latencyView(tgt(0))
+		got := []float64{deref(v.WorkerTTFTMs), deref(v.WorkerPrefillMs), deref(v.WorkerTokensPerStep)}
+		want := []float64{tc.ttft, tc.prefill, tc.steps}
+		for i := range got {
+			if math.Abs(got[i]-want[i]) > 1e-6 {
+				t.Fatalf("%s: worker means %v, want %v", tc.name, got, want)
+			}
+		}
+	}
+}
+
+// TestKVTimeExpire: an attempt never ended stops counting as queued once it is older than
+// load_expiry; a younger one stays.
+func TestKVTimeExpire(t *testing.T) {
+	e, p, clk := timedEngine(t, DefaultKVConfig(), nil)
+	if _, _, err := e.Route(context.Background(), streamed(request(chain(1, 64))), kvCands(1)); err != nil {
+		t.Fatal(err)
+	}
+	clk.advance(p.cfg.LoadExpiry.D() / 2)
+	_, lc, err := e.Route(context.Background(), streamed(request(chain(2, 32))), kvCands(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lc.FirstToken()
+	clk.advance(p.cfg.LoadExpiry.D()/2 + time.Second)
+	if n := p.timed.expire(clk.now().Add(-p.cfg.LoadExpiry.D())); n != 1 {
+		t.Fatalf("expired %d attempts, want 1", n)
+	}
+	if st, _ := p.timed.state(tgt(0)); st.AheadTokens != 0 || st.DecodeRequests != 1 || st.DecodeKVTokens != 512 {
+		t.Fatalf("after expiry: %+v, want only the younger attempt's decode", st)
+	}
+	lc.Done()
+	if st, _ := p.timed.state(tgt(0)); st != (latency.State{}) {
+		t.Fatalf("after Done: %+v", st)
+	}
+}
