@@ -113,8 +113,8 @@ type Latency struct {
 	// Forgetting is the fit's forgetting factor λ in (0, 1] (default 0.997: a memory of ~330
 	// requests). Lower tracks changes faster and is noisier.
 	Forgetting float64 `yaml:"forgetting"`
-	// ReadySamples is how many observed requests a worker's fit needs before it replaces the
-	// prior (default 20).
+	// ReadySamples is how many observed requests a worker's fit needs before it may replace the
+	// prior (default 20); it does so only while it predicts the recent requests better.
 	ReadySamples int `yaml:"ready_samples"`
 }
 
