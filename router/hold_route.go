@@ -170,11 +170,11 @@ func (e *Dispatcher) follow(ctx context.Context, req *Request, cands []Candidate
 	case done && !computed:
 		return finish(d, holdLeaderFailed, 0, "")
 	case row.Busy:
-		return finish(d, holdBusy, e.dupUnlessOn(d, target, shared, done), holdBusy)
+		return finish(d, holdBusy, dupUnlessOn(d, target, shared), holdBusy)
 	case done:
 		return finish(e.release(d, target, shared, start), holdReleased, 0, "")
 	case !cfg.Enabled:
-		return finish(d, holdDisabled, shared, "no_hold")
+		return finish(d, holdDisabled, dupUnlessOn(d, target, shared), "no_hold")
 	}
 	wait := time.NewTimer(holdDeadline(begun, predMs, cfg.Margin.D(), e.kv.now()))
 	defer wait.Stop()
@@ -203,24 +203,25 @@ func (e *Dispatcher) follow(ctx context.Context, req *Request, cands []Candidate
 			if d.Regret != nil {
 				d.Regret.Reason = "hold_expired"
 			}
-			_, _, _, _, done, _ := e.holds.snapshot(pf)
-			return finish(d, holdExpired, e.dupUnlessOn(d, target, shared, done), "hold_expired")
+			return finish(d, holdExpired, dupUnlessOn(d, target, shared), "hold_expired")
 		}
 		d, err = e.Pick(ctx, req, cands)
 		if err != nil {
 			return Decision{}, nil, err
 		}
 		if row, ok := scoreOf(d, target); !ok || row.Busy {
-			return finish(d, holdBusy, e.dupUnlessOn(d, target, shared, true), holdBusy)
+			return finish(d, holdBusy, dupUnlessOn(d, target, shared), holdBusy)
 		}
 		return finish(e.release(d, target, shared, start), holdReleased, 0, "")
 	}
 }
 
-// dupUnlessOn is the shared blocks a request routed by d computes again: all of them unless d
-// chose the leader's target after the prefix was computed there.
-func (e *Dispatcher) dupUnlessOn(d Decision, target kvkey.Target, shared int, computed bool) int {
-	if d.Chosen.Target == target && computed {
+// dupUnlessOn is the shared blocks a request routed by d computes again elsewhere: all of them
+// when d chose another target than the leader's, none when it chose the leader's (there the
+// worker's own scheduler decides whether it waits for the blocks or computes them in the same
+// step; the gateway cannot tell).
+func dupUnlessOn(d Decision, target kvkey.Target, shared int) int {
+	if d.Chosen.Target == target {
 		return 0
 	}
 	return shared
