@@ -3,8 +3,10 @@ package router
 import (
 	"context"
 	"errors"
+	"math/rand/v2"
 	"runtime"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -12,6 +14,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/kvgate/kvgate/confval"
+	"github.com/kvgate/kvgate/indexers"
 	"github.com/kvgate/kvgate/kvkey"
 )
 
@@ -111,6 +114,7 @@ func holdFixture(t *testing.T, mod func(*KVConfig)) (*Dispatcher, *prometheus.Re
 		mod(&cfg)
 	}
 	p := newTestKV(t, PolicyKV, cfg, KVDeps{}, nil)
+	p.float = rand.Float64 // safe for the concurrent routes of these tests
 	reg := prometheus.NewPedanticRegistry()
 	e, err := NewDispatcher(DispatcherOptions{KV: p, Registerer: reg})
 	if err != nil {
@@ -318,6 +322,9 @@ func TestRegretReason(t *testing.T) {
 			if d.Regret == nil || d.Regret.Reason != tc.want || d.Regret.Blocks != tc.blocks || d.Regret.Best != tgt(0) {
 				t.Fatalf("regret %s, want %d blocks for %s", js(d.Regret), tc.blocks, tc.want)
 			}
+			if want := `"regret":{"blocks":40,`; !strings.Contains(js(d), want) {
+				t.Errorf("decision JSON (POST /debug/route) lacks %s: %s", want, js(d))
+			}
 		})
 	}
 }
@@ -329,4 +336,88 @@ func counterOf(t *testing.T, cv *prometheus.CounterVec, label string) float64 {
 		t.Fatal(err)
 	}
 	return m.GetCounter().GetValue()
+}
+
+// residentAfter reports every block resident on one target once its flag is set (the KV events
+// announcing a prefill that has not sent its first byte yet).
+type residentAfter struct {
+	t   kvkey.Target
+	set atomic.Bool
+}
+
+func (m *residentAfter) MatchTiers(hashes []kvkey.BlockHash, targets []kvkey.Target, out []indexers.TierMatch) {
+	for i, t := range targets {
+		out[i] = indexers.TierMatch{}
+		if t == m.t && m.set.Load() {
+			out[i].G1 = len(hashes)
+		}
+	}
+}
+
+// TestHoldReleasedByEvents: the index holding the shared blocks on the leader's target
+// releases the follower before the leader's first byte (a non-streamed leader sends it only
+// after its whole generation).
+func TestHoldReleasedByEvents(t *testing.T) {
+	cfg := DefaultKVConfig()
+	cfg.Hold.Margin = confval.Duration(5 * time.Second)
+	m := &residentAfter{}
+	p := newTestKV(t, PolicyKV, cfg, KVDeps{Matcher: m}, nil)
+	p.float = rand.Float64
+	e, err := NewDispatcher(DispatcherOptions{KV: p, Registerer: prometheus.NewPedanticRegistry()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cands := kvCands(2)
+	base := chain(1, 100)
+	ld, lead, err := e.Route(context.Background(), request(base), cands)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lead.Done()
+	m.t = ld.Chosen.Target
+	ch := routeAsync(context.Background(), e, request(sharedPrompt(base, 90, 2, 8)), cands)
+	time.Sleep(30 * time.Millisecond)
+	m.set.Store(true)
+	select {
+	case r := <-ch:
+		if r.err != nil || r.d.Chosen.Target != ld.Chosen.Target || r.d.Hold == nil || r.d.Hold.Outcome != holdReleased {
+			t.Fatalf("follower: %v %s", r.err, js(r.d))
+		}
+		if r.d.Hold.WaitedMs < 25 {
+			t.Errorf("released after %.1f ms, before the events came", r.d.Hold.WaitedMs)
+		}
+		r.lc.Done()
+	case <-time.After(2 * time.Second):
+		t.Fatal("the index's residency did not release the hold")
+	}
+}
+
+// TestHoldManyFollowers: of many requests with one prefix routed at once, exactly one leads;
+// every other one is released onto its target after its first token.
+func TestHoldManyFollowers(t *testing.T) {
+	e, _ := holdFixture(t, func(c *KVConfig) { c.Hold.Margin = confval.Duration(5 * time.Second) })
+	cands := kvCands(4)
+	base := chain(1, 100)
+	ld, lead, err := e.Route(context.Background(), request(base), cands)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var chs []chan routed
+	for i := range 8 {
+		chs = append(chs, routeAsync(context.Background(), e, request(sharedPrompt(base, 64+i, uint64(10+i), 4)), cands))
+	}
+	time.Sleep(20 * time.Millisecond)
+	lead.FirstToken()
+	lead.Done()
+	for _, ch := range chs {
+		r := <-ch
+		if r.err != nil || r.d.Chosen.Target != ld.Chosen.Target || r.d.Hold == nil || r.d.Hold.Outcome != holdReleased {
+			t.Errorf("follower: %v %s", r.err, js(r.d))
+			continue
+		}
+		r.lc.Done()
+	}
+	if got := counterOf(t, e.metrics.holds, holdReleased); got != 8 {
+		t.Errorf("released %v, want 8", got)
+	}
 }
