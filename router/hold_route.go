@@ -26,6 +26,7 @@ const (
 	holdUnrouted     = "unrouted"
 	holdUnavailable  = "unavailable"
 	holdCancelled    = "cancelled"
+	holdCached       = "cached"
 )
 
 // routeMetrics are the hold, duplicate-prefill and regret counters of the KV-aware policies.
@@ -38,7 +39,7 @@ func newRouteMetrics(reg prometheus.Registerer) (*routeMetrics, error) {
 	m := &routeMetrics{
 		holds: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvgate_router_holds_total",
-			Help: "Requests that found their prompt's prefix being prefilled on a target, by what the hold did (released, expired, busy, disabled, leader_failed, unrouted, unavailable, cancelled).",
+			Help: "Requests that found their prompt's prefix being prefilled on a target, by what the hold did (released, cached, expired, busy, disabled, leader_failed, unrouted, unavailable, cancelled).",
 		}, []string{"outcome"}),
 		dup: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvgate_router_duplicate_prefill_tokens_total",
@@ -165,6 +166,10 @@ func (e *Dispatcher) follow(ctx context.Context, req *Request, cands []Candidate
 	}
 	row, ok := scoreOf(d, target)
 	switch {
+	case bestG1(d) >= shared:
+		// The shared prefix is already cached somewhere (an earlier request computed it): the
+		// cost weighs that cache; nothing to wait for.
+		return finish(d, holdCached, 0, "")
 	case !ok:
 		return finish(d, holdUnavailable, 0, "")
 	case done && !computed:

@@ -90,7 +90,7 @@ type HoldRecord struct {
 	Target       kvkey.Target `json:"target"`
 	SharedBlocks int          `json:"shared_blocks"`
 	// Outcome: released (held, then sent to Target once the prefix was computed there),
-	// expired (held past its bound, routed anew), busy (Target over a busy threshold: not
+	// cached (the shared prefix is already cached on a candidate: not held), expired (held past its bound, routed anew), busy (Target over a busy threshold: not
 	// held), disabled (router.hold.enabled false), leader_failed (the first request ended
 	// without computing the prefix: routed anew), unrouted (the first request was not routed
 	// in time), unavailable (Target is not a candidate).
