@@ -205,6 +205,8 @@ func TestValidationMessages(t *testing.T) {
 		{"max age below interval", append(base, "--router-metrics-interval", "10s"), nil, "router.metrics_max_age: (5s) must be at least router.metrics_interval (10s)"},
 		{"approx ttl", append(base, "--router-approximate-ttl", "-1s"), nil, "router.approximate.ttl: must be a positive duration, got -1s"},
 		{"approx budget", append(base, "--router-approximate-block-budget", "0"), nil, "router.approximate.block_budget: must be at least 1 block, got 0"},
+		{"hold min blocks", append(base, "--router-hold-min-blocks", "0"), nil, "router.hold.min_blocks: must be >= 1, got 0"},
+		{"hold margin", append(base, "--router-hold-margin", "-1s"), nil, "router.hold.margin: must be >= 0, got -1s"},
 		{"max sessions", append(base, "--sessions-max-sessions", "0"), nil, "sessions.max_sessions: must be at least 1, got 0"},
 		{"parent mode", append(base, "--sessions-parent-mode", "uncle"), nil, `sessions.parent_mode: "uncle" is not one of parent, lineage_root, sibling_group`},
 		{"affinity", append(base, "--sessions-affinity-blocks", "-2"), nil, "sessions.affinity_blocks: must be a finite number >= 0 (0 turns affinity off), got -2"},
@@ -321,6 +323,8 @@ router:
   g2_credit: 0.5
   approximate:
     ttl: 30s
+  hold:
+    min_blocks: 32
 sessions:
   parent_aware: false
   parent_mode: sibling_group
@@ -329,7 +333,8 @@ sessions:
 		t.Fatal(err)
 	}
 	env := map[string]string{"KVGATE_ROUTER_TEMPERATURE": "0.25", "KVGATE_SESSIONS_MAX_SESSIONS": "99"}
-	args := []string{"--config", path, "--tokenizer", tokenizerDir(t), "--sessions-parent-aware", "--router-approximate-block-budget", "512"}
+	args := []string{"--config", path, "--tokenizer", tokenizerDir(t), "--sessions-parent-aware", "--router-approximate-block-budget", "512",
+		"--router-hold-margin", "1s"}
 	c, err := Load(args, envOf(env), io.Discard)
 	if err != nil {
 		t.Fatal(err)
@@ -344,6 +349,9 @@ sessions:
 		{"temperature from env", c.Router.Temperature, 0.25},
 		{"ttl from file", c.Router.Approximate.TTL.D(), 30 * time.Second},
 		{"budget from flag", c.Router.Approximate.BlockBudget, 512},
+		{"hold min blocks from file", c.Router.Hold.MinBlocks, 32},
+		{"hold margin from flag", c.Router.Hold.Margin.D(), time.Second},
+		{"hold on by default", c.Router.Hold.Enabled, true},
 		{"bare bool flag", c.Sessions.ParentAware, true},
 		{"parent mode", c.Sessions.ParentMode, "sibling_group"},
 		{"max sessions env", c.Sessions.MaxSessions, 99},

@@ -49,7 +49,7 @@ func (p *KVPolicy) decide(req *Request, cands []Candidate, rows []kvRow) Decisio
 		d.Candidates[i] = CandidateScore{
 			Target: cands[i].Target, Mode: r.mode,
 			G1Blocks: r.match.G1, G2Blocks: r.match.G2, G3Blocks: r.match.G3,
-			Load: r.load, Cost: r.cost,
+			Load: r.load, Cost: r.cost, Busy: r.busy,
 		}
 		if r.busy {
 			busy++
@@ -92,6 +92,7 @@ func (p *KVPolicy) decide(req *Request, cands []Candidate, rows []kvRow) Decisio
 	if ties > 1 {
 		fmt.Fprintf(b, "; tie among %d broken at random", ties)
 	}
+	hintDecided := false
 	if r.hint > 0 {
 		// Did the hint decide? Compare with the best cost the eligible rows have without hints.
 		best := math.Inf(1)
@@ -103,6 +104,7 @@ func (p *KVPolicy) decide(req *Request, cands []Candidate, rows []kvRow) Decisio
 		verdict := "agreed"
 		if !tied(r.costNoHnt, best) && r.costNoHnt > best {
 			verdict = "decided"
+			hintDecided = true
 		}
 		fmt.Fprintf(b, "; session rule %s (+%.4g blocks) %s", r.hintRule, r.hint, verdict)
 	}
@@ -119,7 +121,33 @@ func (p *KVPolicy) decide(req *Request, cands []Candidate, rows []kvRow) Decisio
 		}
 	}
 	d.Chosen.Reason = b.String()
+	d.Regret = p.regretOf(rows, cands, chosen, allBusy, hintDecided)
 	return d
+}
+
+// regretOf returns the decision's regret (nil when the chosen row has the best G1 match) with
+// the reason the best row lost: busy, hint, temperature or load.
+func (p *KVPolicy) regretOf(rows []kvRow, cands []Candidate, chosen int, allBusy, hintDecided bool) *Regret {
+	best := chosen
+	for i := range rows {
+		if rows[i].match.G1 > rows[best].match.G1 {
+			best = i
+		}
+	}
+	if best == chosen {
+		return nil
+	}
+	reason := "load"
+	switch {
+	case rows[best].busy && !allBusy:
+		reason = "busy"
+	case hintDecided:
+		reason = "hint"
+	case p.cfg.Temperature > 0:
+		reason = "temperature"
+	}
+	return &Regret{Blocks: rows[best].match.G1 - rows[chosen].match.G1, Best: cands[best].Target,
+		BestG1: rows[best].match.G1, Reason: reason}
 }
 
 // pick returns the chosen row and how many eligible rows tied at the lowest cost (T = 0).

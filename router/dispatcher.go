@@ -27,6 +27,8 @@ type Dispatcher struct {
 	sessions *sessions.Tracker     // nil: no session tracking
 	events   *indexers.Subscribers // nil: no KV-event subscriptions
 	feedback *feedback
+	holds    *holdTable    // the prefills in flight (KV-aware policies; nil otherwise)
+	metrics  *routeMetrics // nil: not registered
 	scraper  *Scraper
 	sweep    time.Duration
 	log      *slog.Logger
@@ -104,6 +106,14 @@ func NewDispatcher(o DispatcherOptions) (*Dispatcher, error) {
 		}
 		e.kv.timed.metrics = tm
 	}
+	if e.kv != nil {
+		e.holds = newHoldTable(e.kv.cfg.Hold.MinBlocks)
+		if o.Registerer != nil {
+			if e.metrics, err = newRouteMetrics(o.Registerer); err != nil {
+				return nil, err
+			}
+		}
+	}
 	if o.Targets != nil {
 		e.scraper = &Scraper{Tracker: e.load, Client: o.MetricsClient, Interval: interval, Targets: o.Targets, Log: log}
 	}
@@ -137,16 +147,18 @@ func (e *Dispatcher) Start(req *Request) (end func()) {
 // Route picks a target (Pick) and begins the attempt's accounting (Begin); the returned
 // Lifecycle makes the session update when the request is sent, ends the prefill load at the
 // first token, feeds the reported usage back, and releases the load at Done or Failed.
+//
+// Under a KV-aware policy a request whose prompt shares at least router.hold.min_blocks blocks
+// with a prefill in flight may wait here, on ctx, until that prefix is computed (routeKV).
 func (e *Dispatcher) Route(ctx context.Context, req *Request, cands []Candidate) (Decision, Lifecycle, error) {
+	if e.holds != nil {
+		return e.routeKV(ctx, req, cands)
+	}
 	d, err := e.Pick(ctx, req, cands)
 	if err != nil {
 		return Decision{}, nil, err
 	}
-	a := &attempt{e: e, req: req, d: d, h: e.begin(d, req)}
-	if e.kv != nil {
-		a.obs = e.kv.beginTime(d, req)
-	}
-	return d, a, nil
+	return d, e.commit(d, req, 0, ""), nil
 }
 
 // Pick runs the policy and times it; it accounts nothing (POST /debug/route calls it as is).
@@ -203,6 +215,7 @@ func (e *Dispatcher) Run(ctx context.Context) {
 				if e.kv.timed != nil {
 					e.kv.timed.expire(e.kv.now().Add(-e.kv.cfg.LoadExpiry.D()))
 				}
+				e.holds.expire(e.kv.now().Add(-e.kv.cfg.LoadExpiry.D()))
 			}
 			if n := e.load.Expire(); n > 0 {
 				e.log.Warn("router: force-released stale request load", "count", n)

@@ -161,36 +161,67 @@ func BenchmarkKVDecision(b *testing.B) {
 		approx.Record(t, prompt[:512+i*24])
 	}
 	run := func(b *testing.B, deps KVDeps, begin bool) {
-		p, err := NewKV(DefaultKVConfig(), deps)
-		if err != nil {
+		runDecisions(b, deps, begin, false, targets, cs, prompt, local)
+	}
+	route := func(b *testing.B, deps KVDeps) { runDecisions(b, deps, true, true, targets, cs, prompt, local) }
+	b.Run("indexers/match+score+pick", func(b *testing.B) { run(b, KVDeps{Matcher: realIx}, false) })
+	b.Run("tierIndex/match+score+pick", func(b *testing.B) { run(b, KVDeps{Matcher: ix}, false) })
+	b.Run("approximate/match+score+pick", func(b *testing.B) { run(b, KVDeps{Approx: approx}, false) })
+	b.Run("policy-only", func(b *testing.B) { run(b, KVDeps{Matcher: fixedMatcher{}}, false) })
+	// With Begin and Done: the load accounting and NoteRouted that a routed request adds.
+	b.Run("indexers/match+score+pick+begin", func(b *testing.B) { run(b, KVDeps{Matcher: realIx}, true) })
+	// Through the Dispatcher: Route (with the hold table's claim) and the Lifecycle to Done.
+	b.Run("indexers/dispatcher-route+lifecycle", func(b *testing.B) { route(b, KVDeps{Matcher: realIx}) })
+}
+
+// runDecisions times b.N decisions of the kv policy over deps (see BenchmarkKVDecision): Pick,
+// Pick+Begin, or the Dispatcher's Route with the whole Lifecycle.
+func runDecisions(b *testing.B, deps KVDeps, begin, dispatch bool, targets []kvkey.Target, cs []Candidate, prompt []kvkey.BlockHash, local []uint64) {
+	p, err := NewKV(DefaultKVConfig(), deps)
+	if err != nil {
+		b.Fatal(err)
+	}
+	var e *Dispatcher
+	if dispatch {
+		if e, err = NewDispatcher(DispatcherOptions{KV: p}); err != nil {
 			b.Fatal(err)
 		}
-		now := time.Now()
-		for i, t := range targets {
-			for j := range 4 {
-				active := append(slices.Clone(prompt[:512]), chain(uint64(1000+i*4+j), 512)...)
-				h := p.Load().Begin(t, request(active), 512)
-				if j%2 == 0 {
-					h.FirstToken()
-				}
+	}
+	now := time.Now()
+	for i, t := range targets {
+		for j := range 4 {
+			active := append(slices.Clone(prompt[:512]), chain(uint64(1000+i*4+j), 512)...)
+			h := p.Load().Begin(t, request(active), 512)
+			if j%2 == 0 {
+				h.FirstToken()
 			}
-			p.Load().UpdateMetrics(t, WorkerMetrics{Running: 4, Waiting: float64(i % 3), KVUsage: 0.5, NumGPUBlocks: 8192, At: now})
 		}
-		req := request(prompt)
-		req.LocalHashes = local
-		ctx := context.Background()
-		// Wall time per decision, and the thread's CPU time per decision: on a shared machine the
-		// wall-clock tail is mostly time spent descheduled, which the CPU time leaves out.
-		wall := make([]time.Duration, 0, b.N)
-		cpu := make([]time.Duration, 0, b.N)
-		runtime.LockOSThread()
-		defer runtime.UnlockOSThread()
-		runtime.GC() // setup garbage must not be collected inside the timed loop
-		b.ReportAllocs()
-		b.ResetTimer()
-		for range b.N {
-			c0 := threadCPU()
-			start := time.Now()
+		p.Load().UpdateMetrics(t, WorkerMetrics{Running: 4, Waiting: float64(i % 3), KVUsage: 0.5, NumGPUBlocks: 8192, At: now})
+	}
+	req := request(prompt)
+	req.LocalHashes = local
+	ctx := context.Background()
+	// Wall time per decision, and the thread's CPU time per decision: on a shared machine the
+	// wall-clock tail is mostly time spent descheduled, which the CPU time leaves out.
+	wall := make([]time.Duration, 0, b.N)
+	cpu := make([]time.Duration, 0, b.N)
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	runtime.GC() // setup garbage must not be collected inside the timed loop
+	b.ReportAllocs()
+	b.ResetTimer()
+	for range b.N {
+		c0 := threadCPU()
+		start := time.Now()
+		if e != nil {
+			_, lc, err := e.Route(ctx, req, cs)
+			if err != nil {
+				b.Fatal(err)
+			}
+			lc.Sent()
+			lc.FirstToken()
+			lc.Done()
+		} else {
 			d, err := p.Pick(ctx, req, cs)
 			if err != nil {
 				b.Fatal(err)
@@ -198,23 +229,17 @@ func BenchmarkKVDecision(b *testing.B) {
 			if begin {
 				p.Begin(d, req).Done()
 			}
-			wall = append(wall, time.Since(start))
-			cpu = append(cpu, threadCPU()-c0)
 		}
-		b.StopTimer()
-		slices.Sort(wall)
-		slices.Sort(cpu)
-		b.ReportMetric(float64(wall[len(wall)/2].Nanoseconds()), "p50-ns")
-		b.ReportMetric(float64(wall[len(wall)*99/100].Nanoseconds()), "p99-ns")
-		b.ReportMetric(float64(cpu[len(cpu)/2].Nanoseconds()), "cpu-p50-ns")
-		b.ReportMetric(float64(cpu[len(cpu)*99/100].Nanoseconds()), "cpu-p99-ns")
+		wall = append(wall, time.Since(start))
+		cpu = append(cpu, threadCPU()-c0)
 	}
-	b.Run("indexers/match+score+pick", func(b *testing.B) { run(b, KVDeps{Matcher: realIx}, false) })
-	b.Run("tierIndex/match+score+pick", func(b *testing.B) { run(b, KVDeps{Matcher: ix}, false) })
-	b.Run("approximate/match+score+pick", func(b *testing.B) { run(b, KVDeps{Approx: approx}, false) })
-	b.Run("policy-only", func(b *testing.B) { run(b, KVDeps{Matcher: fixedMatcher{}}, false) })
-	// With Begin and Done: the load accounting and NoteRouted that a routed request adds.
-	b.Run("indexers/match+score+pick+begin", func(b *testing.B) { run(b, KVDeps{Matcher: realIx}, true) })
+	b.StopTimer()
+	slices.Sort(wall)
+	slices.Sort(cpu)
+	b.ReportMetric(float64(wall[len(wall)/2].Nanoseconds()), "p50-ns")
+	b.ReportMetric(float64(wall[len(wall)*99/100].Nanoseconds()), "p99-ns")
+	b.ReportMetric(float64(cpu[len(cpu)/2].Nanoseconds()), "cpu-p50-ns")
+	b.ReportMetric(float64(cpu[len(cpu)*99/100].Nanoseconds()), "cpu-p99-ns")
 }
 
 // threadCPU is the calling OS thread's CPU time (the goroutine is locked to its thread).

@@ -47,6 +47,7 @@ type attempt struct {
 	d     Decision
 	h     *Handle
 	obs   *timeObs // the kv policy's TTFT observation (nil for other policies)
+	lead  *prefill // the prefill this attempt leads in the hold table (nil if none)
 	ended atomic.Bool
 }
 
@@ -64,6 +65,9 @@ func (a *attempt) FirstToken() {
 	a.h.FirstToken()
 	if a.obs != nil {
 		a.obs.firstToken()
+	}
+	if a.lead != nil {
+		a.e.holds.finish(a.lead, true)
 	}
 }
 
@@ -87,6 +91,9 @@ func (a *attempt) end(completed bool) {
 		a.h.Done()
 		if a.obs != nil {
 			a.obs.end(completed)
+		}
+		if a.lead != nil {
+			a.e.holds.finish(a.lead, false) // no-op after FirstToken
 		}
 	}
 }

@@ -45,6 +45,8 @@ type CandidateScore struct {
 	G3Blocks int     `json:"g3_blocks"`
 	Load     float64 `json:"load"`
 	Cost     float64 `json:"cost"`
+	// Busy is set when the target was over a busy threshold (KV-aware policies).
+	Busy bool `json:"busy,omitempty"`
 }
 
 // Choice names the chosen target and why it won.
@@ -60,6 +62,41 @@ type Decision struct {
 	Policy       string           `json:"policy"`
 	Chosen       Choice           `json:"chosen"`
 	Candidates   []CandidateScore `json:"candidates"`
+	// Regret is set when another candidate had a longer G1 match than the chosen one.
+	Regret *Regret `json:"regret,omitempty"`
+	// Hold is set when the request found its prefix being prefilled on a target (sibling hold).
+	Hold *HoldRecord `json:"hold,omitempty"`
+}
+
+// Regret is the cache a decision left unused: the best G1 overlap any candidate had minus the
+// chosen target's, and why the choice differed.
+type Regret struct {
+	// Blocks is best G1 − chosen G1 (> 0).
+	Blocks int `json:"blocks"`
+	// Best is the candidate with the best G1 match, BestG1 that match.
+	Best   kvkey.Target `json:"best"`
+	BestG1 int          `json:"best_g1_blocks"`
+	// Reason is why the chosen target won anyway: load (its predicted queue or load was lower),
+	// busy (the best one was over a busy threshold), hint (a session rule decided),
+	// temperature (a softmax draw), hold (held for a prefix in flight on the chosen target),
+	// hold_expired (routed anew after a hold ran out).
+	Reason string `json:"reason"`
+}
+
+// HoldRecord is what the sibling hold did for a request.
+type HoldRecord struct {
+	// Target is where the shared prefix was being prefilled; SharedBlocks how many leading
+	// blocks of this prompt it covers.
+	Target       kvkey.Target `json:"target"`
+	SharedBlocks int          `json:"shared_blocks"`
+	// Outcome: released (held, then sent to Target once the prefix was computed there),
+	// cached (the shared prefix is already cached on a candidate: not held), expired (held past its bound, routed anew), busy (Target over a busy threshold: not
+	// held), disabled (router.hold.enabled false), leader_failed (the first request ended
+	// without computing the prefix: routed anew), unrouted (the first request was not routed
+	// in time), unavailable (Target is not a candidate).
+	Outcome string `json:"outcome"`
+	// WaitedMs is how long the request was held.
+	WaitedMs float64 `json:"waited_ms"`
 }
 
 // Policy selects one target among candidates. Candidates is never empty when Pick is called;

@@ -72,6 +72,27 @@ type KV struct {
 	// weights above (prefill_weight, prefill_load_weight, decode_weight, request_weight) apply
 	// to kv_blocks only; waiting_weight also sizes, for kv, the unseen waiting requests.
 	Latency Latency `yaml:"latency"`
+	// Hold configures holding a request whose prompt shares a long prefix with a prefill in
+	// flight, so that the prefix is computed once (kv only).
+	Hold Hold `yaml:"hold"`
+}
+
+// Hold configures the sibling hold of the kv policy: a request whose first MinBlocks prompt
+// blocks (or more) equal those of a request being prefilled right now on target T is routed to
+// T and held at the gateway until that prefix is computed there, instead of computing the same
+// prefix side by side. The hold lasts at most the first request's predicted remaining TTFT plus
+// Margin, and never applies when T is over the busy thresholds.
+type Hold struct {
+	// Enabled turns the hold on (default true). Off, shared prefixes are still tracked to count
+	// duplicate prefill.
+	Enabled bool `yaml:"enabled"`
+	// MinBlocks is the shortest shared prefix, in blocks, that is worth a hold (default 64:
+	// 1,024 tokens at block size 16, about 18 ms of prefill on the default profile; below that
+	// the wait's own jitter is of the order of the prefill it saves).
+	MinBlocks int `yaml:"min_blocks"`
+	// Margin is added to the first request's predicted remaining TTFT to bound the hold
+	// (default 250ms): slack for the prediction's error and the KV events' delivery.
+	Margin confval.Duration `yaml:"margin"`
 }
 
 // Latency configures the kv policy's TTFT model (router/latency). The five *_ms* knobs are the
@@ -156,6 +177,7 @@ func Default() KV {
 			KVPressureStart: 0.9, KVPressureWeight: 1, FleetWeight: 0.05,
 			Learn: true, Forgetting: 0.997, ReadySamples: 20,
 		},
+		Hold: Hold{Enabled: true, MinBlocks: 64, Margin: confval.Duration(250 * time.Millisecond)},
 	}
 }
 
@@ -202,6 +224,12 @@ func (c KV) Validate() error {
 	}
 	if c.BusyWaitingRequests < 0 {
 		p.Addf("busy_waiting_requests", "must be >= 0 (0 turns it off), got %d", c.BusyWaitingRequests)
+	}
+	if c.Hold.MinBlocks < 1 {
+		p.Addf("hold.min_blocks", "must be >= 1, got %d", c.Hold.MinBlocks)
+	}
+	if c.Hold.Margin < 0 {
+		p.Addf("hold.margin", "must be >= 0, got %v", c.Hold.Margin)
 	}
 	if c.BusyPrefillTokens < 0 {
 		p.Addf("busy_prefill_tokens", "must be >= 0 (0 turns it off), got %d", c.BusyPrefillTokens)

@@ -1,0 +1,437 @@
+package router
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"runtime"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/kvgate/kvgate/confval"
+	"github.com/kvgate/kvgate/indexers"
+	"github.com/kvgate/kvgate/kvkey"
+)
+
+// shared returns a prompt whose first n blocks are those of base, then own blocks of its own.
+func sharedPrompt(base []kvkey.BlockHash, n int, seed uint64, own int) []kvkey.BlockHash {
+	out := append([]kvkey.BlockHash(nil), base[:n]...)
+	return append(out, chain(seed, own)...)
+}
+
+func TestHoldTable(t *testing.T) {
+	leader := chain(1, 80)
+	cases := []struct {
+		name       string
+		first      []kvkey.BlockHash
+		second     []kvkey.BlockHash
+		wantLeader bool // the second claim leads a new prefill
+		wantNil    bool // the second claim is not tracked
+		wantShared int
+	}{
+		{"same prefix of 64 follows", leader, sharedPrompt(leader, 64, 2, 10), false, false, 64},
+		{"longer shared prefix", leader, sharedPrompt(leader, 75, 2, 10), false, false, 75},
+		{"identical prompt", leader, leader, false, false, 80},
+		{"63 shared blocks lead their own", leader, sharedPrompt(leader, 63, 2, 10), true, false, 0},
+		{"short prompt untracked", leader, leader[:63], false, true, 0},
+		{"unrelated prompt leads", leader, chain(3, 70), true, false, 0},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHoldTable(64)
+			now := time.Unix(100, 0)
+			pf, lead := h.claim(tc.first, now)
+			if pf == nil || !lead {
+				t.Fatalf("first claim: %v %v, want a leader", pf, lead)
+			}
+			got, lead2 := h.claim(tc.second, now)
+			if (got == nil) != tc.wantNil || lead2 != tc.wantLeader {
+				t.Fatalf("second claim: nil=%v leader=%v, want nil=%v leader=%v", got == nil, lead2, tc.wantNil, tc.wantLeader)
+			}
+			if got == pf {
+				if s := sharedBlocks(tc.second, pf.hashes); s != tc.wantShared {
+					t.Errorf("shared = %d, want %d", s, tc.wantShared)
+				}
+			}
+			h.finish(pf, true)
+			h.finish(pf, false) // idempotent: the first call wins
+			if !isClosed(pf.doneCh) || !isClosed(pf.routedCh) || !pf.computed {
+				t.Errorf("finish: done %v routed %v computed %v", isClosed(pf.doneCh), isClosed(pf.routedCh), pf.computed)
+			}
+			if next, lead := h.claim(tc.first, now); next == pf || !lead {
+				t.Errorf("after finish the prefix must lead anew")
+			}
+		})
+	}
+}
+
+func TestHoldTableBounded(t *testing.T) {
+	h := newHoldTable(1)
+	now := time.Unix(100, 0)
+	for i := range maxPrefills {
+		if pf, lead := h.claim(chain(uint64(i+1), 1), now); pf == nil || !lead {
+			t.Fatalf("claim %d refused", i)
+		}
+	}
+	if pf, _ := h.claim(chain(1<<20, 1), now); pf != nil {
+		t.Fatalf("claim beyond %d tracked", maxPrefills)
+	}
+	if n := h.expire(now.Add(time.Second)); n != maxPrefills || h.len() != 0 {
+		t.Fatalf("expire ended %d, %d left", n, h.len())
+	}
+}
+
+func TestHoldDeadline(t *testing.T) {
+	begun := time.Unix(100, 0)
+	cases := []struct {
+		elapsed time.Duration
+		predMs  float64
+		want    time.Duration
+	}{
+		{0, 40, 40*time.Millisecond + 250*time.Millisecond},
+		{30 * time.Millisecond, 40, 10*time.Millisecond + 250*time.Millisecond},
+		{time.Second, 40, 250 * time.Millisecond}, // overdue: the margin only
+	}
+	for _, tc := range cases {
+		if got := holdDeadline(begun, tc.predMs, 250*time.Millisecond, begun.Add(tc.elapsed)); got != tc.want {
+			t.Errorf("holdDeadline(elapsed %v, pred %v) = %v, want %v", tc.elapsed, tc.predMs, got, tc.want)
+		}
+	}
+}
+
+// holdFixture is a kv dispatcher over two targets; the leader is pinned to target 0 by its
+// hashes being cached there (fixed matcher), the followers' own blocks are unknown.
+func holdFixture(t *testing.T, mod func(*KVConfig)) (*Dispatcher, *prometheus.Registry) {
+	return holdFixtureWith(t, mod, KVDeps{})
+}
+
+func holdFixtureWith(t *testing.T, mod func(*KVConfig), deps KVDeps) (*Dispatcher, *prometheus.Registry) {
+	t.Helper()
+	cfg := DefaultKVConfig()
+	cfg.Hold.Margin = confval.Duration(20 * time.Millisecond)
+	if mod != nil {
+		mod(&cfg)
+	}
+	p := newTestKV(t, PolicyKV, cfg, deps, nil)
+	p.float = rand.Float64 // safe for the concurrent routes of these tests
+	reg := prometheus.NewPedanticRegistry()
+	e, err := NewDispatcher(DispatcherOptions{KV: p, Registerer: reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e, reg
+}
+
+type routed struct {
+	d   Decision
+	lc  Lifecycle
+	err error
+}
+
+func routeAsync(ctx context.Context, e *Dispatcher, req *Request, cands []Candidate) chan routed {
+	ch := make(chan routed, 1)
+	go func() {
+		d, lc, err := e.Route(ctx, req, cands)
+		ch <- routed{d, lc, err}
+	}()
+	return ch
+}
+
+// TestHoldReleasedAtFirstToken: a follower sharing 64 blocks with a prefill in flight waits
+// for the leader's first token and goes to the leader's target, even though load alone would
+// send it to the idle one.
+func TestHoldReleasedAtFirstToken(t *testing.T) {
+	e, reg := holdFixture(t, func(c *KVConfig) { c.Hold.Margin = confval.Duration(5 * time.Second) })
+	cands := kvCands(2)
+	base := chain(1, 100)
+	ld, lead, err := e.Route(context.Background(), request(base), cands)
+	if err != nil {
+		t.Fatal(err)
+	}
+	follower := request(sharedPrompt(base, 64, 2, 8))
+	ch := routeAsync(context.Background(), e, follower, cands)
+	select {
+	case r := <-ch:
+		t.Fatalf("follower routed before the leader's first token: %s", js(r.d))
+	case <-time.After(50 * time.Millisecond):
+	}
+	lead.Sent()
+	lead.FirstToken()
+	r := <-ch
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	if r.d.Chosen.Target != ld.Chosen.Target || r.d.Hold == nil || r.d.Hold.Outcome != holdReleased || r.d.Hold.SharedBlocks != 64 {
+		t.Fatalf("follower: %s, want released onto %s", js(r.d), ld.Chosen.Target)
+	}
+	if !strings.Contains(r.d.Chosen.Reason, "sibling hold") {
+		t.Errorf("reason %q does not name the hold", r.d.Chosen.Reason)
+	}
+	r.lc.Done()
+	lead.Done()
+	if got := counterOf(t, e.metrics.holds, holdReleased); got != 1 {
+		t.Errorf("holds released = %v, want 1", got)
+	}
+	for _, reason := range []string{"no_hold", holdBusy, "hold_expired"} {
+		if got := counterOf(t, e.metrics.dup, reason); got != 0 {
+			t.Errorf("duplicate prefill{%s} = %v on a released hold", reason, got)
+		}
+	}
+	_ = reg
+}
+
+// TestHoldFallbacks: the hold never applies to a busy target, is off when disabled, and ends
+// at its bound; each case routes normally and counts the duplicated prefix.
+func TestHoldFallbacks(t *testing.T) {
+	cases := []struct {
+		name    string
+		mod     func(*KVConfig)
+		match   fixedMatcher
+		outcome string
+		dup     string
+		dupToks float64
+		minWait time.Duration
+	}{
+		{"busy target", func(c *KVConfig) { c.BusyPrefillTokens = 1 }, nil, holdBusy, holdBusy, 70 * 16, 0},
+		{"disabled", func(c *KVConfig) { c.Hold.Enabled = false }, nil, holdDisabled, "no_hold", 70 * 16, 0},
+		{"expired", nil, nil, holdExpired, "hold_expired", 70 * 16, 20 * time.Millisecond},
+		// An earlier request left the prefix cached on both targets: nothing to wait for.
+		{"already cached", func(c *KVConfig) { c.Hold.Margin = confval.Duration(time.Hour) },
+			fixedMatcher{tgt(0): {G1: 70}, tgt(1): {G1: 70}}, holdCached, "no_hold", 0, 0},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			deps := KVDeps{}
+			if tc.match != nil {
+				deps.Matcher = tc.match
+			}
+			e, _ := holdFixtureWith(t, tc.mod, deps)
+			cands := kvCands(2)
+			base := chain(1, 100)
+			_, lead, err := e.Route(context.Background(), request(base), cands)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer lead.Done()
+			start := time.Now()
+			d, lc, err := e.Route(context.Background(), request(sharedPrompt(base, 70, 2, 8)), cands)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer lc.Done()
+			if d.Hold == nil || d.Hold.Outcome != tc.outcome {
+				t.Fatalf("follower: %s, want outcome %s", js(d), tc.outcome)
+			}
+			if waited := time.Since(start); waited < tc.minWait {
+				t.Errorf("waited %v, want at least %v", waited, tc.minWait)
+			}
+			if got := counterOf(t, e.metrics.holds, tc.outcome); got != 1 {
+				t.Errorf("holds{%s} = %v, want 1", tc.outcome, got)
+			}
+			// The 70 shared blocks are computed again on the other target: the leader is still
+			// prefilling on its own.
+			if got := counterOf(t, e.metrics.dup, tc.dup); got != tc.dupToks {
+				t.Errorf("duplicate prefill{%s} = %v tokens, want %v", tc.dup, got, tc.dupToks)
+			}
+		})
+	}
+}
+
+// TestHoldCancelled: a held request whose client leaves returns at once with the context's
+// error, and leaves no goroutine or timer behind.
+func TestHoldCancelled(t *testing.T) {
+	e, _ := holdFixture(t, func(c *KVConfig) { c.Hold.Margin = confval.Duration(time.Hour) })
+	cands := kvCands(2)
+	base := chain(1, 100)
+	_, lead, err := e.Route(context.Background(), request(base), cands)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lead.Done()
+	before := runtime.NumGoroutine()
+	ctx, cancel := context.WithCancel(context.Background())
+	ch := routeAsync(ctx, e, request(sharedPrompt(base, 64, 2, 8)), cands)
+	time.Sleep(20 * time.Millisecond)
+	cancel()
+	select {
+	case r := <-ch:
+		if !errors.Is(r.err, context.Canceled) || r.lc != nil {
+			t.Fatalf("cancelled hold: %v %v", r.err, r.lc)
+		}
+	case <-time.After(2 * time.Second):
+		t.Fatal("a cancelled hold did not return")
+	}
+	deadline := time.Now().Add(time.Second)
+	for runtime.NumGoroutine() > before && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	if n := runtime.NumGoroutine(); n > before {
+		t.Errorf("%d goroutines after the cancelled hold, %d before", n, before)
+	}
+	if got := counterOf(t, e.metrics.holds, holdCancelled); got != 1 {
+		t.Errorf("holds cancelled = %v, want 1", got)
+	}
+}
+
+// TestHoldLeaderFailed: when the leader fails before its first token the follower is routed
+// anew at once, and the next request with the prefix leads.
+func TestHoldLeaderFailed(t *testing.T) {
+	e, _ := holdFixture(t, func(c *KVConfig) { c.Hold.Margin = confval.Duration(time.Hour) })
+	cands := kvCands(2)
+	base := chain(1, 100)
+	_, lead, err := e.Route(context.Background(), request(base), cands)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ch := routeAsync(context.Background(), e, request(sharedPrompt(base, 64, 2, 8)), cands)
+	time.Sleep(20 * time.Millisecond)
+	lead.Failed(errors.New("worker down"))
+	r := <-ch
+	if r.err != nil || r.d.Hold == nil || r.d.Hold.Outcome != holdLeaderFailed {
+		t.Fatalf("follower: %v %s", r.err, js(r.d))
+	}
+	r.lc.Done()
+	if e.holds.len() != 0 {
+		t.Errorf("%d prefills tracked after both ended", e.holds.len())
+	}
+}
+
+// TestRegretReason: the regret is the best G1 minus the chosen one's, with why it lost.
+func TestRegretReason(t *testing.T) {
+	cases := []struct {
+		name   string
+		mod    func(*KVConfig)
+		want   string
+		blocks int
+	}{
+		{"busy best", func(c *KVConfig) { c.BusyPrefillTokens = 1 }, "busy", 40},
+		{"no regret", nil, "", 0},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := DefaultKVConfig()
+			if tc.mod != nil {
+				tc.mod(&cfg)
+			}
+			p := newTestKV(t, PolicyKV, cfg, KVDeps{Matcher: fixedMatcher{tgt(0): {G1: 50}, tgt(1): {G1: 10}}}, nil)
+			cands := kvCands(2)
+			if tc.want == "busy" {
+				p.load.Begin(tgt(0), request(chain(9, 4)), 0) // target 0 has prefill in flight: busy
+			}
+			d, err := p.Pick(context.Background(), request(chain(1, 60)), cands)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tc.want == "" {
+				if d.Regret != nil {
+					t.Fatalf("regret %s on the best match", js(d.Regret))
+				}
+				return
+			}
+			if d.Regret == nil || d.Regret.Reason != tc.want || d.Regret.Blocks != tc.blocks || d.Regret.Best != tgt(0) {
+				t.Fatalf("regret %s, want %d blocks for %s", js(d.Regret), tc.blocks, tc.want)
+			}
+			if want := `"regret":{"blocks":40,`; !strings.Contains(js(d), want) {
+				t.Errorf("decision JSON (POST /debug/route) lacks %s: %s", want, js(d))
+			}
+		})
+	}
+}
+
+func counterOf(t *testing.T, cv *prometheus.CounterVec, label string) float64 {
+	t.Helper()
+	var m dto.Metric
+	if err := cv.WithLabelValues(label).Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	return m.GetCounter().GetValue()
+}
+
+// residentAfter reports every block resident on one target once its flag is set (the KV events
+// announcing a prefill that has not sent its first byte yet).
+type residentAfter struct {
+	t   kvkey.Target
+	set atomic.Bool
+}
+
+func (m *residentAfter) MatchTiers(hashes []kvkey.BlockHash, targets []kvkey.Target, out []indexers.TierMatch) {
+	for i, t := range targets {
+		out[i] = indexers.TierMatch{}
+		if t == m.t && m.set.Load() {
+			out[i].G1 = len(hashes)
+		}
+	}
+}
+
+// TestHoldReleasedByEvents: the index holding the shared blocks on the leader's target
+// releases the follower before the leader's first byte (a non-streamed leader sends it only
+// after its whole generation).
+func TestHoldReleasedByEvents(t *testing.T) {
+	cfg := DefaultKVConfig()
+	cfg.Hold.Margin = confval.Duration(5 * time.Second)
+	m := &residentAfter{}
+	p := newTestKV(t, PolicyKV, cfg, KVDeps{Matcher: m}, nil)
+	p.float = rand.Float64
+	e, err := NewDispatcher(DispatcherOptions{KV: p, Registerer: prometheus.NewPedanticRegistry()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cands := kvCands(2)
+	base := chain(1, 100)
+	ld, lead, err := e.Route(context.Background(), request(base), cands)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lead.Done()
+	m.t = ld.Chosen.Target
+	ch := routeAsync(context.Background(), e, request(sharedPrompt(base, 90, 2, 8)), cands)
+	time.Sleep(30 * time.Millisecond)
+	m.set.Store(true)
+	select {
+	case r := <-ch:
+		if r.err != nil || r.d.Chosen.Target != ld.Chosen.Target || r.d.Hold == nil || r.d.Hold.Outcome != holdReleased {
+			t.Fatalf("follower: %v %s", r.err, js(r.d))
+		}
+		if r.d.Hold.WaitedMs < 25 {
+			t.Errorf("released after %.1f ms, before the events came", r.d.Hold.WaitedMs)
+		}
+		r.lc.Done()
+	case <-time.After(2 * time.Second):
+		t.Fatal("the index's residency did not release the hold")
+	}
+}
+
+// TestHoldManyFollowers: of many requests with one prefix routed at once, exactly one leads;
+// every other one is released onto its target after its first token.
+func TestHoldManyFollowers(t *testing.T) {
+	e, _ := holdFixture(t, func(c *KVConfig) { c.Hold.Margin = confval.Duration(5 * time.Second) })
+	cands := kvCands(4)
+	base := chain(1, 100)
+	ld, lead, err := e.Route(context.Background(), request(base), cands)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var chs []chan routed
+	for i := range 8 {
+		chs = append(chs, routeAsync(context.Background(), e, request(sharedPrompt(base, 64+i, uint64(10+i), 4)), cands))
+	}
+	time.Sleep(20 * time.Millisecond)
+	lead.FirstToken()
+	lead.Done()
+	for _, ch := range chs {
+		r := <-ch
+		if r.err != nil || r.d.Chosen.Target != ld.Chosen.Target || r.d.Hold == nil || r.d.Hold.Outcome != holdReleased {
+			t.Errorf("follower: %v %s", r.err, js(r.d))
+			continue
+		}
+		r.lc.Done()
+	}
+	if got := counterOf(t, e.metrics.holds, holdReleased); got != 8 {
+		t.Errorf("released %v, want 8", got)
+	}
+}
