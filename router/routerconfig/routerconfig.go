@@ -87,7 +87,7 @@ type Hold struct {
 	// duplicate prefill.
 	Enabled bool `yaml:"enabled"`
 	// MinBlocks is the shortest shared prefix, in blocks, that is worth a hold (default 64:
-	// 1,024 tokens at block size 16, about 18 ms of prefill on the default profile; below that
+	// 1,024 tokens at block size 16, about 16 ms of prefill on the default prior; below that
 	// the wait's own jitter is of the order of the prefill it saves).
 	MinBlocks int `yaml:"min_blocks"`
 	// Margin is added to the first request's predicted remaining TTFT to bound the hold
