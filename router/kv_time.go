@@ -479,6 +479,9 @@ type LatencyView struct {
 	// MeanBias their mean relative error (positive: predicted too long).
 	ResidualMAD float64 `json:"residual_mad"`
 	MeanBias    float64 `json:"mean_bias"`
+	// PriorResidualMAD is the prior's median absolute relative error on the same samples: the
+	// fit replaces the prior only while its ResidualMAD is at most this.
+	PriorResidualMAD float64 `json:"prior_residual_mad"`
 	// Drifts counts how often the fit saw the worker change speed and reopened its covariance.
 	Drifts int `json:"drifts"`
 	// WorkerTTFTMs, WorkerPrefillMs and WorkerTokensPerStep are the worker's own means over
@@ -515,6 +518,7 @@ func (p *KVPolicy) latencyView(t kvkey.Target) *LatencyView {
 		v.Fitted = thetaMap(tt.fitter.Fitted())
 		v.Samples, v.Ready = tt.fitter.Samples(), tt.fitter.Ready()
 		v.ResidualMAD, v.MeanBias, v.Drifts = tt.fitter.ResidualMAD(), tt.fitter.MeanBias(), tt.fitter.Drifts()
+		v.PriorResidualMAD = tt.fitter.PriorResidualMAD()
 		w := tt.worker
 		tt.mu.Unlock()
 		if w.hasTTFT {

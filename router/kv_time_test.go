@@ -49,6 +49,40 @@ func TestKVKeepsSessionOnWorkerRunningLongDecodes(t *testing.T) {
 	}
 }
 
+// TestKVDefaultPriorKeepsPrefillOffHeavyDecoders: with the default prior (before any fit is
+// ready), a 2k-token prompt with half of it cached on a worker that decodes four 60k-token
+// contexts goes to an idle worker instead. On the simulator's default profile every step there
+// also reads 240k tokens of KV (about 50 ms), more than the 1k cached tokens save (about 16 ms);
+// a prior pricing a step at 2 ms plus 2.9e-5 ms per KV token (a kernel-only H100 profile) kept it
+// on the decoder.
+func TestKVDefaultPriorKeepsPrefillOffHeavyDecoders(t *testing.T) {
+	p, err := NewKV(DefaultKVConfig(), KVDeps{Matcher: fixedMatcher{tgt(0): {G1: 64}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := NewDispatcher(DispatcherOptions{KV: p})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 4; i++ {
+		other := request(chain(uint64(100+i), 3750)) // a 60k-token agent context
+		_, lc, err := e.Route(context.Background(), other, kvCands(1))
+		if err != nil {
+			t.Fatal(err)
+		}
+		lc.Sent()
+		lc.FirstToken() // now decoding on target 0
+		defer lc.Done()
+	}
+	d, err := e.Pick(context.Background(), request(chain(1, 128)), kvCands(2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Chosen.Target != tgt(1) {
+		t.Fatalf("a small hit kept the prefill on a worker decoding 240k KV tokens: %s", js(d))
+	}
+}
+
 // TestKVTimeCost: the kv policy's choice follows the predicted TTFT terms (table).
 func TestKVTimeCost(t *testing.T) {
 	type setup func(t *testing.T, e *Dispatcher, p *KVPolicy)

@@ -4,7 +4,10 @@
 # caches), and the results are drawn as curves against load (mean and p90 TTFT, request and
 # output throughput per policy) in one HTML report plus a markdown table.
 #
-# Usage: scripts/load-sweep.sh [TRACE]      (default: testdata/traces/trace_0291.json)
+# Usage: scripts/load-sweep.sh [TRACE...]   (default: testdata/traces/trace_0291.json)
+#   One TRACE is a trace file or a directory of them (kvbench --trace); several are linked into
+#   OUT/traces/ and replayed together, each as its own session(s) from time 0, e.g. the four
+#   Claude Code traces: scripts/load-sweep.sh testdata/traces/trace_0*.json
 #
 # Env (defaults in brackets):
 #   LEVELS        load levels USERS:TIME_SCALE ["2:0.05 4:0.02 8:0.01"]: USERS independent copies
@@ -25,7 +28,9 @@ set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
-TRACE="${1:-testdata/traces/trace_0291.json}"
+TRACES=("$@")
+[ "${#TRACES[@]}" -gt 0 ] || TRACES=(testdata/traces/trace_0291.json)
+TRACE="${TRACES[0]}"
 if [ "${SMOKE:-0}" = 1 ]; then
   LEVELS="${LEVELS:-1:0.05 2:0.02 3:0.01}"
   POLICIES="${POLICIES:-round_robin kv}"
@@ -52,7 +57,21 @@ NAME=load-sweep
 # shellcheck source=scripts/lib.sh
 . scripts/lib.sh
 
-[ -e "$TRACE" ] || die "trace $TRACE not found"
+for t in "${TRACES[@]}"; do
+  [ -e "$t" ] || die "trace $t not found"
+done
+TITLE="$(basename "$TRACE")"
+if [ "${#TRACES[@]}" -gt 1 ]; then
+  # kvbench replays a directory's .json/.jsonl files together: link the chosen ones into one.
+  mkdir -p "$OUT/traces"
+  TITLE=""
+  for t in "${TRACES[@]}"; do
+    [ -f "$t" ] || die "trace $t: with several traces each must be a file"
+    ln -sf "$(cd "$(dirname "$t")" && pwd)/$(basename "$t")" "$OUT/traces/$(basename "$t")"
+    TITLE="$TITLE${TITLE:+, }$(basename "$t")"
+  done
+  TRACE="$OUT/traces"
+fi
 command -v curl >/dev/null || die "curl is required"
 for level in $LEVELS; do
   [[ "$level" =~ ^[1-9][0-9]*:[0-9]*\.?[0-9]+$ ]] || die "load level '$level': want USERS:TIME_SCALE, e.g. 4:0.02"
@@ -76,7 +95,7 @@ done
 
 [ "${#POINTS[@]}" -gt 0 ] || die "no policy ran"
 [ -n "$SKIPPED" ] && log "skipped (rejected by kvgate):$SKIPPED"
-"$BIN/kvbench" sweep --title "kvgate routing policies against load on $(basename "$TRACE")" \
+"$BIN/kvbench" sweep --title "kvgate routing policies against load on $TITLE" \
   --html "$OUT/sweep.html" --md "$OUT/sweep.md" "${POINTS[@]}"
 echo "markdown table: $OUT/sweep.md"
 echo "HTML report: $OUT/sweep.html"

@@ -76,7 +76,12 @@ type Fitter struct {
 	lo    float64 // prefill tokens: smallest and largest accepted
 	hi    float64
 	resid [residualWindow]float64 // relative residuals before each update (prediction errors)
-	rn    int
+	// priorResid are the prior's relative errors on the same samples, for Ready.
+	priorResid [residualWindow]float64
+	rn         int
+	// beats is the last comparison of the two windows (Ready): the fit's errors at most the
+	// prior's. It is kept while a window restarted by a drift is too short to compare.
+	beats bool
 	// drifts counts covariance reopenings (detectDrift).
 	drifts int
 }
@@ -97,7 +102,7 @@ func NewFitter(prior Theta, cfg FitConfig) (*Fitter, error) {
 // Reset returns the fit to the prior (a worker restarted: what was learned may not hold).
 func (f *Fitter) Reset() {
 	f.th = f.prior
-	f.n, f.rn, f.lo, f.hi, f.drifts = 0, 0, 0, 0, 0
+	f.n, f.rn, f.lo, f.hi, f.drifts, f.beats = 0, 0, 0, 0, 0, false
 	for i := range f.p {
 		f.scale[i], f.ms[i], f.seen[i] = 1, 0, false
 		for j := range f.p[i] {
@@ -110,9 +115,21 @@ func (f *Fitter) Reset() {
 // Samples is how many samples the fit accepted since the last Reset.
 func (f *Fitter) Samples() int { return f.n }
 
-// Ready reports whether the fit has enough samples, with spread, to replace the prior.
+// minCompare is how many recent samples Ready needs to compare the fit with the prior; with
+// fewer since the last Reset the sample count alone decides, and right after a drift
+// restarted the window the last comparison stands.
+const minCompare = 8
+
+// Ready reports whether the fit has enough samples, with spread, to replace the prior, and
+// predicts the recent samples better than the prior does: its median absolute relative
+// error before each update (out of sample, like the prior's) is at most the prior's on the
+// same samples. A prior that already matches the worker keeps scoring it; a fit from a few
+// noisy samples does not replace it until it is better.
 func (f *Fitter) Ready() bool {
-	return f.n >= f.cfg.ReadySamples && f.hi >= 1.5*f.lo && f.hi > 0
+	if f.n < f.cfg.ReadySamples || f.hi < 1.5*f.lo || f.hi <= 0 {
+		return false
+	}
+	return f.n < minCompare || f.beats
 }
 
 // Fitted returns the current estimate, ready or not.
@@ -191,8 +208,12 @@ func (f *Fitter) Observe(x [NumFeatures]float64, yMs float64) (float64, error) {
 		f.th[i] = ths[i] / f.scale[i]
 	}
 	f.resid[f.rn%residualWindow] = relErr
+	f.priorResid[f.rn%residualWindow] = (Dot(f.prior, x) - yMs) / w
 	f.rn++
 	f.n++
+	if n := min(f.rn, residualWindow); n >= minCompare {
+		f.beats = medianAbs(f.resid[:n]) <= medianAbs(f.priorResid[:n])
+	}
 	f.detectDrift()
 	if t := x[FTokens]; f.n == 1 {
 		f.lo, f.hi = t, t
@@ -298,13 +319,18 @@ func (f *Fitter) Drifts() int { return f.drifts }
 
 // mad is the median absolute relative residual over the window.
 func (f *Fitter) mad() float64 {
-	n := min(f.rn, residualWindow)
+	return medianAbs(f.resid[:min(f.rn, residualWindow)])
+}
+
+// medianAbs is the median of |v| over at most residualWindow values (0 for none).
+func medianAbs(v []float64) float64 {
+	n := min(len(v), residualWindow)
 	if n == 0 {
 		return 0
 	}
 	var buf [residualWindow]float64
 	for i := 0; i < n; i++ {
-		buf[i] = math.Abs(f.resid[i])
+		buf[i] = math.Abs(v[i])
 	}
 	s := buf[:n]
 	slices.Sort(s)
@@ -317,6 +343,12 @@ func (f *Fitter) mad() float64 {
 // ResidualMAD is the median absolute relative prediction error over the recent samples (0
 // before any).
 func (f *Fitter) ResidualMAD() float64 { return f.mad() }
+
+// PriorResidualMAD is the prior's median absolute relative error over the same recent samples
+// as ResidualMAD (Ready compares the two).
+func (f *Fitter) PriorResidualMAD() float64 {
+	return medianAbs(f.priorResid[:min(f.rn, residualWindow)])
+}
 
 // MeanBias is the mean relative prediction error over the recent samples (positive: the fit
 // predicted too long).

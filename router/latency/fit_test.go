@@ -180,6 +180,45 @@ func TestFitterReadinessAndReset(t *testing.T) {
 	}
 }
 
+// TestFitterReadyOnlyWhenBetterThanPrior: a fit replaces the prior only once it predicts the
+// recent samples better than the prior does. A prior that is the worker's true profile keeps
+// scoring it through 60 noisy samples (a count-only rule switched to the noisier fit after 20);
+// a prior three times too fast is replaced.
+func TestFitterReadyOnlyWhenBetterThanPrior(t *testing.T) {
+	var fast Theta
+	for i := range truth {
+		fast[i] = truth[i] / 3
+	}
+	for _, tc := range []struct {
+		name      string
+		prior     Theta
+		wantReady bool
+	}{
+		{"prior is the truth", truth, false},
+		{"prior three times too fast", fast, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			for seed := uint64(1); seed <= 5; seed++ {
+				r := rand.New(rand.NewPCG(seed, 7))
+				f, err := NewFitter(tc.prior, DefaultFitConfig())
+				if err != nil {
+					t.Fatal(err)
+				}
+				for i := 0; i < 60; i++ {
+					x := sample(r)
+					if _, err := f.Observe(x, noisy(r, truth, x, 0.25)); err != nil {
+						t.Fatal(err)
+					}
+				}
+				if f.Ready() != tc.wantReady {
+					t.Fatalf("seed %d: ready %v after 60 samples (fit error %.3f, prior error %.3f), want %v",
+						seed, f.Ready(), f.ResidualMAD(), f.PriorResidualMAD(), tc.wantReady)
+				}
+			}
+		})
+	}
+}
+
 func TestFitterRejectsBadInput(t *testing.T) {
 	f, _ := NewFitter(truth, DefaultFitConfig())
 	good := Features(State{}, Req{Uncached: 100}, testParams)

@@ -87,7 +87,7 @@ type Hold struct {
 	// duplicate prefill.
 	Enabled bool `yaml:"enabled"`
 	// MinBlocks is the shortest shared prefix, in blocks, that is worth a hold (default 64:
-	// 1,024 tokens at block size 16, about 18 ms of prefill on the default profile; below that
+	// 1,024 tokens at block size 16, about 16 ms of prefill on the default prior; below that
 	// the wait's own jitter is of the order of the prefill it saves).
 	MinBlocks int `yaml:"min_blocks"`
 	// Margin is added to the first request's predicted remaining TTFT to bound the hold
@@ -97,18 +97,24 @@ type Hold struct {
 
 // Latency configures the kv policy's TTFT model (router/latency). The five *_ms* knobs are the
 // prior profile: the coefficients a worker is scored with until its own fit is ready, and the
-// fit's warm start. Defaults are a Llama-3.1-8B bf16 worker on one H100/H200.
+// fit's warm start. Defaults are the simulator's default timing profile (vllm-sim --profile
+// mocker, the Dynamo mocker's polynomials), the only worker timing kvgate ships and demos; a
+// real fleet's fits replace them after ready_samples streamed requests per worker. A prior
+// that overprices steps and decode reads on a fast GPU costs little (prefill spreads a little
+// more), one that underprices them on a slow GPU packs prefill onto decoding workers.
 type Latency struct {
 	// FrontendMs is the per-request constant: HTTP, tokenization, scheduling (default 10).
 	FrontendMs float64 `yaml:"frontend_ms"`
-	// PrefillMsPerToken is the prefill time per uncached prompt token (default 0.0172, ~58k tok/s).
+	// PrefillMsPerToken is the prefill time per uncached prompt token (default 0.0152, ~66k tok/s).
 	PrefillMsPerToken float64 `yaml:"prefill_ms_per_token"`
 	// AttentionMsPerPair is the time per attention pair: each new token × each token before it,
-	// cached or new (default 1.04e-6).
+	// cached or new (default 8.4e-7).
 	AttentionMsPerPair float64 `yaml:"attention_ms_per_pair"`
-	// StepMs is the fixed time of one engine step (default 2).
+	// StepMs is the fixed time of one engine step that carries prefill (default 16.5: a step's
+	// launch and scheduling cost, paid once per max_num_batched_tokens of prefill).
 	StepMs float64 `yaml:"step_ms"`
-	// StepMsPerKVToken is a step's time per KV token of the running decodes (default 2.9e-5).
+	// StepMsPerKVToken is a step's time per KV token of the running decodes (default 2e-4: a
+	// decode step read of 54 ms over a full pool of 16,384 blocks of 16 tokens).
 	StepMsPerKVToken float64 `yaml:"step_ms_per_kv_token"`
 	// MaxNumBatchedTokens is the workers' --max-num-batched-tokens, the token budget of one step
 	// (default 8192, vLLM's serve default on H100-class GPUs).
@@ -128,8 +134,8 @@ type Latency struct {
 	// Forgetting is the fit's forgetting factor λ in (0, 1] (default 0.997: a memory of ~330
 	// requests). Lower tracks changes faster and is noisier.
 	Forgetting float64 `yaml:"forgetting"`
-	// ReadySamples is how many observed requests a worker's fit needs before it replaces the
-	// prior (default 20).
+	// ReadySamples is how many observed requests a worker's fit needs before it may replace the
+	// prior (default 20); it does so only while it predicts the recent requests better.
 	ReadySamples int `yaml:"ready_samples"`
 }
 
@@ -166,8 +172,8 @@ func Default() KV {
 			BlockBudget: 16384,
 		},
 		Latency: Latency{
-			FrontendMs: 10, PrefillMsPerToken: 0.0172, AttentionMsPerPair: 1.04e-6,
-			StepMs: 2, StepMsPerKVToken: 2.9e-5, MaxNumBatchedTokens: 8192,
+			FrontendMs: 10, PrefillMsPerToken: 0.0152, AttentionMsPerPair: 8.4e-7,
+			StepMs: 16.5, StepMsPerKVToken: 2e-4, MaxNumBatchedTokens: 8192,
 			KVPressureStart: 0.9, KVPressureWeight: 1, FleetWeight: 0.05,
 			Learn: true, Forgetting: 0.997, ReadySamples: 20,
 		},
