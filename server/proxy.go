@@ -353,9 +353,13 @@ func (s *Server) relaySSE(ctx context.Context, c *gin.Context, w *workers.Worker
 	r := bufio.NewReaderSize(src, 64<<10)
 	event := make([]byte, 0, 4096)
 	sawDone := false
+	anthropic := c.GetBool(anthropicKey)
 	emit := func() bool {
 		if len(event) < 32 && bytes.Contains(event, []byte("data: [DONE]")) {
 			sawDone = true
+		}
+		if anthropic && bytes.HasPrefix(event, []byte("event: message_stop")) {
+			sawDone = true // an Anthropic stream ends with message_stop, no [DONE]
 		}
 		if _, err := c.Writer.Write(event); err != nil {
 			return false
@@ -411,7 +415,11 @@ func (s *Server) relaySSE(ctx context.Context, c *gin.Context, w *workers.Worker
 	w.ReportFailure(errors.New(msg))
 	s.m.upstreamErrors.WithLabelValues(w.URL(), kind).Inc()
 	s.log.Warn("stream failed after it started", "worker", w.URL(), "endpoint", endpoint, "err", msg)
-	if _, werr := c.Writer.Write(sseErrorEvent(&apiError{Status: http.StatusBadGateway, Message: msg})); werr == nil {
+	ev := sseErrorEvent(&apiError{Status: http.StatusBadGateway, Message: msg})
+	if c.GetBool(anthropicKey) {
+		ev = anthropicSSEError(&apiError{Status: http.StatusBadGateway, Message: msg})
+	}
+	if _, werr := c.Writer.Write(ev); werr == nil {
 		c.Writer.Flush()
 	}
 	return served

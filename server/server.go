@@ -93,6 +93,7 @@ func New(opts Options) (*Server, error) {
 	}
 	e.POST(pathChat, s.handleCompletion(pathChat))
 	e.POST(pathCompletions, s.handleCompletion(pathCompletions))
+	s.registerMessages(e)
 	e.GET("/v1/models", s.handleModels)
 	e.GET("/health", s.handleHealth)
 	e.HEAD("/health", s.handleHealth)
