@@ -552,3 +552,52 @@ var messagesSchema = &schema{fields: map[string]rule{
 		}},
 	}},
 }}
+
+// anthropicOnly are block types only Anthropic content has (OpenAI parts are text,
+// image_url, input_audio, file, ...).
+var anthropicOnly = map[string]bool{
+	"tool_use": true, "tool_result": true, "thinking": true, "redacted_thinking": true,
+	"image": true, "tool_reference": true,
+}
+
+// LooksLikeMessages reports whether a body is an Anthropic Messages body rather than a chat
+// completions one: it has a top-level system or stop_sequences, a tool with input_schema, or
+// a content block only Anthropic has. For tools that take either (`kvgate tokenize`,
+// /debug/route) when the caller does not say.
+func LooksLikeMessages(body []byte) bool {
+	var top struct {
+		System        json.RawMessage `json:"system"`
+		StopSequences json.RawMessage `json:"stop_sequences"`
+		Tools         []struct {
+			InputSchema json.RawMessage `json:"input_schema"`
+		} `json:"tools"`
+		Messages []struct {
+			Content json.RawMessage `json:"content"`
+		} `json:"messages"`
+	}
+	if json.Unmarshal(body, &top) != nil {
+		return false
+	}
+	if top.System != nil || top.StopSequences != nil {
+		return true
+	}
+	for _, t := range top.Tools {
+		if t.InputSchema != nil {
+			return true
+		}
+	}
+	for _, m := range top.Messages {
+		var blocks []struct {
+			Type string `json:"type"`
+		}
+		if json.Unmarshal(m.Content, &blocks) != nil {
+			continue
+		}
+		for _, b := range blocks {
+			if anthropicOnly[b.Type] {
+				return true
+			}
+		}
+	}
+	return false
+}
