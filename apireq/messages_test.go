@@ -245,3 +245,39 @@ func TestPythonSerialisation(t *testing.T) {
 		}
 	}
 }
+
+// Parse and the Messages conversion never panic, and refuse only with a 400.
+func FuzzParseMessages(f *testing.F) {
+	for _, s := range []string{
+		`{"model":"m","max_tokens":4,"system":[{"type":"text","text":"a"},5,null],"messages":[{"role":"user","content":"x"}]}`,
+		`{"model":"m","max_tokens":4,"messages":[{"role":"assistant","content":[{"type":"tool_use","id":"a","name":"f","input":{"k":[1.5,"é",null]}},{"type":"tool_result","content":[{"type":"text","text":"it's"},3]}]}]}`,
+		`{"model":"m","max_tokens":4,"messages":[{"role":"user","content":[{"type":"tool_result","tool_use_id":"t","content":[{"type":"image","source":5},{"type":"tool_reference","name":"R"}]},{"type":"image","source":{"type":"url"}}]}]}`,
+		`{"model":"m","max_tokens":4,"tools":[{"name":"f","input_schema":{}}],"tool_choice":{"type":"tool","name":"f"},"messages":[{"role":"system","content":[{"type":"text"}]},{"role":"user","content":""}]}`,
+		`{"model":"m","messages":[{"role":"user","content":[{"type":"thinking","thinking":5}]}]}`,
+		`{`, `[]`, `{"messages":5}`,
+	} {
+		f.Add(s, true)
+		f.Add(s, false)
+	}
+	p := NewParser(DefaultIdentity())
+	f.Fuzz(func(t *testing.T, body string, messages bool) {
+		ep := MessagesCountTokens
+		if messages {
+			ep = Messages
+		}
+		r, e := p.Parse(ep, []byte(body))
+		if e != nil {
+			if e.Status != http.StatusBadRequest || e.Message == "" {
+				t.Fatalf("bad error %+v", e)
+			}
+			return
+		}
+		ti, err := r.TemplateInput()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !json.Valid(ti.Messages) || (ti.Tools != nil && !json.Valid(ti.Tools)) {
+			t.Fatalf("invalid converted JSON %s %s", ti.Messages, ti.Tools)
+		}
+	})
+}

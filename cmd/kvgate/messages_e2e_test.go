@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"testing"
 )
 
@@ -45,12 +46,23 @@ func (f *fleet) rawPost(url string, body any) (int, http.Header, []byte) {
 // by the gateway with the worker's own count, and errors in Anthropic's shape.
 func TestMessagesThroughGateway(t *testing.T) {
 	tok := needModel(t)
-	f := startFleet(t, tok, fleetSpec{workers: 2, events: true})
+	var countHops atomic.Int32 // count_tokens requests that reached a worker
+	f := startFleet(t, tok, fleetSpec{workers: 2, events: true, wrap: func(_ int, h http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.URL.Path == "/v1/messages/count_tokens" {
+				countHops.Add(1)
+			}
+			h.ServeHTTP(w, r)
+		})
+	}})
 
 	// The gateway's local count equals the worker's.
 	code, _, gwCount := f.post("/v1/messages/count_tokens", messagesBody(false), nil)
 	if code != http.StatusOK {
 		t.Fatalf("count_tokens: %d %s", code, gwCount)
+	}
+	if n := countHops.Load(); n != 0 {
+		t.Fatalf("count_tokens reached a worker %d times; the gateway answers it", n)
 	}
 	_, _, simCount := f.rawPost(f.urls[0]+"/v1/messages/count_tokens", messagesBody(false))
 	var gc, sc struct {
