@@ -84,7 +84,6 @@ type anthBody struct {
 	System       json.RawMessage `json:"system"`
 	Messages     []anthMessage   `json:"messages"`
 	Tools        []anthTool      `json:"tools"`
-	ToolsRaw     json.RawMessage `json:"-"`
 	Kwargs       json.RawMessage `json:"chat_template_kwargs"`
 	CacheSalt    json.RawMessage `json:"cache_salt"`
 	IgnoreEOS    bool            `json:"ignore_eos"`
