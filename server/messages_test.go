@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvgate/kvgate/configs"
 	"github.com/kvgate/kvgate/router"
 )
 
@@ -98,6 +99,27 @@ func TestMessagesErrorShape(t *testing.T) {
 		want := `{"type":"error","error":{"type":"` + tc.typ + `","message":`
 		if resp.StatusCode != tc.status || !strings.HasPrefix(string(body), want) {
 			t.Errorf("%s %s: %d %s", tc.path, tc.body, resp.StatusCode, body)
+		}
+	}
+}
+
+// count_tokens goes to a worker with anthropic.count_tokens: forward, and also in local mode
+// when the gateway has no tokenizer (no enricher).
+func TestCountTokensForwarded(t *testing.T) {
+	up := fakeUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != pathCountTokens {
+			http.NotFound(w, r)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte(`{"input_tokens":42}`))
+	})
+	body := `{"model":"test-model","messages":[{"role":"user","content":"x"}]}`
+	for _, mode := range []string{"forward", "local"} {
+		g := startGateway(t, func(c *configs.Config) { c.Anthropic.CountTokens = mode }, up.URL)
+		resp, data := g.post(t, pathCountTokens, body, nil)
+		if resp.StatusCode != http.StatusOK || string(data) != `{"input_tokens":42}` {
+			t.Errorf("%s: %d %s", mode, resp.StatusCode, data)
 		}
 	}
 }
