@@ -43,9 +43,33 @@ type anthropicRequest struct {
 	effort   string        // output_config.effort → reasoning_effort ("" when absent)
 }
 
+// The inline system modes of SetInlineSystem.
+const (
+	InlineSystemMerge    = "merge"
+	InlineSystemPreserve = "preserve"
+)
+
+// SetInlineSystem chooses what becomes of role "system" messages inside a Messages body's
+// messages: InlineSystemMerge (the default) appends their text to the leading system message,
+// as vLLM does when it runs without --chat-template or its template rejects a system message
+// after the first turn; InlineSystemPreserve keeps each in place, as vLLM does with a
+// --chat-template that renders it (AnthropicServingMessages._detect_merge_inline_system). Call
+// it before the Parser is shared.
+func (p *Parser) SetInlineSystem(mode string) error {
+	switch mode {
+	case "", InlineSystemMerge:
+		p.preserveInline = false
+	case InlineSystemPreserve:
+		p.preserveInline = true
+	default:
+		return fmt.Errorf("inline system mode %q is not merge or preserve", mode)
+	}
+	return nil
+}
+
 // parseAnthropic validates a Messages body and converts it. The checks are those of vLLM's
 // pydantic models (protocol.py), whose failures it answers with 400.
-func (r *Request) parseAnthropic() *Error {
+func (r *Request) parseAnthropic(preserveInline bool) *Error {
 	d := r.doc
 	n, isList := d.Messages()
 	if v, ok := d.Get("messages"); !ok || v.IsNone() {
@@ -84,7 +108,7 @@ func (r *Request) parseAnthropic() *Error {
 		return badRequest("system", "system: Input should be a valid string or a list of blocks")
 	}
 	ar := &anthropicRequest{}
-	ar.messages = convertAnthropic(sys, msgs)
+	ar.messages = convertAnthropic(sys, msgs, preserveInline)
 	tools, e := convertAnthropicTools(d)
 	if e != nil {
 		return e
@@ -217,11 +241,11 @@ func obj(kv ...any) jinja.Value {
 	return o
 }
 
-// convertAnthropic builds the OpenAI chat messages of vLLM's to_chat_completion_request with
-// inline system messages merged into the leading system message, as vLLM does when it runs
-// without --chat-template (AnthropicServingMessages._detect_merge_inline_system returns True):
-// _convert_system_message then _convert_messages.
-func convertAnthropic(system jinja.Value, msgs []jinja.Value) []jinja.Value {
+// convertAnthropic builds the OpenAI chat messages of vLLM's to_chat_completion_request:
+// _convert_system_message then _convert_messages. Inline system messages are merged into the
+// leading system message unless preserveInline (merge_inline_system=False) keeps them in
+// place.
+func convertAnthropic(system jinja.Value, msgs []jinja.Value, preserveInline bool) []jinja.Value {
 	var out []jinja.Value
 	// _convert_system_message: a string is used as is; text blocks with text are joined with
 	// "" (billing header blocks skipped); then every inline system message's text.
@@ -242,7 +266,7 @@ func convertAnthropic(system jinja.Value, msgs []jinja.Value) []jinja.Value {
 		}
 	}
 	for _, m := range msgs {
-		if md := m.AsDict(); strField(md, "role") == "system" {
+		if md := m.AsDict(); !preserveInline && strField(md, "role") == "system" {
 			if t := systemText(md); t != "" {
 				parts = append(parts, t)
 			}
@@ -256,7 +280,10 @@ func convertAnthropic(system jinja.Value, msgs []jinja.Value) []jinja.Value {
 		md := m.AsDict()
 		role := strField(md, "role")
 		if role == "system" {
-			continue // merged above
+			if t := systemText(md); preserveInline && t != "" {
+				out = append(out, obj("role", "system", "content", t))
+			}
+			continue // merged above, or kept in place
 		}
 		om := obj("role", role)
 		c := get(md, "content")

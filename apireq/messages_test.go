@@ -164,6 +164,29 @@ func TestMessagesConversion(t *testing.T) {
 	}
 }
 
+// With InlineSystemPreserve an inline system message stays where it is, as
+// {"role": "system", "content": text} (billing header stripped, empty ones dropped), and the
+// leading system message holds the top-level system only (serving.py, _convert_messages with
+// merge_inline_system=False).
+func TestMessagesInlineSystemPreserve(t *testing.T) {
+	p := NewParser(DefaultIdentity())
+	if err := p.SetInlineSystem(InlineSystemPreserve); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.SetInlineSystem("hoist"); err == nil {
+		t.Error("an unknown mode is accepted")
+	}
+	body := `{"model":"m","max_tokens":8,"system":"Top.","messages":[{"role":"user","content":"Q"},{"role":"assistant","content":"A"},{"role":"system","content":"S"},{"role":"system","content":"x-anthropic-billing-header: z"},{"role":"user","content":"Q2"}]}`
+	r, e := p.Parse(Messages, []byte(body))
+	if e != nil {
+		t.Fatal(e)
+	}
+	want := `[{"role":"system","content":"Top."},{"role":"user","content":"Q"},{"role":"assistant","content":"A"},{"role":"system","content":"S"},{"role":"user","content":"Q2"}]`
+	if got := compact(t, string(r.ChatMessages())); got != want {
+		t.Errorf("got %s\nwant %s", got, want)
+	}
+}
+
 // output_config.effort becomes reasoning_effort on /v1/messages only (serving.py,
 // _handle_output_config returns early for count_tokens); add_special_tokens stays false.
 func TestMessagesEffortAndDefaults(t *testing.T) {

@@ -81,6 +81,8 @@ type Request struct {
 	doc *chat.Document
 	// anthropic is the converted Messages body (nil for other endpoints).
 	anthropic *anthropicRequest
+	// preserveInline is the Parser's inline system mode for Messages bodies.
+	preserveInline bool
 }
 
 // Messages is the number of chat messages (0 for other endpoints).
@@ -130,6 +132,8 @@ func (r *Request) Prompts() ([]chat.CompletionPrompt, error) {
 // It is safe for concurrent use.
 type Parser struct {
 	ids IdentityConfig
+	// preserveInline keeps Anthropic inline system messages in place (see SetInlineSystem).
+	preserveInline bool
 }
 
 // NewParser returns a parser reading session identity as ids says (nil lists take the defaults;
@@ -171,7 +175,7 @@ func (p *Parser) Parse(endpoint Endpoint, body []byte) (*Request, *Error) {
 		}
 		return nil, badRequest("", "malformed JSON: "+err.Error())
 	}
-	r := &Request{Endpoint: endpoint, Body: body, doc: doc}
+	r := &Request{Endpoint: endpoint, Body: body, doc: doc, preserveInline: p.preserveInline}
 	if e := sc.check(doc); e != nil {
 		return nil, e
 	}
@@ -244,7 +248,7 @@ func (r *Request) fill() *Error {
 
 	switch r.Endpoint {
 	case Messages, MessagesCountTokens:
-		if e := r.parseAnthropic(); e != nil {
+		if e := r.parseAnthropic(r.preserveInline); e != nil {
 			return e
 		}
 	case ChatCompletions:

@@ -139,7 +139,7 @@ func Default() Config {
 		Proxy:           serverconfig.DefaultProxy(),
 		Health:          healthconfig.Default(),
 		Limits:          serverconfig.DefaultLimits(),
-		Anthropic:       Anthropic{CountTokens: CountTokensLocal},
+		Anthropic:       Anthropic{CountTokens: CountTokensLocal, InlineSystem: "merge"},
 		KVEvents:        eventsconfig.Default(),
 		Sessions:        sessionsconfig.Default(),
 		ShutdownTimeout: Duration(30 * time.Second),

@@ -78,6 +78,9 @@ func New(opts Options) (*Server, error) {
 		m:        newMetrics(opts.Registry, opts.Metrics),
 		tokenize: newTokenizeSlots(opts.Config.Limits),
 	}
+	if err := s.requests.SetInlineSystem(opts.Config.Anthropic.InlineSystem); err != nil {
+		return nil, fmt.Errorf("server: anthropic.inline_system: %w", err)
+	}
 	keys, err := opts.Config.ClientAPIKeys()
 	if err != nil {
 		return nil, fmt.Errorf("server: %w", err)

@@ -122,7 +122,7 @@ func systemTexts(bs []anthBlock) string {
 }
 
 // toChat converts a Messages body into a chat completions body.
-func toChat(b *anthBody, countTokens bool) ([]byte, error) {
+func toChat(b *anthBody, countTokens, preserveInline bool) ([]byte, error) {
 	var msgs []any
 	system := ""
 	if s, ok := stringOf(b.System); ok {
@@ -131,7 +131,7 @@ func toChat(b *anthBody, countTokens bool) ([]byte, error) {
 		system = systemTexts(bs)
 	}
 	for _, m := range b.Messages {
-		if m.Role != "system" {
+		if m.Role != "system" || preserveInline {
 			continue
 		}
 		if s, ok := stringOf(m.Content); ok {
@@ -148,6 +148,17 @@ func toChat(b *anthBody, countTokens bool) ([]byte, error) {
 	for _, m := range b.Messages {
 		switch m.Role {
 		case "system":
+			if preserveInline {
+				text := ""
+				if s, ok := stringOf(m.Content); ok && !strings.HasPrefix(s, anthBilling) {
+					text = s
+				} else if bs, ok := blocksOf(m.Content); ok {
+					text = systemTexts(bs)
+				}
+				if text != "" {
+					msgs = append(msgs, omap{{"role", "system"}, {"content", text}})
+				}
+			}
 			continue
 		case "user", "assistant":
 		default:
@@ -442,7 +453,7 @@ func (w *Worker) handleMessages(rw http.ResponseWriter, r *http.Request, countTo
 		writeError(rw, http.StatusBadRequest, "Field required: max_tokens")
 		return
 	}
-	chatBody, err := toChat(&b, countTokens)
+	chatBody, err := toChat(&b, countTokens, w.opts.PreserveInlineSystem)
 	if err != nil {
 		writeError(rw, http.StatusBadRequest, err.Error())
 		return

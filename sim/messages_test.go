@@ -47,38 +47,43 @@ func TestMessagesTokensMatchGateway(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := apireq.NewParser(apireq.DefaultIdentity())
 	ctx := context.Background()
-	for i, body := range messagesBodies {
-		for _, ep := range []apireq.Endpoint{apireq.Messages, apireq.MessagesCountTokens} {
-			in, e := p.Parse(ep, []byte(body))
-			if e != nil {
-				t.Fatalf("body %d: %v", i, e)
-			}
-			ti, err := in.TemplateInput()
-			if err != nil {
-				t.Fatal(err)
-			}
-			gw, err := tok.TokenizeInput(ctx, tokenize.Input{Chat: ti}, 0)
-			if err != nil {
-				t.Fatalf("body %d: gateway: %v", i, err)
-			}
-			var b anthBody
-			if err := jsonUnmarshal(body, &b); err != nil {
-				t.Fatal(err)
-			}
-			chat, err := toChat(&b, ep == apireq.MessagesCountTokens)
-			if err != nil {
-				t.Fatal(err)
-			}
-			sp, err := tok.TokenizeChat(ctx, chat)
-			if err != nil {
-				t.Fatalf("body %d: sim: %v", i, err)
-			}
-			if !slices.Equal(gw.TokenIDs, sp.TokenIDs) {
-				gt, _ := tok.Decode(gw.TokenIDs, false)
-				st, _ := tok.Decode(sp.TokenIDs, false)
-				t.Errorf("body %d %s: gateway and simulator differ\ngateway: %q\nsim:     %q", i, ep, gt, st)
+	for _, preserve := range []bool{false, true} {
+		p := apireq.NewParser(apireq.DefaultIdentity())
+		if preserve {
+			_ = p.SetInlineSystem(apireq.InlineSystemPreserve)
+		}
+		for i, body := range messagesBodies {
+			for _, ep := range []apireq.Endpoint{apireq.Messages, apireq.MessagesCountTokens} {
+				in, e := p.Parse(ep, []byte(body))
+				if e != nil {
+					t.Fatalf("body %d: %v", i, e)
+				}
+				ti, err := in.TemplateInput()
+				if err != nil {
+					t.Fatal(err)
+				}
+				gw, err := tok.TokenizeInput(ctx, tokenize.Input{Chat: ti}, 0)
+				if err != nil {
+					t.Fatalf("body %d: gateway: %v", i, err)
+				}
+				var b anthBody
+				if err := jsonUnmarshal(body, &b); err != nil {
+					t.Fatal(err)
+				}
+				chat, err := toChat(&b, ep == apireq.MessagesCountTokens, preserve)
+				if err != nil {
+					t.Fatal(err)
+				}
+				sp, err := tok.TokenizeChat(ctx, chat)
+				if err != nil {
+					t.Fatalf("body %d: sim: %v", i, err)
+				}
+				if !slices.Equal(gw.TokenIDs, sp.TokenIDs) {
+					gt, _ := tok.Decode(gw.TokenIDs, false)
+					st, _ := tok.Decode(sp.TokenIDs, false)
+					t.Errorf("body %d %s preserve=%v: gateway and simulator differ\ngateway: %q\nsim:     %q", i, ep, preserve, gt, st)
+				}
 			}
 		}
 	}
