@@ -38,6 +38,7 @@ func runTokenize(ctx context.Context, args []string, stdout io.Writer) error {
 	chatTemplate := fs.String("chat-template", "", "file with a chat template overriding the folder's")
 	lora := fs.String("lora", "", "LoRA adapter name folded into the block hashes")
 	api := fs.String("api", "auto", "request API: auto (detected), openai (chat or completions) or messages (Anthropic)")
+	inlineSystem := fs.String("inline-system", "merge", "Messages bodies: merge inline system messages into the leading one, or preserve them in place (anthropic.inline_system)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			fmt.Fprint(stdout, tokenizeUsage)
@@ -73,6 +74,9 @@ func runTokenize(ctx context.Context, args []string, stdout io.Writer) error {
 	enc.SetEscapeHTML(false) // prompts are full of <|special|> tokens; keep them readable
 	t := tokenizeRun{tk: tk, blockSize: *blockSize, lora: *lora, out: enc, api: *api,
 		parser: apireq.NewParser(apireq.DefaultIdentity())}
+	if err := t.parser.SetInlineSystem(*inlineSystem); err != nil {
+		return fmt.Errorf("tokenize: --inline-system: %w", err)
+	}
 	if *reqPath != "" {
 		body, err := readInput(*reqPath)
 		if err != nil {
