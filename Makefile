@@ -35,9 +35,11 @@ lint: setup fmt-check vet staticcheck
 gotest:
 	$(GO) test -race -count=1 ./...
 
-# The official openai npm client against kvgate + two simulated workers (built binaries).
+# The official openai and @anthropic-ai/sdk npm clients against kvgate + two simulated workers
+# (built binaries).
 e2e-node: build
 	node scripts/e2e-openai.mjs
+	node scripts/e2e-anthropic.mjs
 
 test: setup fmt-check vet staticcheck gotest e2e-node
 

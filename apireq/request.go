@@ -79,6 +79,10 @@ type Request struct {
 	MaxModelLen int
 
 	doc *chat.Document
+	// anthropic is the converted Messages body (nil for other endpoints).
+	anthropic *anthropicRequest
+	// preserveInline is the Parser's inline system mode for Messages bodies.
+	preserveInline bool
 }
 
 // Messages is the number of chat messages (0 for other endpoints).
@@ -98,6 +102,9 @@ func (r *Request) RawMessage(i int) []byte { return r.doc.RawMessage(i) }
 // the template path needs it); an error is a *chat.RequestError vLLM answers with 400 too
 // (e.g. a request chat_template, or both add_generation_prompt and continue_final_message).
 func (r *Request) TemplateInput() (*chat.Request, error) {
+	if r.anthropic != nil {
+		return r.anthropicTemplateInput(), nil
+	}
 	if r.Endpoint != ChatCompletions {
 		return nil, fmt.Errorf("%s has no chat template input", r.Endpoint)
 	}
@@ -125,6 +132,8 @@ func (r *Request) Prompts() ([]chat.CompletionPrompt, error) {
 // It is safe for concurrent use.
 type Parser struct {
 	ids IdentityConfig
+	// preserveInline keeps Anthropic inline system messages in place (see SetInlineSystem).
+	preserveInline bool
 }
 
 // NewParser returns a parser reading session identity as ids says (nil lists take the defaults;
@@ -146,6 +155,8 @@ func (p *Parser) Parse(endpoint Endpoint, body []byte) (*Request, *Error) {
 		sc = chatSchema
 	case Completions:
 		sc = completionSchema
+	case Messages, MessagesCountTokens:
+		sc = messagesSchema
 	default:
 		return nil, &Error{Status: http.StatusNotFound, Message: "unknown endpoint " + string(endpoint)}
 	}
@@ -164,7 +175,7 @@ func (p *Parser) Parse(endpoint Endpoint, body []byte) (*Request, *Error) {
 		}
 		return nil, badRequest("", "malformed JSON: "+err.Error())
 	}
-	r := &Request{Endpoint: endpoint, Body: body, doc: doc}
+	r := &Request{Endpoint: endpoint, Body: body, doc: doc, preserveInline: p.preserveInline}
 	if e := sc.check(doc); e != nil {
 		return nil, e
 	}
@@ -231,11 +242,15 @@ func (r *Request) fill() *Error {
 		}
 	}
 	r.AddSpecialTokens = r.Endpoint == Completions
-	if v, ok := d.Get("add_special_tokens"); ok {
+	if v, ok := d.Get("add_special_tokens"); ok && !r.Endpoint.IsMessages() {
 		r.AddSpecialTokens = v.AsBool()
 	}
 
 	switch r.Endpoint {
+	case Messages, MessagesCountTokens:
+		if e := r.parseAnthropic(r.preserveInline); e != nil {
+			return e
+		}
 	case ChatCompletions:
 		if n, _ := d.Messages(); n == 0 {
 			return badRequest("messages", "messages: must be a non-empty array of messages")
@@ -254,7 +269,7 @@ func (r *Request) fill() *Error {
 			return badRequest("prompt", "prompt: must be a string, an array of strings, or an array of token ids")
 		}
 	}
-	if r.StreamOptions != nil && !r.Stream {
+	if r.StreamOptions != nil && !r.Stream && !r.Endpoint.IsMessages() {
 		// vLLM rejects this the same way (vllm/entrypoints/openai/protocol.py,
 		// validate_stream_options).
 		return badRequest("stream_options", "Stream options can only be defined when `stream=True`.")

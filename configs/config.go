@@ -27,18 +27,19 @@ type Config struct {
 	ChatTemplate string `yaml:"chat_template"`
 	// DefaultChatTemplateKwargs is a JSON object merged under every request's
 	// chat_template_kwargs (vllm serve --default-chat-template-kwargs); "" for none.
-	DefaultChatTemplateKwargs string   `yaml:"default_chat_template_kwargs"`
-	BlockSize                 int      `yaml:"block_size"`
-	Workers                   []Worker `yaml:"workers"`
-	Router                    Router   `yaml:"router"`
-	Proxy                     Proxy    `yaml:"proxy"`
-	Health                    Health   `yaml:"health"`
-	Limits                    Limits   `yaml:"limits"`
-	Sessions                  Sessions `yaml:"sessions"`
-	Auth                      Auth     `yaml:"auth"`
-	KVEvents                  KVEvents `yaml:"kv_events"`
-	ShutdownTimeout           Duration `yaml:"shutdown_timeout"`
-	LogLevel                  string   `yaml:"log_level"`
+	DefaultChatTemplateKwargs string    `yaml:"default_chat_template_kwargs"`
+	BlockSize                 int       `yaml:"block_size"`
+	Workers                   []Worker  `yaml:"workers"`
+	Router                    Router    `yaml:"router"`
+	Proxy                     Proxy     `yaml:"proxy"`
+	Health                    Health    `yaml:"health"`
+	Limits                    Limits    `yaml:"limits"`
+	Sessions                  Sessions  `yaml:"sessions"`
+	Auth                      Auth      `yaml:"auth"`
+	KVEvents                  KVEvents  `yaml:"kv_events"`
+	Anthropic                 Anthropic `yaml:"anthropic"`
+	ShutdownTimeout           Duration  `yaml:"shutdown_timeout"`
+	LogLevel                  string    `yaml:"log_level"`
 
 	// policyAuto records that router.policy was auto, for validation messages.
 	policyAuto bool
@@ -138,6 +139,7 @@ func Default() Config {
 		Proxy:           serverconfig.DefaultProxy(),
 		Health:          healthconfig.Default(),
 		Limits:          serverconfig.DefaultLimits(),
+		Anthropic:       Anthropic{CountTokens: CountTokensLocal, InlineSystem: "merge"},
 		KVEvents:        eventsconfig.Default(),
 		Sessions:        sessionsconfig.Default(),
 		ShutdownTimeout: Duration(30 * time.Second),

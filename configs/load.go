@@ -114,6 +114,8 @@ func Fields() []Field {
 		field("kv_events.listen", "collector address kvgate binds for workers that publish KV events by connecting out (e.g. tcp://*:5557); workers with a topic and no kv_events are fed through it, attributed by topic", func(c *Config) flag.Value { return stringValue{&c.KVEvents.Listen} }),
 		field("kv_events.max_msg_size", "largest message accepted on a KV-event socket (ZMQ_MAXMSGSIZE); suffixes KiB, MiB, GiB", func(c *Config) flag.Value { return &c.KVEvents.MaxMsgSize }),
 		field("kv_events.settle", "how long a worker+rank whose event index lost batches stays approximate (unless the engine restarts or clears its cache first)", func(c *Config) flag.Value { return &c.KVEvents.Settle }),
+		field("anthropic.count_tokens", "POST /v1/messages/count_tokens: local (count with the gateway's tokenizer) or forward (ask a worker)", func(c *Config) flag.Value { return stringValue{&c.Anthropic.CountTokens} }),
+		field("anthropic.inline_system", "role system messages inside an Anthropic Messages body: merge (into the leading system message, vLLM without --chat-template) or preserve (in place); must match the workers", func(c *Config) flag.Value { return stringValue{&c.Anthropic.InlineSystem} }),
 		field("shutdown_timeout", "on SIGTERM, how long running streams may finish before they are cut", func(c *Config) flag.Value { return &c.ShutdownTimeout }),
 		field("log_level", "debug, info, warn or error", func(c *Config) flag.Value { return stringValue{&c.LogLevel} }),
 	}

@@ -59,6 +59,7 @@ func (c *Config) Validate() error {
 	} else if port == "" {
 		bad("listen", "%q has no port", c.Listen)
 	}
+	c.validateAnthropic(bad)
 	if strings.TrimSpace(c.Model) == "" {
 		bad("model", "is required: the served model name clients send (vllm serve --served-model-name)")
 	}

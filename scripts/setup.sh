@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Prepare a fresh machine for `make test` / `make demo` / CI: libzmq (cgo ZMQ), staticcheck,
-# and the openai npm client used by scripts/e2e-openai.mjs. Idempotent; installs only what is
+# and the openai and @anthropic-ai/sdk npm clients used by scripts/e2e-*.mjs. Idempotent; installs only what is
 # missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,8 +22,8 @@ if [ ! -x "$STATICCHECK" ]; then
 	go install honnef.co/go/tools/cmd/staticcheck@v0.8.2
 fi
 
-if [ ! -d scripts/node_modules/openai ]; then
-	echo "setup: installing the openai npm client into scripts/node_modules" >&2
+if [ ! -d scripts/node_modules/openai ] || [ ! -d scripts/node_modules/@anthropic-ai/sdk ]; then
+	echo "setup: installing the npm clients (openai, @anthropic-ai/sdk) into scripts/node_modules" >&2
 	(cd scripts && npm ci --no-audit --no-fund --loglevel=error 2>/dev/null || npm install --no-audit --no-fund --loglevel=error)
 fi
 

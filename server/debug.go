@@ -10,6 +10,7 @@ import (
 
 	"github.com/gin-gonic/gin"
 
+	"github.com/kvgate/kvgate/apireq"
 	"github.com/kvgate/kvgate/kvkey"
 	"github.com/kvgate/kvgate/router"
 )
@@ -53,13 +54,18 @@ func debugEndpoint(q string, body []byte) (string, *apiError) {
 		return pathChat, nil
 	case "completions", pathCompletions:
 		return pathCompletions, nil
+	case "messages", pathMessages:
+		return pathMessages, nil
 	case "":
 	default:
-		return "", badRequest("endpoint", fmt.Sprintf("endpoint %q is not chat or completions", q))
+		return "", badRequest("endpoint", fmt.Sprintf("endpoint %q is not chat, completions or messages", q))
 	}
 	var keys map[string]json.RawMessage
 	if json.Unmarshal(bytes.TrimSpace(body), &keys) != nil {
 		return pathChat, nil // the chat parser reports what is wrong with the body
+	}
+	if apireq.LooksLikeMessages(body) {
+		return pathMessages, nil
 	}
 	if _, ok := keys["messages"]; !ok {
 		if _, ok := keys["prompt"]; ok {

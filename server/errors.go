@@ -70,6 +70,10 @@ func writeError(c *gin.Context, e *apiError) {
 		c.Header("Retry-After", strconv.Itoa(e.RetryAfter))
 	}
 	c.AbortWithStatus(e.Status)
+	if c.GetBool(anthropicKey) {
+		_, _ = c.Writer.Write(anthropicError(e))
+		return
+	}
 	data, _ := json.Marshal(e.body())
 	_, _ = c.Writer.Write(data)
 }

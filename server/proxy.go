@@ -263,11 +263,17 @@ func (s *Server) send(ctx context.Context, c *gin.Context, a *call) (outcome, in
 			return failed, 0, &apiError{Status: http.StatusBadGateway, Message: fmt.Sprintf("worker %s closed the response before its first byte: %v", w.URL(), cause)}
 		}
 	}
-	a.life.FirstToken()
 	w.ReportSuccess()
 
 	mediatype, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type"))
 	stream := mediatype == "text/event-stream"
+	// An Anthropic stream opens with message_start before any token: its first token is its
+	// first content_block_delta (relaySSE reports it). Anything else: the first byte.
+	firstToken := a.life.FirstToken
+	if !(stream && resp.StatusCode == http.StatusOK && c.GetBool(anthropicKey)) {
+		a.life.FirstToken()
+		firstToken = nil
+	}
 	h := c.Writer.Header()
 	copyResponseHeaders(h, resp.Header, stream)
 	if s.cfg.Proxy.ExposeRoutingHeaders {
@@ -288,7 +294,7 @@ func (s *Server) send(ctx context.Context, c *gin.Context, a *call) (outcome, in
 		uc = nil // error bodies carry no usage
 	}
 	if stream && resp.StatusCode == http.StatusOK {
-		return s.relaySSE(ctx, c, w, string(in.Endpoint), buf[:n], body, rerr, uc), resp.StatusCode, nil
+		return s.relaySSE(ctx, c, w, string(in.Endpoint), buf[:n], body, rerr, uc, firstToken), resp.StatusCode, nil
 	}
 	return s.relayBody(ctx, c, w, buf[:n], body, rerr, uc), resp.StatusCode, nil
 }
@@ -345,7 +351,17 @@ const maxPendingEvent = 1 << 20
 // relaySSE relays an event stream one complete event at a time, flushing after each, so a
 // client never sees half an event. If the worker breaks off (error, EOF before [DONE], idle
 // timeout) the stream ends with an OpenAI error event and [DONE].
-func (s *Server) relaySSE(ctx context.Context, c *gin.Context, w *workers.Worker, endpoint string, first []byte, body io.Reader, firstErr error, uc *usageCapture) outcome {
+//
+// firstToken, when set, is called once, on the first Anthropic content_block_delta (or when
+// the stream ends without one).
+func (s *Server) relaySSE(ctx context.Context, c *gin.Context, w *workers.Worker, endpoint string, first []byte, body io.Reader, firstErr error, uc *usageCapture, firstToken func()) outcome {
+	if firstToken != nil {
+		defer func() {
+			if firstToken != nil {
+				firstToken()
+			}
+		}()
+	}
 	src := io.MultiReader(bytes.NewReader(first), body)
 	if firstErr != nil {
 		src = io.MultiReader(bytes.NewReader(first), errReader{firstErr})
@@ -353,9 +369,17 @@ func (s *Server) relaySSE(ctx context.Context, c *gin.Context, w *workers.Worker
 	r := bufio.NewReaderSize(src, 64<<10)
 	event := make([]byte, 0, 4096)
 	sawDone := false
+	anthropic := c.GetBool(anthropicKey)
 	emit := func() bool {
 		if len(event) < 32 && bytes.Contains(event, []byte("data: [DONE]")) {
 			sawDone = true
+		}
+		if anthropic && bytes.HasPrefix(event, []byte("event: message_stop")) {
+			sawDone = true // an Anthropic stream ends with message_stop, no [DONE]
+		}
+		if firstToken != nil && bytes.HasPrefix(event, []byte("event: content_block_delta")) {
+			firstToken()
+			firstToken = nil
 		}
 		if _, err := c.Writer.Write(event); err != nil {
 			return false
@@ -406,12 +430,20 @@ func (s *Server) relaySSE(ctx context.Context, c *gin.Context, w *workers.Worker
 	case context.Cause(ctx) == errIdleTimeout:
 		kind, msg = errIdle, fmt.Sprintf("worker %s sent nothing for %s; stream abandoned", w.URL(), s.cfg.Proxy.StreamIdleTimeout)
 	case errors.Is(err, io.EOF):
-		msg = fmt.Sprintf("worker %s ended the stream before [DONE]", w.URL())
+		end := "[DONE]"
+		if anthropic {
+			end = "message_stop"
+		}
+		msg = fmt.Sprintf("worker %s ended the stream before %s", w.URL(), end)
 	}
 	w.ReportFailure(errors.New(msg))
 	s.m.upstreamErrors.WithLabelValues(w.URL(), kind).Inc()
 	s.log.Warn("stream failed after it started", "worker", w.URL(), "endpoint", endpoint, "err", msg)
-	if _, werr := c.Writer.Write(sseErrorEvent(&apiError{Status: http.StatusBadGateway, Message: msg})); werr == nil {
+	ev := sseErrorEvent(&apiError{Status: http.StatusBadGateway, Message: msg})
+	if c.GetBool(anthropicKey) {
+		ev = anthropicSSEError(&apiError{Status: http.StatusBadGateway, Message: msg})
+	}
+	if _, werr := c.Writer.Write(ev); werr == nil {
 		c.Writer.Flush()
 	}
 	return served

@@ -78,6 +78,9 @@ func New(opts Options) (*Server, error) {
 		m:        newMetrics(opts.Registry, opts.Metrics),
 		tokenize: newTokenizeSlots(opts.Config.Limits),
 	}
+	if err := s.requests.SetInlineSystem(opts.Config.Anthropic.InlineSystem); err != nil {
+		return nil, fmt.Errorf("server: anthropic.inline_system: %w", err)
+	}
 	keys, err := opts.Config.ClientAPIKeys()
 	if err != nil {
 		return nil, fmt.Errorf("server: %w", err)
@@ -93,6 +96,7 @@ func New(opts Options) (*Server, error) {
 	}
 	e.POST(pathChat, s.handleCompletion(pathChat))
 	e.POST(pathCompletions, s.handleCompletion(pathCompletions))
+	s.registerMessages(e)
 	e.GET("/v1/models", s.handleModels)
 	e.GET("/health", s.handleHealth)
 	e.HEAD("/health", s.handleHealth)

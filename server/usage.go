@@ -41,8 +41,12 @@ func (u *usageCapture) body(p []byte) {
 
 const promptTokensKey = `"prompt_tokens"`
 
+// inputTokensKey marks an Anthropic usage object (message_start, message_delta, or the
+// non-stream message).
+const inputTokensKey = `"input_tokens"`
+
 func (u *usageCapture) event(ev []byte) {
-	if u == nil || !bytes.Contains(ev, []byte(promptTokensKey)) {
+	if u == nil || !bytes.Contains(ev, []byte(promptTokensKey)) && !bytes.Contains(ev, []byte(inputTokensKey)) {
 		return
 	}
 	u.last = append(u.last[:0], ev...)
@@ -53,6 +57,26 @@ type usageJSON struct {
 	PromptTokensDetails *struct {
 		CachedTokens *int `json:"cached_tokens"`
 	} `json:"prompt_tokens_details"`
+	// Anthropic's usage (vllm/entrypoints/anthropic/serving.py, _build_anthropic_usage):
+	// input_tokens excludes what was read from or written to the cache.
+	InputTokens              *int `json:"input_tokens"`
+	CacheReadInputTokens     *int `json:"cache_read_input_tokens"`
+	CacheCreationInputTokens *int `json:"cache_creation_input_tokens"`
+}
+
+// anthropic maps an Anthropic usage object onto the prompt and cached token counts: the
+// prompt is input + cache read + cache creation; cached tokens are known only when the
+// worker reported cache_read_input_tokens (--enable-prompt-tokens-details).
+func (j *usageJSON) anthropic() router.Usage {
+	out := router.Usage{PromptTokens: *j.InputTokens}
+	if j.CacheReadInputTokens != nil {
+		out.PromptTokens += *j.CacheReadInputTokens
+		out.CachedTokens, out.HasCached = *j.CacheReadInputTokens, true
+	}
+	if j.CacheCreationInputTokens != nil {
+		out.PromptTokens += *j.CacheCreationInputTokens
+	}
+	return out
 }
 
 // usage returns what was captured; ok is false when no usage with prompt_tokens was seen.
@@ -68,9 +92,21 @@ func (u *usageCapture) usage() (router.Usage, bool) {
 		return router.Usage{}, false
 	}
 	var body struct {
-		Usage *usageJSON `json:"usage"`
+		Usage   *usageJSON `json:"usage"`
+		Message *struct {
+			Usage *usageJSON `json:"usage"`
+		} `json:"message"` // Anthropic message_start
 	}
-	if json.Unmarshal(doc, &body) != nil || body.Usage == nil || body.Usage.PromptTokens == nil {
+	if json.Unmarshal(doc, &body) != nil {
+		return router.Usage{}, false
+	}
+	if body.Usage == nil && body.Message != nil {
+		body.Usage = body.Message.Usage
+	}
+	if body.Usage != nil && body.Usage.PromptTokens == nil && body.Usage.InputTokens != nil {
+		return body.Usage.anthropic(), true
+	}
+	if body.Usage == nil || body.Usage.PromptTokens == nil {
 		return router.Usage{}, false
 	}
 	out := router.Usage{PromptTokens: *body.Usage.PromptTokens}

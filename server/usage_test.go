@@ -39,6 +39,20 @@ func TestUsageCapture(t *testing.T) {
 			chunk("[DONE]")}, router.Usage{PromptTokens: 64, CachedTokens: 16, HasCached: true}, true},
 		{"stream CRLF and split data lines", "", []string{"data: {\"usage\":\r\ndata: {\"prompt_tokens\":7}}\r\n\r\n"}, router.Usage{PromptTokens: 7}, true},
 		{"stream without usage", "", []string{chunk(`{"choices":[{"delta":{"content":"a"}}]}`), chunk("[DONE]")}, router.Usage{}, false},
+		// Anthropic usage (vllm/entrypoints/anthropic/serving.py, _build_anthropic_usage):
+		// input_tokens excludes the cache read and creation counts.
+		{"anthropic non-stream with cache fields", `{"id":"msg","type":"message","usage":{"input_tokens":8,"output_tokens":2,"cache_read_input_tokens":32,"cache_creation_input_tokens":4}}`, nil,
+			router.Usage{PromptTokens: 44, CachedTokens: 32, HasCached: true}, true},
+		{"anthropic non-stream without details", `{"usage":{"input_tokens":9,"output_tokens":1}}`, nil, router.Usage{PromptTokens: 9}, true},
+		{"anthropic stream: message_delta wins over message_start", "", []string{
+			"event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"m\",\"usage\":{\"input_tokens\":64,\"output_tokens\":0}}}\n\n",
+			"event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"a\"}}\n\n",
+			"event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\"},\"usage\":{\"input_tokens\":16,\"output_tokens\":3,\"cache_read_input_tokens\":48}}\n\n",
+			"event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n"},
+			router.Usage{PromptTokens: 64, CachedTokens: 48, HasCached: true}, true},
+		{"anthropic stream message_start only", "", []string{
+			"event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":5,\"output_tokens\":0}}}\n\n"},
+			router.Usage{PromptTokens: 5}, true},
 		{"oversized body is not read", `{"usage":{"prompt_tokens":1}}` + strings.Repeat(" ", maxUsageBody), nil, router.Usage{}, false},
 	}
 	for _, tc := range cases {

@@ -24,6 +24,8 @@ func (w *Worker) routes() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/chat/completions", func(rw http.ResponseWriter, r *http.Request) { w.handleCompletion(rw, r, true) })
 	mux.HandleFunc("POST /v1/completions", func(rw http.ResponseWriter, r *http.Request) { w.handleCompletion(rw, r, false) })
+	mux.HandleFunc("POST /v1/messages", func(rw http.ResponseWriter, r *http.Request) { w.handleMessages(rw, r, false) })
+	mux.HandleFunc("POST /v1/messages/count_tokens", func(rw http.ResponseWriter, r *http.Request) { w.handleMessages(rw, r, true) })
 	mux.HandleFunc("GET /v1/models", w.handleModels)
 	mux.HandleFunc("GET /health", func(rw http.ResponseWriter, _ *http.Request) { rw.WriteHeader(http.StatusOK) })
 	mux.HandleFunc("GET /ping", func(rw http.ResponseWriter, _ *http.Request) { rw.WriteHeader(http.StatusOK) })

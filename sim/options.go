@@ -65,6 +65,10 @@ type Options struct {
 	// HidePromptTokensDetails drops usage.prompt_tokens_details (vLLM without
 	// --enable-prompt-tokens-details).
 	HidePromptTokensDetails bool
+	// PreserveInlineSystem keeps role "system" messages inside an Anthropic Messages body in
+	// place, as vLLM does with a --chat-template that renders them; false merges them into the
+	// leading system message (vLLM's choice without --chat-template).
+	PreserveInlineSystem bool
 
 	// KVEvents is vLLM's --kv-events-config.
 	KVEvents KVEventsConfig

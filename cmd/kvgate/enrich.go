@@ -31,7 +31,7 @@ func (e *enricher) Enrich(ctx context.Context, in *apireq.Request, req *router.R
 	// The body was parsed once, by the request model: tokenize reads its views.
 	ti := tokenize.Input{AddSpecialTokens: in.AddSpecialTokens, CacheSalt: in.CacheSalt}
 	var err error
-	if in.Endpoint == apireq.ChatCompletions {
+	if in.Endpoint == apireq.ChatCompletions || in.Endpoint.IsMessages() {
 		ti.Chat, err = in.TemplateInput()
 	} else {
 		ti.Prompts, err = in.Prompts()

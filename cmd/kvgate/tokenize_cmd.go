@@ -11,6 +11,7 @@ import (
 	"io"
 	"os"
 
+	"github.com/kvgate/kvgate/apireq"
 	"github.com/kvgate/kvgate/kvkey"
 	"github.com/kvgate/kvgate/tokenize"
 )
@@ -20,8 +21,9 @@ const tokenizeUsage = `usage: kvgate tokenize --tokenizer DIR (--request FILE|- 
 Prints what the gateway computes for an OpenAI request, as JSON:
   {"prompt": "...", "token_ids": [...], "block_size": 16, "block_hashes": [...]}
 The request may be a /v1/chat/completions body ("messages"), a /v1/completions body ("prompt":
-a string or token ids; a batch prints one line per prompt), or {"text": "..."} to tokenize raw
-text without special tokens. --requests reads one request per line and writes one JSON line
+a string or token ids; a batch prints one line per prompt), an Anthropic /v1/messages body
+(detected, or --api messages: rendered as vLLM's Anthropic entrypoint converts it), or
+{"text": "..."} to tokenize raw text without special tokens. --requests reads one request per line and writes one JSON line
 per request ({"error": "..."} for a request that fails).
 `
 
@@ -35,12 +37,17 @@ func runTokenize(ctx context.Context, args []string, stdout io.Writer) error {
 	blockSize := fs.Int("block-size", 16, "KV block size of the workers (vLLM --block-size)")
 	chatTemplate := fs.String("chat-template", "", "file with a chat template overriding the folder's")
 	lora := fs.String("lora", "", "LoRA adapter name folded into the block hashes")
+	api := fs.String("api", "auto", "request API: auto (detected), openai (chat or completions) or messages (Anthropic)")
+	inlineSystem := fs.String("inline-system", "merge", "Messages bodies: merge inline system messages into the leading one, or preserve them in place (anthropic.inline_system)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			fmt.Fprint(stdout, tokenizeUsage)
 			return nil
 		}
 		return fmt.Errorf("tokenize: %w\n%s", err, tokenizeUsage)
+	}
+	if *api != "auto" && *api != "openai" && *api != "messages" {
+		return fmt.Errorf("tokenize: --api %q is not auto, openai or messages\n%s", *api, tokenizeUsage)
 	}
 	if *dir == "" || (*reqPath == "") == (*reqsPath == "") || *blockSize <= 0 {
 		return fmt.Errorf("tokenize: need --tokenizer and exactly one of --request or --requests, and a positive --block-size\n%s", tokenizeUsage)
@@ -65,7 +72,11 @@ func runTokenize(ctx context.Context, args []string, stdout io.Writer) error {
 	defer out.Flush()
 	enc := json.NewEncoder(out)
 	enc.SetEscapeHTML(false) // prompts are full of <|special|> tokens; keep them readable
-	t := tokenizeRun{tk: tk, blockSize: *blockSize, lora: *lora, out: enc}
+	t := tokenizeRun{tk: tk, blockSize: *blockSize, lora: *lora, out: enc, api: *api,
+		parser: apireq.NewParser(apireq.DefaultIdentity())}
+	if err := t.parser.SetInlineSystem(*inlineSystem); err != nil {
+		return fmt.Errorf("tokenize: --inline-system: %w", err)
+	}
 	if *reqPath != "" {
 		body, err := readInput(*reqPath)
 		if err != nil {
@@ -117,6 +128,8 @@ type tokenizeRun struct {
 	blockSize int
 	lora      string
 	out       *json.Encoder
+	api       string         // auto, openai or messages
+	parser    *apireq.Parser // maps Messages bodies
 }
 
 type tokenizeOutput struct {
@@ -136,7 +149,21 @@ func (t *tokenizeRun) one(ctx context.Context, body []byte) error {
 		return fmt.Errorf("request is not a JSON object: %w", err)
 	}
 	var prompts []*tokenize.Prompt
-	if probe.Text != nil && probe.Messages == nil && probe.Prompt == nil {
+	if t.api == "messages" || (t.api == "auto" && apireq.LooksLikeMessages(body)) {
+		in, e := t.parser.Parse(apireq.Messages, body)
+		if e != nil {
+			return e
+		}
+		ti, err := in.TemplateInput()
+		if err != nil {
+			return err
+		}
+		p, err := t.tk.TokenizeInput(ctx, tokenize.Input{Chat: ti, CacheSalt: in.CacheSalt}, 0)
+		if err != nil {
+			return err
+		}
+		prompts = []*tokenize.Prompt{p}
+	} else if probe.Text != nil && probe.Messages == nil && probe.Prompt == nil {
 		ids, err := t.tk.Encode(*probe.Text, false)
 		if err != nil {
 			return err

@@ -91,3 +91,44 @@ func TestTokenizeCommand(t *testing.T) {
 		t.Error("missing --tokenizer must fail")
 	}
 }
+
+// kvgate tokenize renders a Messages body as the worker's Anthropic entrypoint does: detected
+// by its shape, or forced with --api messages; the same prompt comes out both ways.
+func TestTokenizeCommandMessages(t *testing.T) {
+	dir := filepath.Join("..", "..", "models", "qwen3")
+	if _, err := os.Stat(filepath.Join(dir, "tokenizer.json")); err != nil {
+		t.Skipf("model files missing (run scripts/fetch-tokenizers.sh): %v", err)
+	}
+	tmp := t.TempDir()
+	cases := []struct{ name, body string }{
+		{"detected", `{"model":"m","max_tokens":4,"system":[{"type":"text","text":"Be terse."}],"messages":[{"role":"user","content":"Hi"}]}`},
+		// As a chat body this renders the system turn last; as Messages it is merged first.
+		{"forced", `{"model":"m","max_tokens":4,"messages":[{"role":"user","content":"Hi"},{"role":"system","content":"Be terse."}]}`},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			path := filepath.Join(tmp, tc.name+".json")
+			if err := os.WriteFile(path, []byte(tc.body), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			args := []string{"--tokenizer", dir, "--request", path}
+			if tc.name == "forced" {
+				args = append(args, "--api", "messages")
+			}
+			var out bytes.Buffer
+			if err := runTokenize(context.Background(), args, &out); err != nil {
+				t.Fatal(err)
+			}
+			var got struct {
+				Prompt string `json:"prompt"`
+			}
+			if err := json.Unmarshal(out.Bytes(), &got); err != nil {
+				t.Fatal(err)
+			}
+			want := "<|im_start|>system\nBe terse.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+			if got.Prompt != want {
+				t.Errorf("prompt %q, want %q", got.Prompt, want)
+			}
+		})
+	}
+}

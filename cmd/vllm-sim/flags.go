@@ -58,6 +58,7 @@ func newServeFlags(fs *flag.FlagSet, o *sim.Options, c *serveConfig) func() erro
 	opaque := fs.Bool("kv-events-opaque-hashes", true, "publish per-engine opaque block ids like vLLM (keyed by PYTHONHASHSEED when set, else random per process); false publishes kvgate's content keys")
 	replay := fs.String("kv-events-replay-format", "topic", "replay replies: topic (vLLM >= 0.26) | no-topic (older)")
 	promptDetails := fs.Bool("enable-prompt-tokens-details", true, "report usage.prompt_tokens_details.cached_tokens")
+	preserveInline := fs.Bool("anthropic-preserve-inline-system", false, "keep system messages inside an Anthropic Messages body in place (vLLM with a --chat-template that renders them) instead of merging them into the leading system message")
 	fs.IntVar(&o.OutputLen, "output-len", 64, "mean natural output length (EOS) without ignore_eos; -1 = run to max_tokens")
 
 	fs.Float64Var(&o.Speedup, "speedup", 1, "divide every simulated duration by this")
@@ -130,6 +131,7 @@ func newServeFlags(fs *flag.FlagSet, o *sim.Options, c *serveConfig) func() erro
 		}
 		o.DisablePrefixCaching = *noPC || !*enablePC
 		o.HidePromptTokensDetails = !*promptDetails
+		o.PreserveInlineSystem = *preserveInline
 		switch *cpuEvents {
 		case "placeholder":
 		case "full":
