@@ -73,6 +73,11 @@ type Request struct {
 	// Session is who the request says it is (session, parent, end of session), filled by
 	// Parser.Identify from the headers and the same parse of the body.
 	Session Identity
+	// PreviousResponseID is a Responses request's previous_response_id ("" when absent): the
+	// request continues a response stored on the worker that produced it. Store is its store
+	// flag (default true); other endpoints leave both zero.
+	PreviousResponseID string
+	Store              bool
 	// MaxModelLen is the model's context length (0: unknown). An enricher that tokenizes refuses
 	// a prompt of MaxModelLen or more tokens, and stops tokenizing as soon as that is certain
 	// (vLLM requires room for one output token).
@@ -98,6 +103,9 @@ func (r *Request) RawMessage(i int) []byte { return r.doc.RawMessage(i) }
 // the template path needs it); an error is a *chat.RequestError vLLM answers with 400 too
 // (e.g. a request chat_template, or both add_generation_prompt and continue_final_message).
 func (r *Request) TemplateInput() (*chat.Request, error) {
+	if r.Endpoint == Responses {
+		return responsesTemplate(r.doc)
+	}
 	if r.Endpoint != ChatCompletions {
 		return nil, fmt.Errorf("%s has no chat template input", r.Endpoint)
 	}
@@ -146,6 +154,8 @@ func (p *Parser) Parse(endpoint Endpoint, body []byte) (*Request, *Error) {
 		sc = chatSchema
 	case Completions:
 		sc = completionSchema
+	case Responses:
+		sc = responsesSchema
 	default:
 		return nil, &Error{Status: http.StatusNotFound, Message: "unknown endpoint " + string(endpoint)}
 	}
@@ -239,6 +249,10 @@ func (r *Request) fill() *Error {
 	case ChatCompletions:
 		if n, _ := d.Messages(); n == 0 {
 			return badRequest("messages", "messages: must be a non-empty array of messages")
+		}
+	case Responses:
+		if e := r.fillResponses(); e != nil {
+			return e
 		}
 	case Completions:
 		v, ok := d.Get("prompt")
