@@ -105,6 +105,8 @@ type Router struct {
 	Seed uint64 `yaml:"seed"`
 
 	routerconfig.KV `yaml:",inline"`
+	// Responses bounds the Responses API pins (previous_response_id → the worker storing it).
+	Responses routerconfig.Responses `yaml:"responses"`
 }
 
 // Approximate configures the cache prediction for workers without (healthy) KV events.
@@ -132,8 +134,9 @@ func Default() Config {
 		Listen:    "127.0.0.1:8000",
 		BlockSize: 16,
 		Router: Router{
-			Policy: PolicyAuto,
-			KV:     routerconfig.Default(),
+			Policy:    PolicyAuto,
+			KV:        routerconfig.Default(),
+			Responses: routerconfig.DefaultResponses(),
 		},
 		Proxy:           serverconfig.DefaultProxy(),
 		Health:          healthconfig.Default(),

@@ -74,6 +74,8 @@ func Fields() []Field {
 		field("router.latency.ready_samples", "kv: observed requests a worker's fit needs before it replaces the prior", func(c *Config) flag.Value { return intValue{&c.Router.Latency.ReadySamples} }),
 		field("router.hold.enabled", "kv: hold a request whose prompt shares a long prefix with a prefill in flight until that prefix is computed on the same worker+rank", func(c *Config) flag.Value { return boolValue{&c.Router.Hold.Enabled} }),
 		field("router.hold.min_blocks", "kv: shortest shared prefix, in blocks, worth a hold", func(c *Config) flag.Value { return intValue{&c.Router.Hold.MinBlocks} }),
+		field("router.responses.max_pins", "Responses API response ids remembered with the worker that stores them (LRU; 0 = none: previous_response_id follow-ups get 404)", func(c *Config) flag.Value { return intValue{&c.Router.Responses.MaxPins} }),
+		field("router.responses.pin_ttl", "a response pin unused this long is forgotten (0 = never by age)", func(c *Config) flag.Value { return &c.Router.Responses.PinTTL }),
 		field("router.hold.margin", "kv: a hold lasts at most the first request's predicted remaining TTFT plus this", func(c *Config) flag.Value { return &c.Router.Hold.Margin }),
 		field("proxy.max_retries", "extra workers tried when a worker fails before its first byte", func(c *Config) flag.Value { return intValue{&c.Proxy.MaxRetries} }),
 		field("proxy.max_body_bytes", "largest accepted request body (413 above); suffixes KiB, MiB, GiB", func(c *Config) flag.Value { return &c.Proxy.MaxBodyBytes }),
