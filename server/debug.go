@@ -120,7 +120,8 @@ func (s *Server) handleDebugWorkers(c *gin.Context) {
 func (s *Server) handleDebugSession(c *gin.Context) {
 	id := strings.TrimPrefix(c.Param("id"), "/")
 	if id == "" {
-		writeError(c, &apiError{Status: http.StatusNotFound, Message: "no session id: use /debug/sessions/{id}"})
+		// No id: the Responses API pins (response id → the worker+rank storing it).
+		c.JSON(http.StatusOK, debugPins{ResponsePins: s.router.DebugPins(1000)})
 		return
 	}
 	lineage := c.Query("lineage") == "true" || c.Query("lineage") == "1"
