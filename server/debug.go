@@ -26,7 +26,8 @@ type routeDebug struct {
 
 // handleDebugRoute answers POST /debug/route: the routing decision for a chat or completions
 // body (and its session headers) without sending anything, accounting any load or changing any
-// session. The endpoint is ?endpoint=chat|completions, else chat when the body has "messages".
+// session. The endpoint is ?endpoint=chat|completions|responses, else chat when the body has
+// "messages", completions when it has "prompt", responses when it has "input".
 func (s *Server) handleDebugRoute(c *gin.Context) {
 	body, e := s.readBody(c)
 	if e != nil {
@@ -53,9 +54,11 @@ func debugEndpoint(q string, body []byte) (string, *apiError) {
 		return pathChat, nil
 	case "completions", pathCompletions:
 		return pathCompletions, nil
+	case "responses", pathResponses:
+		return pathResponses, nil
 	case "":
 	default:
-		return "", badRequest("endpoint", fmt.Sprintf("endpoint %q is not chat or completions", q))
+		return "", badRequest("endpoint", fmt.Sprintf("endpoint %q is not chat, completions or responses", q))
 	}
 	var keys map[string]json.RawMessage
 	if json.Unmarshal(bytes.TrimSpace(body), &keys) != nil {
@@ -64,6 +67,9 @@ func debugEndpoint(q string, body []byte) (string, *apiError) {
 	if _, ok := keys["messages"]; !ok {
 		if _, ok := keys["prompt"]; ok {
 			return pathCompletions, nil
+		}
+		if _, ok := keys["input"]; ok {
+			return pathResponses, nil
 		}
 	}
 	return pathChat, nil

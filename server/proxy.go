@@ -306,6 +306,9 @@ func (s *Server) send(ctx context.Context, c *gin.Context, a *call) (outcome, in
 		return s.relaySSE(ctx, c, w, string(in.Endpoint), buf[:n], body, rerr, uc, ids), resp.StatusCode, nil
 	}
 	first := buf[:n]
+	if ids != nil && errors.Is(rerr, io.EOF) {
+		ids.fromBody(first) // the whole body came in the first read
+	}
 	if ids != nil && rerr == nil {
 		// Pin the stored response before the client has all of it (a follow-up may come at
 		// once): read the body whole, bounded; a larger one is relayed as it comes.
