@@ -157,3 +157,70 @@ func TestResponsesPinnedConversation(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 	}
 }
+
+// TestResponsesTokensMatchSimulator: for a set of Responses bodies the gateway's prompt token
+// count (its own mapping, template and tokenizer; POST /debug/route) equals the simulator's
+// (its independent conversion; usage.input_tokens), so routing hashes what the worker holds.
+func TestResponsesTokensMatchSimulator(t *testing.T) {
+	tok := needModel(t)
+	f := startFleet(t, tok, fleetSpec{workers: 1, args: []string{"--router-policy", "kv_no_load"}})
+	bodies := map[string]map[string]any{
+		"string input":             {"input": "What is the capital of France?"},
+		"instructions":             {"instructions": "You are terse.", "input": "Name three colours."},
+		"message items":            {"input": []any{map[string]any{"type": "message", "role": "user", "content": []any{map[string]any{"type": "input_text", "text": "Hi"}}}, map[string]any{"role": "assistant", "content": "Hello!"}, map[string]any{"role": "user", "content": "Tell me a joke."}}},
+		"function call and output": {"instructions": "Use tools.", "input": []any{map[string]any{"role": "user", "content": "Weather in Paris?"}, map[string]any{"type": "reasoning", "summary": []any{}, "content": []any{map[string]any{"type": "reasoning_text", "text": "Need the tool."}}}, map[string]any{"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": `{"city":"Paris"}`}, map[string]any{"type": "function_call_output", "call_id": "call_1", "output": `{"temp_c":18}`}}},
+		"output message":           {"input": []any{map[string]any{"role": "user", "content": "Q"}, map[string]any{"type": "message", "role": "assistant", "content": []any{map[string]any{"type": "output_text", "text": "A"}}}, map[string]any{"role": "user", "content": "Q2"}}},
+	}
+	for name, b := range bodies {
+		t.Run(name, func(t *testing.T) {
+			b["model"], b["max_output_tokens"] = servedModel, 2
+			d := f.dryRun(b, nil)
+			code, _, body := respCall(t, f, http.MethodPost, "/v1/responses", b)
+			if code != http.StatusOK {
+				t.Fatalf("%d %s", code, body)
+			}
+			var r struct {
+				Usage struct {
+					InputTokens int `json:"input_tokens"`
+				} `json:"usage"`
+			}
+			_ = json.Unmarshal(body, &r)
+			if d.PromptTokens == 0 || d.PromptTokens != r.Usage.InputTokens {
+				t.Errorf("gateway %d prompt tokens, simulator %d", d.PromptTokens, r.Usage.InputTokens)
+			}
+		})
+	}
+}
+
+// TestPassthroughAndUnmatched: vLLM's other endpoints reach a worker with its status; an
+// unmatched route is an OpenAI-shaped 404 counted under endpoint "unmatched".
+func TestPassthroughAndUnmatched(t *testing.T) {
+	tok := needModel(t)
+	f := startFleet(t, tok, fleetSpec{workers: 2, args: []string{"--router-policy", "round_robin"}})
+	cases := []struct {
+		method, path string
+		body         any
+		want         int
+		contains     string
+	}{
+		{http.MethodPost, "/v1/embeddings", map[string]any{"model": servedModel, "input": []string{"a b", "c"}}, http.StatusOK, `"embedding"`},
+		{http.MethodPost, "/tokenize", map[string]any{"model": servedModel, "prompt": "hello world"}, http.StatusOK, `"tokens"`},
+		{http.MethodPost, "/detokenize", map[string]any{"model": servedModel, "tokens": []int{1, 2}}, http.StatusOK, `"prompt"`},
+		{http.MethodGet, "/version", nil, http.StatusOK, `"version"`},
+		{http.MethodPost, "/v1/embeddings", map[string]any{"input": 5}, http.StatusBadRequest, `"error"`},
+		{http.MethodPost, "/v1/rerank", map[string]any{"query": "q", "documents": []string{"d"}}, http.StatusNotFound, ""}, // the simulator has no rerank: its own 404
+		{http.MethodGet, "/v1/nope", nil, http.StatusNotFound, `{"error":{"message":"no route GET /v1/nope","type":"NotFoundError","param":null,"code":404}}`},
+	}
+	for _, tc := range cases {
+		code, _, body := respCall(t, f, tc.method, tc.path, tc.body)
+		if code != tc.want || !strings.Contains(string(body), tc.contains) {
+			t.Errorf("%s %s: %d %s, want %d with %s", tc.method, tc.path, code, body, tc.want, tc.contains)
+		}
+	}
+	if n := f.metric("kvgate_requests_total", map[string]string{"endpoint": "unmatched", "code": "404"}); n != 1 {
+		t.Errorf("unmatched 404s counted %v, want 1", n)
+	}
+	if n := f.metric("kvgate_requests_total", map[string]string{"endpoint": "/v1/embeddings", "code": "200"}); n != 1 {
+		t.Errorf("/v1/embeddings 200s counted %v, want 1", n)
+	}
+}
