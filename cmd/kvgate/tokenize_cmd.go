@@ -11,6 +11,7 @@ import (
 	"io"
 	"os"
 
+	"github.com/kvgate/kvgate/apireq"
 	"github.com/kvgate/kvgate/kvkey"
 	"github.com/kvgate/kvgate/tokenize"
 )
@@ -20,7 +21,8 @@ const tokenizeUsage = `usage: kvgate tokenize --tokenizer DIR (--request FILE|- 
 Prints what the gateway computes for an OpenAI request, as JSON:
   {"prompt": "...", "token_ids": [...], "block_size": 16, "block_hashes": [...]}
 The request may be a /v1/chat/completions body ("messages"), a /v1/completions body ("prompt":
-a string or token ids; a batch prints one line per prompt), or {"text": "..."} to tokenize raw
+a string or token ids; a batch prints one line per prompt), a /v1/responses body ("input",
+mapped as vLLM's Responses entrypoint does; or --api responses), or {"text": "..."} to tokenize raw
 text without special tokens. --requests reads one request per line and writes one JSON line
 per request ({"error": "..."} for a request that fails).
 `
@@ -35,12 +37,18 @@ func runTokenize(ctx context.Context, args []string, stdout io.Writer) error {
 	blockSize := fs.Int("block-size", 16, "KV block size of the workers (vLLM --block-size)")
 	chatTemplate := fs.String("chat-template", "", "file with a chat template overriding the folder's")
 	lora := fs.String("lora", "", "LoRA adapter name folded into the block hashes")
+	api := fs.String("api", "auto", "request API: auto (detected from the body), chat, completions or responses")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			fmt.Fprint(stdout, tokenizeUsage)
 			return nil
 		}
 		return fmt.Errorf("tokenize: %w\n%s", err, tokenizeUsage)
+	}
+	switch *api {
+	case "auto", "chat", "completions", "responses":
+	default:
+		return fmt.Errorf("tokenize: --api %q is not auto, chat, completions or responses\n%s", *api, tokenizeUsage)
 	}
 	if *dir == "" || (*reqPath == "") == (*reqsPath == "") || *blockSize <= 0 {
 		return fmt.Errorf("tokenize: need --tokenizer and exactly one of --request or --requests, and a positive --block-size\n%s", tokenizeUsage)
@@ -65,7 +73,7 @@ func runTokenize(ctx context.Context, args []string, stdout io.Writer) error {
 	defer out.Flush()
 	enc := json.NewEncoder(out)
 	enc.SetEscapeHTML(false) // prompts are full of <|special|> tokens; keep them readable
-	t := tokenizeRun{tk: tk, blockSize: *blockSize, lora: *lora, out: enc}
+	t := tokenizeRun{tk: tk, blockSize: *blockSize, lora: *lora, api: *api, out: enc}
 	if *reqPath != "" {
 		body, err := readInput(*reqPath)
 		if err != nil {
@@ -116,6 +124,7 @@ type tokenizeRun struct {
 	tk        *tokenize.Tokenizer
 	blockSize int
 	lora      string
+	api       string // auto, chat, completions, responses
 	out       *json.Encoder
 }
 
@@ -131,12 +140,28 @@ func (t *tokenizeRun) one(ctx context.Context, body []byte) error {
 		Text     *string         `json:"text"`
 		Messages json.RawMessage `json:"messages"`
 		Prompt   json.RawMessage `json:"prompt"`
+		Input    json.RawMessage `json:"input"`
 	}
 	if err := json.Unmarshal(body, &probe); err != nil {
 		return fmt.Errorf("request is not a JSON object: %w", err)
 	}
 	var prompts []*tokenize.Prompt
-	if probe.Text != nil && probe.Messages == nil && probe.Prompt == nil {
+	responses := t.api == "responses" || (t.api == "auto" && probe.Input != nil && probe.Messages == nil && probe.Prompt == nil)
+	if responses {
+		in, e := apireq.NewParser(apireq.IdentityConfig{}).Parse(apireq.Responses, body)
+		if e != nil {
+			return e
+		}
+		ti, err := in.TemplateInput()
+		if err != nil {
+			return err
+		}
+		p, err := t.tk.TokenizeInput(ctx, tokenize.Input{Chat: ti, AddSpecialTokens: in.AddSpecialTokens, CacheSalt: in.CacheSalt}, 0)
+		if err != nil {
+			return err
+		}
+		prompts = []*tokenize.Prompt{p}
+	} else if probe.Text != nil && probe.Messages == nil && probe.Prompt == nil {
 		ids, err := t.tk.Encode(*probe.Text, false)
 		if err != nil {
 			return err
