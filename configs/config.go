@@ -34,11 +34,13 @@ type Config struct {
 	Proxy                     Proxy    `yaml:"proxy"`
 	Health                    Health   `yaml:"health"`
 	Limits                    Limits   `yaml:"limits"`
-	Sessions                  Sessions `yaml:"sessions"`
-	Auth                      Auth     `yaml:"auth"`
-	KVEvents                  KVEvents `yaml:"kv_events"`
-	ShutdownTimeout           Duration `yaml:"shutdown_timeout"`
-	LogLevel                  string   `yaml:"log_level"`
+	// CORS is off unless origins are listed (serverconfig.CORS).
+	CORS            serverconfig.CORS `yaml:"cors"`
+	Sessions        Sessions          `yaml:"sessions"`
+	Auth            Auth              `yaml:"auth"`
+	KVEvents        KVEvents          `yaml:"kv_events"`
+	ShutdownTimeout Duration          `yaml:"shutdown_timeout"`
+	LogLevel        string            `yaml:"log_level"`
 
 	// policyAuto records that router.policy was auto, for validation messages.
 	policyAuto bool

@@ -110,6 +110,7 @@ func Fields() []Field {
 		field("sessions.group_targets", "worker+ranks a sibling group keeps preferring once it spilled over", func(c *Config) flag.Value { return intValue{&c.Sessions.GroupTargets} }),
 		field("sessions.sibling_prefix", "credit blocks the parent's or a sibling's in-flight request is computing, before KV events announce them", func(c *Config) flag.Value { return boolValue{&c.Sessions.SiblingPrefix} }),
 		field("sessions.pending_ttl", "how long such in-flight blocks are credited", func(c *Config) flag.Value { return &c.Sessions.PendingTTL }),
+		field("cors.allowed_origins", "origins (or *) allowed cross-origin browser access to the client listener, preflight answered (comma-separated); none = CORS off", func(c *Config) flag.Value { return listValue{&c.CORS.AllowedOrigins} }),
 		field("auth.api_keys", "client API keys accepted as Authorization: Bearer (comma-separated); none = no client authentication", func(c *Config) flag.Value { return listValue{&c.Auth.APIKeys} }),
 		field("auth.api_keys_file", "file of further client API keys, one per line (# comments)", func(c *Config) flag.Value { return stringValue{&c.Auth.APIKeysFile} }),
 		field("auth.worker_api_key", "key sent as Authorization: Bearer to every worker without its own api_key (vllm serve --api-key)", func(c *Config) flag.Value { return stringValue{&c.Auth.WorkerAPIKey} }),

@@ -88,6 +88,10 @@ func New(opts Options) (*Server, error) {
 	}
 	gin.SetMode(gin.ReleaseMode) // no route dump on stdout; gin keeps its mode globally
 	e := s.newEngine()
+	if o := opts.Config.CORS.AllowedOrigins; len(o) > 0 {
+		// Before auth: a preflight carries no credentials.
+		e.Use(s.cors(o))
+	}
 	if len(s.clientKeys) > 0 {
 		e.Use(s.clientAuth)
 	}
