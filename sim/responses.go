@@ -66,8 +66,8 @@ func (s *responseStore) get(id string) (*storedResponse, bool) {
 // writeResponseNotFound is vLLM's _make_not_found_error body.
 func writeResponseNotFound(rw http.ResponseWriter, id string) {
 	param := "response_id"
-	writeJSON(rw, http.StatusNotFound, map[string]any{"error": map[string]any{
-		"message": fmt.Sprintf("Response with id '%s' not found.", id), "type": "invalid_request_error", "param": &param, "code": 404}})
+	writeJSON(rw, http.StatusNotFound, errorBody{Error: errorInfo{
+		Message: fmt.Sprintf("Response with id '%s' not found.", id), Type: "invalid_request_error", Param: &param, Code: 404}})
 }
 
 type responsesBody struct {
@@ -160,7 +160,7 @@ func chatMessages(b *responsesBody, prev *storedResponse) ([]json.RawMessage, []
 				add(map[string]any{"role": "tool", "content": it.Output, "tool_call_id": it.CallID}, nil)
 			case it.Type == "reasoning":
 				if it.Encrypted != nil {
-					return nil, nil, false, errors.New("Encrypted content is not supported.")
+					return nil, nil, false, &badRequestError{msg: "Encrypted content is not supported."}
 				}
 				text := firstPartText(it.Content)
 				if text == "" && len(it.Summary) > 0 {
@@ -388,8 +388,8 @@ func (w *Worker) handleResponseCancel(rw http.ResponseWriter, r *http.Request) {
 		writeResponseNotFound(rw, r.PathValue("id"))
 		return
 	}
-	writeJSON(rw, http.StatusBadRequest, map[string]any{"error": map[string]any{
-		"message": "Cannot cancel a synchronous response.", "type": "invalid_request_error", "param": nil, "code": 400}})
+	writeJSON(rw, http.StatusBadRequest, errorBody{Error: errorInfo{
+		Message: "Cannot cancel a synchronous response.", Type: "invalid_request_error", Code: 400}})
 }
 
 // handleEmbeddings serves POST /v1/embeddings with deterministic unit vectors computed from
