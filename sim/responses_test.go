@@ -30,7 +30,9 @@ func TestResponsesStore(t *testing.T) {
 	code, body := postJSON(t, http.MethodPost, a+"/v1/responses", `{"model":"m","instructions":"S","input":"one two three","max_output_tokens":3}`)
 	var r1 struct {
 		ID, Object, Status string
-		Usage              struct{ InputTokens int `json:"input_tokens"` }
+		Usage              struct {
+			InputTokens int `json:"input_tokens"`
+		}
 	}
 	if err := json.Unmarshal(body, &r1); code != 200 || err != nil || r1.Object != "response" || r1.Status != "completed" {
 		t.Fatalf("%d %s", code, body)
@@ -38,7 +40,9 @@ func TestResponsesStore(t *testing.T) {
 	follow := `{"model":"m","input":"four","max_output_tokens":2,"previous_response_id":"` + r1.ID + `"}`
 	code, body = postJSON(t, http.MethodPost, a+"/v1/responses", follow)
 	var r2 struct {
-		Usage struct{ InputTokens int `json:"input_tokens"` }
+		Usage struct {
+			InputTokens int `json:"input_tokens"`
+		}
 	}
 	_ = json.Unmarshal(body, &r2)
 	// The follow-up's prompt holds the first turn's input (minus its system message), its
