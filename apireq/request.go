@@ -15,7 +15,7 @@ import (
 // the same Request.
 type Endpoint string
 
-// The endpoints Parse maps.
+// The endpoints Parse maps (Responses is in responses.go).
 const (
 	ChatCompletions Endpoint = "/v1/chat/completions"
 	Completions     Endpoint = "/v1/completions"
@@ -99,7 +99,8 @@ func (r *Request) Messages() int {
 func (r *Request) RawMessage(i int) []byte { return r.doc.RawMessage(i) }
 
 // TemplateInput returns what the chat template renders: messages, tools, documents,
-// chat_template_kwargs and the generation flags, from the one parse. It is built on demand (only
+// chat_template_kwargs and the generation flags, from the one parse. For Responses it is the
+// mapped conversation (responses.go), or ErrStatefulPrompt for a previous_response_id follow-up. It is built on demand (only
 // the template path needs it); an error is a *chat.RequestError vLLM answers with 400 too
 // (e.g. a request chat_template, or both add_generation_prompt and continue_final_message).
 func (r *Request) TemplateInput() (*chat.Request, error) {
