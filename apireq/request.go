@@ -15,7 +15,7 @@ import (
 // the same Request.
 type Endpoint string
 
-// The endpoints Parse maps.
+// The endpoints Parse maps (Responses is in responses.go).
 const (
 	ChatCompletions Endpoint = "/v1/chat/completions"
 	Completions     Endpoint = "/v1/completions"
@@ -73,6 +73,11 @@ type Request struct {
 	// Session is who the request says it is (session, parent, end of session), filled by
 	// Parser.Identify from the headers and the same parse of the body.
 	Session Identity
+	// PreviousResponseID is a Responses request's previous_response_id ("" when absent): the
+	// request continues a response stored on the worker that produced it. Store is its store
+	// flag (default true); other endpoints leave both zero.
+	PreviousResponseID string
+	Store              bool
 	// MaxModelLen is the model's context length (0: unknown). An enricher that tokenizes refuses
 	// a prompt of MaxModelLen or more tokens, and stops tokenizing as soon as that is certain
 	// (vLLM requires room for one output token).
@@ -98,12 +103,16 @@ func (r *Request) Messages() int {
 func (r *Request) RawMessage(i int) []byte { return r.doc.RawMessage(i) }
 
 // TemplateInput returns what the chat template renders: messages, tools, documents,
-// chat_template_kwargs and the generation flags, from the one parse. It is built on demand (only
+// chat_template_kwargs and the generation flags, from the one parse. For Responses it is the
+// mapped conversation (responses.go), or ErrStatefulPrompt for a previous_response_id follow-up. It is built on demand (only
 // the template path needs it); an error is a *chat.RequestError vLLM answers with 400 too
 // (e.g. a request chat_template, or both add_generation_prompt and continue_final_message).
 func (r *Request) TemplateInput() (*chat.Request, error) {
 	if r.anthropic != nil {
 		return r.anthropicTemplateInput(), nil
+	}
+	if r.Endpoint == Responses {
+		return responsesTemplate(r.doc)
 	}
 	if r.Endpoint != ChatCompletions {
 		return nil, fmt.Errorf("%s has no chat template input", r.Endpoint)
@@ -157,6 +166,8 @@ func (p *Parser) Parse(endpoint Endpoint, body []byte) (*Request, *Error) {
 		sc = completionSchema
 	case Messages, MessagesCountTokens:
 		sc = messagesSchema
+	case Responses:
+		sc = responsesSchema
 	default:
 		return nil, &Error{Status: http.StatusNotFound, Message: "unknown endpoint " + string(endpoint)}
 	}
@@ -254,6 +265,10 @@ func (r *Request) fill() *Error {
 	case ChatCompletions:
 		if n, _ := d.Messages(); n == 0 {
 			return badRequest("messages", "messages: must be a non-empty array of messages")
+		}
+	case Responses:
+		if e := r.fillResponses(); e != nil {
+			return e
 		}
 	case Completions:
 		v, ok := d.Get("prompt")

@@ -27,19 +27,21 @@ type Config struct {
 	ChatTemplate string `yaml:"chat_template"`
 	// DefaultChatTemplateKwargs is a JSON object merged under every request's
 	// chat_template_kwargs (vllm serve --default-chat-template-kwargs); "" for none.
-	DefaultChatTemplateKwargs string    `yaml:"default_chat_template_kwargs"`
-	BlockSize                 int       `yaml:"block_size"`
-	Workers                   []Worker  `yaml:"workers"`
-	Router                    Router    `yaml:"router"`
-	Proxy                     Proxy     `yaml:"proxy"`
-	Health                    Health    `yaml:"health"`
-	Limits                    Limits    `yaml:"limits"`
-	Sessions                  Sessions  `yaml:"sessions"`
-	Auth                      Auth      `yaml:"auth"`
-	KVEvents                  KVEvents  `yaml:"kv_events"`
-	Anthropic                 Anthropic `yaml:"anthropic"`
-	ShutdownTimeout           Duration  `yaml:"shutdown_timeout"`
-	LogLevel                  string    `yaml:"log_level"`
+	DefaultChatTemplateKwargs string   `yaml:"default_chat_template_kwargs"`
+	BlockSize                 int      `yaml:"block_size"`
+	Workers                   []Worker `yaml:"workers"`
+	Router                    Router   `yaml:"router"`
+	Proxy                     Proxy    `yaml:"proxy"`
+	Health                    Health   `yaml:"health"`
+	Limits                    Limits   `yaml:"limits"`
+	// CORS is off unless origins are listed (serverconfig.CORS).
+	CORS            serverconfig.CORS `yaml:"cors"`
+	Sessions        Sessions          `yaml:"sessions"`
+	Auth            Auth              `yaml:"auth"`
+	KVEvents        KVEvents          `yaml:"kv_events"`
+	Anthropic       Anthropic         `yaml:"anthropic"`
+	ShutdownTimeout Duration          `yaml:"shutdown_timeout"`
+	LogLevel        string            `yaml:"log_level"`
 
 	// policyAuto records that router.policy was auto, for validation messages.
 	policyAuto bool
@@ -106,6 +108,8 @@ type Router struct {
 	Seed uint64 `yaml:"seed"`
 
 	routerconfig.KV `yaml:",inline"`
+	// Responses bounds the Responses API pins (previous_response_id → the worker storing it).
+	Responses routerconfig.Responses `yaml:"responses"`
 }
 
 // Approximate configures the cache prediction for workers without (healthy) KV events.
@@ -133,8 +137,9 @@ func Default() Config {
 		Listen:    "127.0.0.1:8000",
 		BlockSize: 16,
 		Router: Router{
-			Policy: PolicyAuto,
-			KV:     routerconfig.Default(),
+			Policy:    PolicyAuto,
+			KV:        routerconfig.Default(),
+			Responses: routerconfig.DefaultResponses(),
 		},
 		Proxy:           serverconfig.DefaultProxy(),
 		Health:          healthconfig.Default(),

@@ -121,6 +121,7 @@ func (c *Config) Validate() error {
 	c.validateKVEvents(bad)
 	c.validateRouter(bad)
 	errs = append(errs, confval.Split(confval.Prefix("router.", c.Router.KV.Validate()))...)
+	errs = append(errs, confval.Split(confval.Prefix("router.responses.", c.Router.Responses.Validate()))...)
 	errs = append(errs, confval.Split(confval.Prefix("proxy.", c.Proxy.Validate()))...)
 	errs = append(errs, confval.Split(confval.Prefix("health.", c.Health.Validate()))...)
 	errs = append(errs, confval.Split(confval.Prefix("limits.", c.Limits.Validate()))...)

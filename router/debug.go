@@ -21,7 +21,13 @@ type Debugger interface {
 	// DebugSession returns the body of GET /debug/sessions/{id}; an error wrapping
 	// ErrNoSession says why there is none (not tracked, or unknown).
 	DebugSession(id string, lineage bool) (any, error)
+	// DebugPins lists the Responses API pins (response id → target), most recently used
+	// first, at most limit.
+	DebugPins(limit int) []PinView
 }
+
+// DebugPins implements Debugger.
+func (e *Dispatcher) DebugPins(limit int) []PinView { return e.pins.view(limit) }
 
 // ErrNoSession is wrapped by DebugSession's errors: the session has no view (the server
 // answers 404 with the error's message).

@@ -28,6 +28,7 @@ type Dispatcher struct {
 	events   *indexers.Subscribers // nil: no KV-event subscriptions
 	feedback *feedback
 	holds    *holdTable    // the prefills in flight (KV-aware policies; nil otherwise)
+	pins     *pinTable     // Responses API response id → the target storing it
 	metrics  *routeMetrics // nil: not registered
 	scraper  *Scraper
 	sweep    time.Duration
@@ -66,6 +67,9 @@ type DispatcherOptions struct {
 	// to one line per MismatchLogEvery (defaults 5 and 1m).
 	MismatchLogBurst int
 	MismatchLogEvery time.Duration
+	// Pins bounds the Responses API pins (response id → target; router.responses.*). The zero
+	// value keeps none.
+	Pins PinConfig
 }
 
 // NewDispatcher builds a dispatcher around a policy.
@@ -78,7 +82,7 @@ func NewDispatcher(o DispatcherOptions) (*Dispatcher, error) {
 		log = slog.Default()
 	}
 	e := &Dispatcher{policy: o.Policy, load: o.Load, approx: o.Approx, sessions: o.Sessions, events: o.Events,
-		sweep: time.Second, log: log}
+		sweep: time.Second, log: log, pins: newPinTable(o.Pins)}
 	interval := o.MetricsInterval
 	if kv := o.KV; kv != nil {
 		e.policy, e.kv = kv, kv
@@ -151,6 +155,9 @@ func (e *Dispatcher) Start(req *Request) (end func()) {
 // Under a KV-aware policy a request whose prompt shares at least router.hold.min_blocks blocks
 // with a prefill in flight may wait here, on ctx, until that prefix is computed (routeKV).
 func (e *Dispatcher) Route(ctx context.Context, req *Request, cands []Candidate) (Decision, Lifecycle, error) {
+	if req.PinResponseID != "" {
+		return e.routePinned(req, cands)
+	}
 	if e.holds != nil {
 		return e.routeKV(ctx, req, cands)
 	}

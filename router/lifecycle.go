@@ -33,6 +33,9 @@ type Lifecycle interface {
 	FirstToken()
 	// UsageSeen: the worker's OpenAI usage object of a successful (200) response.
 	UsageSeen(u Usage)
+	// Produced: the worker's response carries this Responses API id and the worker stores it
+	// (store true): the id is pinned to the attempt's target.
+	Produced(responseID string)
 	// Done: the response reached the client (or the client left after the request was sent).
 	Done()
 	// Failed: nothing reached the client; another worker may be tried with a new attempt.
@@ -79,6 +82,9 @@ func (a *attempt) UsageSeen(u Usage) {
 		a.obs.usageSeen(u)
 	}
 }
+
+// Produced pins the response id to the attempt's target (bounded: router.responses).
+func (a *attempt) Produced(id string) { a.e.pins.put(id, a.d.Chosen.Target) }
 
 // Done releases the attempt's load (feeding the latency fit if UsageSeen did not).
 func (a *attempt) Done() { a.end(true) }

@@ -27,7 +27,12 @@ type Request struct {
 	// Lifecycle's FirstToken mark the first token; a non-stream body's first byte comes after
 	// the whole generation, so the kv policy learns TTFT from streamed requests only.
 	Stream bool
-	Header http.Header
+	// PinResponseID, when set, pins the request to the target that produced this Responses
+	// API response (a previous_response_id, or the {id} of GET/DELETE/cancel): vLLM keeps the
+	// response in that server's memory, so no other candidate may serve it (a hard pin; Route
+	// fails with ErrUnknownResponse instead).
+	PinResponseID string
+	Header        http.Header
 }
 
 // Candidate is a healthy routing target the policy may choose, with the load the gateway sees.

@@ -1,6 +1,6 @@
 // End-to-end check of kvgate with the official `openai` npm client: two simulated vLLM
 // workers (bin/vllm-sim) behind bin/kvgate, all on loopback; stream, non-stream, completions,
-// models, error handling and a worker dying mid-stream. Run by `make test` after `make build`;
+// models, error handling, a worker dying mid-stream, Responses (pinned follow-ups) and embeddings. Run by `make test` after `make build`;
 // scripts/setup.sh installs the client into scripts/node_modules.
 //
 //   node scripts/e2e-openai.mjs        (env BIN=dir of the binaries, default ./bin)
@@ -168,4 +168,50 @@ test('a worker dying mid-stream surfaces as an error, not a hang', async () => {
     return true;
   });
   assert.ok(chunks >= 3, `only ${chunks} chunks before the error`);
+});
+
+test('responses: non-stream, stream, and a previous_response_id follow-up on the same worker', async () => {
+  const { data: r1, response } = await client.responses.create({
+    model: MODEL, instructions: 'Be brief.', input: 'Hello from the Responses API', max_output_tokens: 4,
+  }).withResponse();
+  assert.equal(r1.object, 'response');
+  assert.equal(r1.status, 'completed');
+  assert.ok(r1.output_text.length > 0);
+  const w1 = response.headers.get('x-kvgate-worker');
+  assert.ok(workers.includes(w1));
+
+  const stream = await client.responses.create({
+    model: MODEL, input: 'and more', previous_response_id: r1.id, max_output_tokens: 4, stream: true,
+  });
+  const types = [];
+  let id = '';
+  for await (const ev of stream) {
+    types.push(ev.type);
+    if (ev.type === 'response.created') id = ev.response.id;
+  }
+  assert.equal(types[0], 'response.created');
+  assert.equal(types.at(-1), 'response.completed');
+  assert.ok(types.includes('response.output_text.delta'));
+
+  // Round robin would move the next turn; the pin keeps the chain on the worker storing it.
+  for (let i = 0; i < 2; i++) {
+    const { data, response: resp } = await client.responses.create({
+      model: MODEL, input: 'again', previous_response_id: id, max_output_tokens: 2,
+    }).withResponse();
+    assert.equal(resp.headers.get('x-kvgate-worker'), w1);
+    id = data.id;
+  }
+  const got = await client.responses.retrieve(id);
+  assert.equal(got.id, id);
+  await assert.rejects(
+    client.responses.create({ model: MODEL, input: 'x', previous_response_id: 'resp_unknown' }),
+    (err) => err.status === 404 && /Response with id 'resp_unknown' not found/.test(err.message),
+  );
+});
+
+test('embeddings pass through', async () => {
+  const e = await client.embeddings.create({ model: MODEL, input: ['one two', 'three'] });
+  assert.equal(e.data.length, 2);
+  assert.ok(e.data[0].embedding.length > 0);
+  assert.ok(e.usage.prompt_tokens > 0);
 });

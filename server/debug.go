@@ -27,7 +27,8 @@ type routeDebug struct {
 
 // handleDebugRoute answers POST /debug/route: the routing decision for a chat or completions
 // body (and its session headers) without sending anything, accounting any load or changing any
-// session. The endpoint is ?endpoint=chat|completions, else chat when the body has "messages".
+// session. The endpoint is ?endpoint=chat|completions|responses, else chat when the body has
+// "messages", completions when it has "prompt", responses when it has "input".
 func (s *Server) handleDebugRoute(c *gin.Context) {
 	body, e := s.readBody(c)
 	if e != nil {
@@ -56,9 +57,11 @@ func debugEndpoint(q string, body []byte) (string, *apiError) {
 		return pathCompletions, nil
 	case "messages", pathMessages:
 		return pathMessages, nil
+	case "responses", pathResponses:
+		return pathResponses, nil
 	case "":
 	default:
-		return "", badRequest("endpoint", fmt.Sprintf("endpoint %q is not chat, completions or messages", q))
+		return "", badRequest("endpoint", fmt.Sprintf("endpoint %q is not chat, completions, messages or responses", q))
 	}
 	var keys map[string]json.RawMessage
 	if json.Unmarshal(bytes.TrimSpace(body), &keys) != nil {
@@ -70,6 +73,9 @@ func debugEndpoint(q string, body []byte) (string, *apiError) {
 	if _, ok := keys["messages"]; !ok {
 		if _, ok := keys["prompt"]; ok {
 			return pathCompletions, nil
+		}
+		if _, ok := keys["input"]; ok {
+			return pathResponses, nil
 		}
 	}
 	return pathChat, nil
@@ -126,7 +132,8 @@ func (s *Server) handleDebugWorkers(c *gin.Context) {
 func (s *Server) handleDebugSession(c *gin.Context) {
 	id := strings.TrimPrefix(c.Param("id"), "/")
 	if id == "" {
-		writeError(c, &apiError{Status: http.StatusNotFound, Message: "no session id: use /debug/sessions/{id}"})
+		// No id: the Responses API pins (response id → the worker+rank storing it).
+		c.JSON(http.StatusOK, debugPins{ResponsePins: s.router.DebugPins(1000)})
 		return
 	}
 	lineage := c.Query("lineage") == "true" || c.Query("lineage") == "1"

@@ -22,6 +22,9 @@ type apiError struct {
 	// engineRestart marks a worker's bare 500 (its engine died or restarted): the same worker
 	// may be tried again after a pause when no other one is left.
 	engineRestart bool
+	// errType replaces the type derived from Status (vLLM's own type for some answers, e.g.
+	// invalid_request_error for an unknown response id).
+	errType string
 }
 
 func (e *apiError) Error() string { return e.Message }
@@ -56,6 +59,9 @@ type errorBody struct {
 
 func (e *apiError) body() errorBody {
 	info := errorInfo{Message: e.Message, Type: errorType(e.Status), Code: e.Status}
+	if e.errType != "" {
+		info.Type = e.errType
+	}
 	if e.Param != "" {
 		p := e.Param
 		info.Param = &p

@@ -87,6 +87,8 @@ func (s *Server) prepare(ctx context.Context, endpoint string, body []byte, h ht
 		SessionID:       id.SessionID,
 		ParentSessionID: id.ParentID,
 		EndsSession:     id.Final,
+		PinResponseID:   in.PreviousResponseID,
+		Stream:          in.Stream,
 		Header:          h,
 	}
 	if s.enricher != nil {

@@ -58,6 +58,15 @@ func (s *Server) proxy(c *gin.Context, in *apireq.Request, rreq *router.Request,
 			s.m.retries.WithLabelValues(string(in.Endpoint)).Inc()
 		}
 		d, life, err := s.router.Route(ctx, rreq, cands)
+		if errors.Is(err, router.ErrUnknownResponse) {
+			// A hard pin: only the worker storing the response can serve it. A retry after it
+			// failed keeps that failure; otherwise it is vLLM's 404 for an unknown id.
+			if last == nil {
+				last = responseNotFound(rreq.PinResponseID)
+			}
+			s.log.Info("response pin not servable", "err", err)
+			break
+		}
 		if err != nil {
 			last = &apiError{Status: http.StatusInternalServerError, Message: "routing failed: " + err.Error()}
 			break
@@ -143,6 +152,7 @@ type call struct {
 	scope  retryScope
 	cancel context.CancelCauseFunc // cancels the upstream request (idle timeout)
 	uc     *usageCapture           // nil: the response carries no usage worth reading
+	ids    *responseIDs            // nil: the response's id is not pinned
 }
 
 // attempt sends the request to one worker. Headers are committed to the client only once the
@@ -164,6 +174,9 @@ func (s *Server) attempt(c *gin.Context, a *call) (res outcome, code int, e *api
 		a.life.Done()
 	}()
 	a.cancel, a.uc = cancel, &usageCapture{}
+	if a.in.Endpoint == apireq.Responses && a.in.Store {
+		a.ids = &responseIDs{found: a.life.Produced}
+	}
 	res, code, e = s.send(ctx, c, a)
 	if res == served && code == http.StatusOK {
 		if u, ok := a.uc.usage(); ok {
@@ -177,7 +190,8 @@ func (s *Server) attempt(c *gin.Context, a *call) (res outcome, code int, e *api
 func (s *Server) send(ctx context.Context, c *gin.Context, a *call) (outcome, int, *apiError) {
 	in, w, d, cancel := a.in, a.w, a.d, a.cancel
 	clientCtx := c.Request.Context()
-	up, err := http.NewRequestWithContext(ctx, http.MethodPost, w.Endpoint(string(in.Endpoint), c.Request.URL.RawQuery), bytes.NewReader(in.Body))
+	method, path := upstreamTarget(c, in)
+	up, err := http.NewRequestWithContext(ctx, method, w.Endpoint(path, c.Request.URL.RawQuery), bytes.NewReader(in.Body))
 	if err != nil {
 		return failed, 0, &apiError{Status: http.StatusInternalServerError, Message: "building upstream request: " + err.Error()}
 	}
@@ -290,13 +304,30 @@ func (s *Server) send(ctx context.Context, c *gin.Context, a *call) (outcome, in
 	s.m.ttfb.WithLabelValues(string(in.Endpoint)).Observe(time.Since(a.start).Seconds())
 
 	uc := a.uc
+	ids := a.ids
 	if resp.StatusCode != http.StatusOK {
-		uc = nil // error bodies carry no usage
+		uc, ids = nil, nil // error bodies carry no usage and name no stored response
 	}
 	if stream && resp.StatusCode == http.StatusOK {
-		return s.relaySSE(ctx, c, w, string(in.Endpoint), buf[:n], body, rerr, uc, firstToken), resp.StatusCode, nil
+		return s.relaySSE(ctx, c, w, string(in.Endpoint), buf[:n], body, rerr, uc, firstToken, ids), resp.StatusCode, nil
 	}
-	return s.relayBody(ctx, c, w, buf[:n], body, rerr, uc), resp.StatusCode, nil
+	first := buf[:n]
+	if ids != nil && errors.Is(rerr, io.EOF) {
+		ids.fromBody(first) // the whole body came in the first read
+	}
+	if ids != nil && rerr == nil {
+		// Pin the stored response before the client has all of it (a follow-up may come at
+		// once): read the body whole, bounded; a larger one is relayed as it comes.
+		src := body
+		rest, err := io.ReadAll(io.LimitReader(src, maxUsageBody))
+		first = append(append([]byte(nil), first...), rest...)
+		body, rerr = errReader{io.EOF}, err
+		if err == nil && len(rest) == maxUsageBody {
+			body = src
+		}
+		ids.fromBody(first)
+	}
+	return s.relayBody(ctx, c, w, first, body, rerr, uc), resp.StatusCode, nil
 }
 
 // readSome reads until it gets at least one byte or an error.
@@ -354,7 +385,7 @@ const maxPendingEvent = 1 << 20
 //
 // firstToken, when set, is called once, on the first Anthropic content_block_delta (or when
 // the stream ends without one).
-func (s *Server) relaySSE(ctx context.Context, c *gin.Context, w *workers.Worker, endpoint string, first []byte, body io.Reader, firstErr error, uc *usageCapture, firstToken func()) outcome {
+func (s *Server) relaySSE(ctx context.Context, c *gin.Context, w *workers.Worker, endpoint string, first []byte, body io.Reader, firstErr error, uc *usageCapture, firstToken func(), ids *responseIDs) outcome {
 	if firstToken != nil {
 		defer func() {
 			if firstToken != nil {
@@ -381,6 +412,10 @@ func (s *Server) relaySSE(ctx context.Context, c *gin.Context, w *workers.Worker
 			firstToken()
 			firstToken = nil
 		}
+		if endpoint == pathResponses && isResponsesEnd(event) {
+			sawDone = true // a Responses stream has no [DONE]
+		}
+		ids.fromEvent(event) // before the client sees it: a follow-up may come at once
 		if _, err := c.Writer.Write(event); err != nil {
 			return false
 		}

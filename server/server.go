@@ -91,13 +91,24 @@ func New(opts Options) (*Server, error) {
 	}
 	gin.SetMode(gin.ReleaseMode) // no route dump on stdout; gin keeps its mode globally
 	e := s.newEngine()
+	if o := opts.Config.CORS.AllowedOrigins; len(o) > 0 {
+		// Before auth: a preflight carries no credentials.
+		e.Use(s.cors(o))
+	}
 	if len(s.clientKeys) > 0 {
 		e.Use(s.clientAuth)
 	}
 	e.POST(pathChat, s.handleCompletion(pathChat))
 	e.POST(pathCompletions, s.handleCompletion(pathCompletions))
 	s.registerMessages(e)
+	e.POST(pathResponses, s.handleCompletion(pathResponses))
+	e.GET(pathResponses+"/:id", s.handleResponseByID)
+	e.DELETE(pathResponses+"/:id", s.handleResponseByID)
+	e.POST(pathResponses+"/:id/cancel", s.handleResponseByID)
 	e.GET("/v1/models", s.handleModels)
+	s.addPassthrough(e)
+	e.NoRoute(s.noRoute(http.StatusNotFound))
+	e.NoMethod(s.noRoute(http.StatusMethodNotAllowed))
 	e.GET("/health", s.handleHealth)
 	e.HEAD("/health", s.handleHealth)
 	metricsHandler := promhttp.HandlerFor(s.m.reg, promhttp.HandlerOpts{})

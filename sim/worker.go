@@ -31,6 +31,7 @@ type Worker struct {
 	requests, cancelled, injected atomic.Int64
 	completed, diedMidStream      atomic.Int64
 	faultRand                     *lockedRand
+	stored                        *responseStore // the Responses API store (store: true)
 }
 
 // Stats are counters tests use to observe the worker from outside.
@@ -59,7 +60,7 @@ func New(opts Options) (*Worker, error) {
 		return nil, err
 	}
 	w := &Worker{opts: o, loras: make(map[string]int), created: time.Now().Unix(),
-		faultRand: newLockedRand(o.Faults.Seed)}
+		faultRand: newLockedRand(o.Faults.Seed), stored: newResponseStore()}
 	for i, name := range o.LoRAModules {
 		w.loras[name] = i + 1
 	}

@@ -26,12 +26,17 @@ type enricher struct {
 // server routes the request without block hashes.
 func (e *enricher) Enrich(ctx context.Context, in *apireq.Request, req *router.Request) error {
 	req.Stream = in.Stream
+	if in.PreviousResponseID != "" {
+		// The prompt starts with turns only the worker storing that response holds: the
+		// request is routed by its pin (router.Request.PinResponseID), without block hashes.
+		return nil
+	}
 	// vLLM needs room for one output token: a prompt of MaxModelLen tokens is refused.
 	limit := max(in.MaxModelLen-1, 0)
 	// The body was parsed once, by the request model: tokenize reads its views.
 	ti := tokenize.Input{AddSpecialTokens: in.AddSpecialTokens, CacheSalt: in.CacheSalt}
 	var err error
-	if in.Endpoint == apireq.ChatCompletions || in.Endpoint.IsMessages() {
+	if in.Endpoint == apireq.ChatCompletions || in.Endpoint.IsMessages() || in.Endpoint == apireq.Responses {
 		ti.Chat, err = in.TemplateInput()
 	} else {
 		ti.Prompts, err = in.Prompts()

@@ -55,7 +55,8 @@ func buildRouting(ctx context.Context, cfg configs.Config, reg *workers.Registry
 
 	kvcfg := cfg.Router.KV
 	opts := router.Options{Seed: cfg.Router.Seed, KV: kvcfg}
-	dispOpts := router.DispatcherOptions{Registerer: prom, Log: log}
+	dispOpts := router.DispatcherOptions{Registerer: prom, Log: log,
+		Pins: router.PinConfig{MaxPins: cfg.Router.Responses.MaxPins, TTL: cfg.Router.Responses.PinTTL.D()}}
 	if configs.KVAware(cfg.Router.Policy) {
 		k, err := buildKV(bg, cfg, kvcfg, reg, prom, log)
 		if err != nil {

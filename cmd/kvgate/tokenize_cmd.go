@@ -22,7 +22,8 @@ Prints what the gateway computes for an OpenAI request, as JSON:
   {"prompt": "...", "token_ids": [...], "block_size": 16, "block_hashes": [...]}
 The request may be a /v1/chat/completions body ("messages"), a /v1/completions body ("prompt":
 a string or token ids; a batch prints one line per prompt), an Anthropic /v1/messages body
-(detected, or --api messages: rendered as vLLM's Anthropic entrypoint converts it), or
+(detected, or --api messages: rendered as vLLM's Anthropic entrypoint converts it), a
+/v1/responses body ("input", mapped as vLLM's Responses entrypoint does; or --api responses), or
 {"text": "..."} to tokenize raw text without special tokens. --requests reads one request per line and writes one JSON line
 per request ({"error": "..."} for a request that fails).
 `
@@ -37,7 +38,7 @@ func runTokenize(ctx context.Context, args []string, stdout io.Writer) error {
 	blockSize := fs.Int("block-size", 16, "KV block size of the workers (vLLM --block-size)")
 	chatTemplate := fs.String("chat-template", "", "file with a chat template overriding the folder's")
 	lora := fs.String("lora", "", "LoRA adapter name folded into the block hashes")
-	api := fs.String("api", "auto", "request API: auto (detected), openai (chat or completions) or messages (Anthropic)")
+	api := fs.String("api", "auto", "request API: auto (detected from the body), openai (chat or completions), chat, completions, messages (Anthropic) or responses")
 	inlineSystem := fs.String("inline-system", "merge", "Messages bodies: merge inline system messages into the leading one, or preserve them in place (anthropic.inline_system)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -46,8 +47,10 @@ func runTokenize(ctx context.Context, args []string, stdout io.Writer) error {
 		}
 		return fmt.Errorf("tokenize: %w\n%s", err, tokenizeUsage)
 	}
-	if *api != "auto" && *api != "openai" && *api != "messages" {
-		return fmt.Errorf("tokenize: --api %q is not auto, openai or messages\n%s", *api, tokenizeUsage)
+	switch *api {
+	case "auto", "openai", "chat", "completions", "messages", "responses":
+	default:
+		return fmt.Errorf("tokenize: --api %q is not auto, openai, chat, completions, messages or responses\n%s", *api, tokenizeUsage)
 	}
 	if *dir == "" || (*reqPath == "") == (*reqsPath == "") || *blockSize <= 0 {
 		return fmt.Errorf("tokenize: need --tokenizer and exactly one of --request or --requests, and a positive --block-size\n%s", tokenizeUsage)
@@ -128,8 +131,8 @@ type tokenizeRun struct {
 	blockSize int
 	lora      string
 	out       *json.Encoder
-	api       string         // auto, openai or messages
-	parser    *apireq.Parser // maps Messages bodies
+	api       string         // auto, openai, chat, completions, messages or responses
+	parser    *apireq.Parser // maps Messages and Responses bodies
 }
 
 type tokenizeOutput struct {
@@ -144,13 +147,21 @@ func (t *tokenizeRun) one(ctx context.Context, body []byte) error {
 		Text     *string         `json:"text"`
 		Messages json.RawMessage `json:"messages"`
 		Prompt   json.RawMessage `json:"prompt"`
+		Input    json.RawMessage `json:"input"`
 	}
 	if err := json.Unmarshal(body, &probe); err != nil {
 		return fmt.Errorf("request is not a JSON object: %w", err)
 	}
 	var prompts []*tokenize.Prompt
-	if t.api == "messages" || (t.api == "auto" && apireq.LooksLikeMessages(body)) {
-		in, e := t.parser.Parse(apireq.Messages, body)
+	var endpoint apireq.Endpoint
+	switch {
+	case t.api == "messages" || (t.api == "auto" && apireq.LooksLikeMessages(body)):
+		endpoint = apireq.Messages
+	case t.api == "responses" || (t.api == "auto" && probe.Input != nil && probe.Messages == nil && probe.Prompt == nil):
+		endpoint = apireq.Responses
+	}
+	if endpoint != "" {
+		in, e := t.parser.Parse(endpoint, body)
 		if e != nil {
 			return e
 		}
@@ -158,7 +169,7 @@ func (t *tokenizeRun) one(ctx context.Context, body []byte) error {
 		if err != nil {
 			return err
 		}
-		p, err := t.tk.TokenizeInput(ctx, tokenize.Input{Chat: ti, CacheSalt: in.CacheSalt}, 0)
+		p, err := t.tk.TokenizeInput(ctx, tokenize.Input{Chat: ti, AddSpecialTokens: in.AddSpecialTokens, CacheSalt: in.CacheSalt}, 0)
 		if err != nil {
 			return err
 		}

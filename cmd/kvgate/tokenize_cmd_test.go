@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -130,5 +131,32 @@ func TestTokenizeCommandMessages(t *testing.T) {
 				t.Errorf("prompt %q, want %q", got.Prompt, want)
 			}
 		})
+	}
+}
+
+// TestTokenizeCommandResponses: a Responses body is detected by its "input" (or named with
+// --api responses) and rendered as vLLM's Responses entrypoint builds it: instructions first.
+func TestTokenizeCommandResponses(t *testing.T) {
+	dir := filepath.Join("..", "..", "models", "qwen3")
+	if _, err := os.Stat(filepath.Join(dir, "tokenizer.json")); err != nil {
+		t.Skipf("model files missing (run scripts/fetch-tokenizers.sh): %v", err)
+	}
+	req := filepath.Join(t.TempDir(), "resp.json")
+	if err := os.WriteFile(req, []byte(`{"model":"m","instructions":"Be brief.","input":"Hi"}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, args := range [][]string{{}, {"--api", "responses"}} {
+		var out bytes.Buffer
+		if err := runTokenize(context.Background(), append([]string{"--tokenizer", dir, "--request", req}, args...), &out); err != nil {
+			t.Fatal(err)
+		}
+		var got struct{ Prompt string }
+		_ = json.Unmarshal(out.Bytes(), &got)
+		if !strings.HasPrefix(got.Prompt, "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi") {
+			t.Errorf("%v: prompt %q", args, got.Prompt)
+		}
+	}
+	if err := runTokenize(context.Background(), []string{"--tokenizer", dir, "--request", req, "--api", "anthropic"}, io.Discard); err == nil {
+		t.Error("--api anthropic accepted")
 	}
 }

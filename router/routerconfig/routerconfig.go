@@ -265,3 +265,31 @@ func (c KV) Validate() error {
 	}
 	return p.Err()
 }
+
+// Responses bounds the Responses API pins: each response id a worker produced (and stores,
+// store true) is remembered with that worker+rank, so a follow-up with previous_response_id,
+// and GET/DELETE/cancel of the id, go there and nowhere else.
+type Responses struct {
+	// MaxPins is how many response ids are remembered, least recently used dropped first
+	// (default 100000; 0 remembers none: every follow-up is answered 404).
+	MaxPins int `yaml:"max_pins"`
+	// PinTTL forgets a pin this long after its last use (default 24h; 0: never by age).
+	PinTTL confval.Duration `yaml:"pin_ttl"`
+}
+
+// DefaultResponses returns the pin defaults.
+func DefaultResponses() Responses {
+	return Responses{MaxPins: 100000, PinTTL: confval.Duration(24 * time.Hour)}
+}
+
+// Validate reports negative values (keys relative to the section: max_pins, pin_ttl).
+func (r Responses) Validate() error {
+	var p confval.Problems
+	if r.MaxPins < 0 {
+		p.Addf("max_pins", "must be >= 0, got %d", r.MaxPins)
+	}
+	if r.PinTTL < 0 {
+		p.Addf("pin_ttl", "must be >= 0, got %s", r.PinTTL.D())
+	}
+	return p.Err()
+}

@@ -127,3 +127,11 @@ func (c Limits) Validate() error {
 	}
 	return p.Err()
 }
+
+// CORS configures cross-origin access to the client listener (browser clients).
+type CORS struct {
+	// AllowedOrigins are the origins (scheme://host[:port], or "*" for any) whose browser
+	// requests get CORS headers and whose preflight OPTIONS is answered; empty (the default)
+	// turns CORS off: no CORS headers, OPTIONS is an unmatched route.
+	AllowedOrigins []string `yaml:"allowed_origins"`
+}

@@ -238,9 +238,12 @@ func (t *Template) variables(req *Request, f *decodedFields, conv []jinja.Value)
 	}
 	docs := f.documents
 	data["messages"] = jinja.NewList(conv)
-	if tools.IsNone() {
+	switch {
+	case tools.IsNone():
 		data["tools"] = jinja.None()
-	} else {
+	case f.toolsAsIs:
+		data["tools"] = tools
+	default:
 		dumped, err := dumpTools(tools)
 		if err != nil {
 			return nil, nil, err

@@ -41,6 +41,8 @@ type decodedFields struct {
 	// rawMessages, when set, replaces messages: each element's raw JSON, decoded through the
 	// template's message cache.
 	rawMessages [][]byte
+	// toolsAsIs hands tools to the template unchanged (NewValueRequest).
+	toolsAsIs bool
 }
 
 // TemplateError is a failure inside the chat template (raise_exception, an undefined method, a

@@ -1,0 +1,69 @@
+package sim
+
+import (
+	"encoding/json"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+)
+
+func postJSON(t *testing.T, method, url, body string) (int, []byte) {
+	t.Helper()
+	req, _ := http.NewRequest(method, url, strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, b
+}
+
+// TestResponsesStore: a stored response continues on its own worker; on another worker, or
+// with store false, the follow-up is vLLM's 404 (responses/serving.py, _make_not_found_error);
+// GET returns the stored object; cancel of a synchronous response is vLLM's 400.
+func TestResponsesStore(t *testing.T) {
+	_, a := startWorker(t, Options{ServedModelName: "m"})
+	_, b := startWorker(t, Options{ServedModelName: "m"})
+	code, body := postJSON(t, http.MethodPost, a+"/v1/responses", `{"model":"m","instructions":"S","input":"one two three","max_output_tokens":3}`)
+	var r1 struct {
+		ID, Object, Status string
+		Usage              struct {
+			InputTokens int `json:"input_tokens"`
+		}
+	}
+	if err := json.Unmarshal(body, &r1); code != 200 || err != nil || r1.Object != "response" || r1.Status != "completed" {
+		t.Fatalf("%d %s", code, body)
+	}
+	follow := `{"model":"m","input":"four","max_output_tokens":2,"previous_response_id":"` + r1.ID + `"}`
+	code, body = postJSON(t, http.MethodPost, a+"/v1/responses", follow)
+	var r2 struct {
+		Usage struct {
+			InputTokens int `json:"input_tokens"`
+		}
+	}
+	_ = json.Unmarshal(body, &r2)
+	// The follow-up's prompt holds the first turn's input (minus its system message), its
+	// output and the new input: longer than the first prompt.
+	if code != 200 || r2.Usage.InputTokens <= r1.Usage.InputTokens {
+		t.Fatalf("follow-up on the storing worker: %d %s (first prompt %d tokens)", code, body, r1.Usage.InputTokens)
+	}
+	want := `{"error":{"message":"Response with id '` + r1.ID + `' not found.","type":"invalid_request_error","param":"response_id","code":404}}`
+	if code, body = postJSON(t, http.MethodPost, b+"/v1/responses", follow); code != 404 || string(body) != want {
+		t.Fatalf("follow-up on another worker: %d %s", code, body)
+	}
+	if code, body = postJSON(t, http.MethodGet, a+"/v1/responses/"+r1.ID, ""); code != 200 || !strings.Contains(string(body), r1.ID) {
+		t.Errorf("GET: %d %s", code, body)
+	}
+	if code, _ = postJSON(t, http.MethodPost, a+"/v1/responses/"+r1.ID+"/cancel", ""); code != 400 {
+		t.Errorf("cancel: %d", code)
+	}
+	_, body = postJSON(t, http.MethodPost, a+"/v1/responses", `{"model":"m","input":"x","store":false,"max_output_tokens":1}`)
+	var r3 struct{ ID string }
+	_ = json.Unmarshal(body, &r3)
+	if code, _ = postJSON(t, http.MethodGet, a+"/v1/responses/"+r3.ID, ""); code != 404 {
+		t.Errorf("GET of an unstored response: %d", code)
+	}
+}
