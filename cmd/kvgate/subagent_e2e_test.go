@@ -67,7 +67,10 @@ func postKid(url string, body any, h map[string]string) (worker string, prompt, 
 // later ones away from the root's worker unless something holds them there.
 //   - parent-aware placement on: all four land on the root's worker and report the system prompt
 //     as cached tokens;
-//   - off: they scatter over the fleet, and those elsewhere re-prefill everything (0 cached);
+//   - off, under the block cost (kv_blocks) with the sibling hold off: they scatter over the
+//     fleet, and those elsewhere re-prefill everything (0 cached). Under kv's predicted-time cost
+//     the cached system prompt alone may keep them together when the root's worker is not
+//     loaded, which is the point of that cost, so kv cannot show what the hint adds;
 //   - on, with the root's worker saturated (busy threshold): they spread, the hint being soft.
 func TestSubagentPlacement(t *testing.T) {
 	tok := needModel(t)
@@ -88,7 +91,7 @@ func TestSubagentPlacement(t *testing.T) {
 					}
 				}
 			}},
-		{"off", []string{"--sessions-parent-aware=false"},
+		{"off", []string{"--sessions-parent-aware=false", "--router-policy", "kv_blocks", "--router-hold-enabled=false"},
 			func(t *testing.T, rootW string, kids []kidResult, sysTokens int) {
 				where := map[string]bool{}
 				for _, k := range kids {
