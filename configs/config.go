@@ -3,6 +3,7 @@ package configs
 import (
 	"time"
 
+	"github.com/kvgate/kvgate/cluster/clusterconfig"
 	"github.com/kvgate/kvgate/indexers/eventsconfig"
 	"github.com/kvgate/kvgate/router/routerconfig"
 	"github.com/kvgate/kvgate/server/serverconfig"
@@ -35,13 +36,16 @@ type Config struct {
 	Health                    Health   `yaml:"health"`
 	Limits                    Limits   `yaml:"limits"`
 	// CORS is off unless origins are listed (serverconfig.CORS).
-	CORS            serverconfig.CORS `yaml:"cors"`
-	Sessions        Sessions          `yaml:"sessions"`
-	Auth            Auth              `yaml:"auth"`
-	KVEvents        KVEvents          `yaml:"kv_events"`
-	Anthropic       Anthropic         `yaml:"anthropic"`
-	ShutdownTimeout Duration          `yaml:"shutdown_timeout"`
-	LogLevel        string            `yaml:"log_level"`
+	CORS      serverconfig.CORS `yaml:"cors"`
+	Sessions  Sessions          `yaml:"sessions"`
+	Auth      Auth              `yaml:"auth"`
+	KVEvents  KVEvents          `yaml:"kv_events"`
+	Anthropic Anthropic         `yaml:"anthropic"`
+	// Cluster joins this replica to its peers over NATS; off unless nats_url or
+	// embedded_nats.listen is set (clusterconfig.Config documents each key).
+	Cluster         Cluster  `yaml:"cluster"`
+	ShutdownTimeout Duration `yaml:"shutdown_timeout"`
+	LogLevel        string   `yaml:"log_level"`
 
 	// policyAuto records that router.policy was auto, for validation messages.
 	policyAuto bool
@@ -131,6 +135,10 @@ type Limits = serverconfig.Limits
 // sessions package (sessionsconfig.Config, which documents each key).
 type Sessions = sessionsconfig.Config
 
+// Cluster configures how replicas share state over NATS; its owner is the cluster package
+// (clusterconfig.Config, which documents each key).
+type Cluster = clusterconfig.Config
+
 // Default returns the built-in defaults; configs/kvgate.yaml documents the same values.
 func Default() Config {
 	return Config{
@@ -147,6 +155,7 @@ func Default() Config {
 		Anthropic:       Anthropic{CountTokens: CountTokensLocal, InlineSystem: "merge"},
 		KVEvents:        eventsconfig.Default(),
 		Sessions:        sessionsconfig.Default(),
+		Cluster:         clusterconfig.Default(),
 		ShutdownTimeout: Duration(30 * time.Second),
 		LogLevel:        "info",
 	}

@@ -126,6 +126,7 @@ func (c *Config) Validate() error {
 	errs = append(errs, confval.Split(confval.Prefix("health.", c.Health.Validate()))...)
 	errs = append(errs, confval.Split(confval.Prefix("limits.", c.Limits.Validate()))...)
 	errs = append(errs, confval.Split(confval.Prefix("sessions.", c.Sessions.Validate()))...)
+	errs = append(errs, confval.Split(confval.Prefix("cluster.", c.Cluster.Validate()))...)
 	c.validateAuth(bad)
 	if c.ShutdownTimeout < 0 {
 		bad("shutdown_timeout", "must not be negative, got %s", c.ShutdownTimeout)

@@ -104,6 +104,8 @@ type workersDebug struct {
 	BlockSize int          `json:"block_size"`
 	Targets   []targetView `json:"targets"`
 	router.FleetView
+	// Details are the HealthDetail components (the cluster link), by name.
+	Details map[string]any `json:"details,omitempty"`
 }
 
 // handleDebugWorkers answers GET /debug/workers: per worker+rank its health, load, scoring
@@ -122,6 +124,11 @@ func (s *Server) handleDebugWorkers(c *gin.Context) {
 	}
 	for i, v := range s.router.DebugTargets(ts) {
 		out.Targets[i].TargetView, out.Targets[i].Mode = v, v.Mode
+	}
+	if len(s.details) > 0 {
+		d := gin.H{}
+		s.addDetails(d)
+		out.Details = d
 	}
 	c.JSON(http.StatusOK, out)
 }

@@ -41,6 +41,15 @@ type Options struct {
 	// Metrics is the Prometheus registry GET /metrics serves; the server registers its own
 	// series on it. Nil makes a new one (other components then register on Server.Metrics).
 	Metrics *prometheus.Registry
+	// Details are further components /health and GET /debug/workers report (the cluster
+	// link); a degraded one is shown, never a reason to answer 503.
+	Details []HealthDetail
+}
+
+// HealthDetail is a component whose state /health and GET /debug/workers report under its
+// name (the cluster node: NATS connected or degraded).
+type HealthDetail interface {
+	HealthDetail() (name string, detail any, degraded bool)
 }
 
 // Server is the gateway's HTTP front. Each Server owns its gin engine and Prometheus registry.
@@ -58,6 +67,7 @@ type Server struct {
 	clientKeys keySet         // empty: the client listener is open
 	adminToken keySet         // empty: the admin listener is open
 	tokenize   *tokenizeSlots // caps concurrent enrichments (tokenizations)
+	details    []HealthDetail
 }
 
 // New builds a server; it does not start probing or listening (see Serve).
@@ -77,6 +87,7 @@ func New(opts Options) (*Server, error) {
 		log:      opts.Logger,
 		m:        newMetrics(opts.Registry, opts.Metrics),
 		tokenize: newTokenizeSlots(opts.Config.Limits),
+		details:  opts.Details,
 	}
 	if err := s.requests.SetInlineSystem(opts.Config.Anthropic.InlineSystem); err != nil {
 		return nil, fmt.Errorf("server: anthropic.inline_system: %w", err)

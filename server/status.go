@@ -108,6 +108,9 @@ func (s *Server) handleHealth(c *gin.Context) {
 		}
 	}
 	body := gin.H{"status": "ok", "routable_workers": routable, "workers": states}
+	if degraded := s.addDetails(body); len(degraded) > 0 {
+		body["degraded"] = degraded
+	}
 	code := http.StatusOK
 	if routable == 0 {
 		code = http.StatusServiceUnavailable
@@ -115,4 +118,18 @@ func (s *Server) handleHealth(c *gin.Context) {
 		body["reason"] = fmt.Sprintf("no healthy worker (0 of %d routable): %s", len(states), strings.Join(reasons, "; "))
 	}
 	c.JSON(code, body)
+}
+
+// addDetails puts every HealthDetail into body under its name and returns the degraded ones'
+// names.
+func (s *Server) addDetails(body gin.H) []string {
+	var degraded []string
+	for _, d := range s.details {
+		name, detail, bad := d.HealthDetail()
+		body[name] = detail
+		if bad {
+			degraded = append(degraded, name)
+		}
+	}
+	return degraded
 }

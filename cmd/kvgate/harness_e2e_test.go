@@ -126,7 +126,7 @@ func startFleet(t *testing.T, tok *tokenize.Tokenizer, spec fleetSpec) *fleet {
 	reg.ProbeAll(ctx)
 	var wg sync.WaitGroup
 	wg.Go(func() { reg.Run(ctx) })
-	rt, err := buildRouting(ctx, cfg, reg, f.prom, quiet)
+	rt, err := buildRouting(ctx, cfg, reg, f.prom, quiet, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

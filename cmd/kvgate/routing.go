@@ -12,6 +12,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/kvgate/kvgate/cluster"
 	"github.com/kvgate/kvgate/configs"
 	"github.com/kvgate/kvgate/indexers"
 	"github.com/kvgate/kvgate/kvkey"
@@ -36,8 +37,10 @@ type routing struct {
 
 // buildRouting assembles the routing for cfg. This is the one place where the KV-aware
 // policies' dependencies (tokenizer, event index, sessions, metrics scraper) get wired in; the
-// simple policies need none of them. Background work runs until close is called.
-func buildRouting(ctx context.Context, cfg configs.Config, reg *workers.Registry, prom prometheus.Registerer, log *slog.Logger) (rt *routing, err error) {
+// simple policies need none of them. node is the replica's cluster membership (nil: one
+// replica, nothing shared). Background work runs until close is called.
+func buildRouting(ctx context.Context, cfg configs.Config, reg *workers.Registry, prom prometheus.Registerer, log *slog.Logger, node *cluster.Node) (rt *routing, err error) {
+	_ = node // the shared state (bindings, load, snapshots) is wired from here
 	bg, stop := context.WithCancel(context.WithoutCancel(ctx))
 	var closers []func()
 	rt = &routing{close: func() {

@@ -50,7 +50,7 @@ func TestBuildRoutingSimplePolicies(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			rt, err := buildRouting(context.Background(), cfg, reg, nil, slog.New(slog.DiscardHandler))
+			rt, err := buildRouting(context.Background(), cfg, reg, nil, slog.New(slog.DiscardHandler), nil)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/kvgate/kvgate/cluster"
 	"github.com/kvgate/kvgate/configs"
 	"github.com/kvgate/kvgate/server"
 	"github.com/kvgate/kvgate/workers"
@@ -36,13 +37,22 @@ func runServe(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 	defer reg.Close()
 	prom := prometheus.NewRegistry()
-	rt, err := buildRouting(ctx, cfg, reg, prom, log)
+	var details []server.HealthDetail
+	var node *cluster.Node
+	if cfg.Cluster.Enabled() {
+		if node, err = cluster.Start(ctx, cfg.Cluster, cluster.Options{Log: log, Registerer: prom}); err != nil {
+			return err
+		}
+		defer node.Close()
+		details = append(details, node)
+	}
+	rt, err := buildRouting(ctx, cfg, reg, prom, log, node)
 	if err != nil {
 		return fmt.Errorf("invalid configuration:\n  %w", err)
 	}
 	defer rt.close()
 	srv, err := server.New(server.Options{Config: cfg, Registry: reg, Router: rt.dispatcher, Enricher: rt.enricher,
-		Logger: log, Metrics: prom})
+		Logger: log, Metrics: prom, Details: details})
 	if err != nil {
 		return err
 	}
