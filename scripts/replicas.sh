@@ -31,7 +31,7 @@
 #   BUFFER_STEPS  the workers' replay ring (vLLM buffer_steps) [200 with COLD_REPLICA=1, else
 #                 10000]: 200 no longer reaches back to the start of the replay
 #   TIME_SCALE    kvbench --time-scale [0.02]
-#   KVBENCH_ARGS  extra kvbench run flags ["--max-output-tokens 64 --repeat 3 --repeat-stagger 200s"]
+#   KVBENCH_ARGS  extra kvbench run flags ["--max-output-tokens 64 --repeat 6 --repeat-stagger 100s"]
 #   SESSION_HEADERS  kvbench --session-headers [both]
 #   POLICY        kvgate --router-policy [kv]
 #   GATEWAY_ARGS  extra `kvgate serve` flags for every replica (e.g. "--cluster-kv-replicas 3")
@@ -62,7 +62,7 @@ WORKERS="${WORKERS:-4}"
 SPEEDUP="${SPEEDUP:-1}"
 if [ "$COLD_REPLICA" = 1 ]; then BUFFER_STEPS="${BUFFER_STEPS:-200}"; else BUFFER_STEPS="${BUFFER_STEPS:-10000}"; fi
 TIME_SCALE="${TIME_SCALE:-0.02}"
-KVBENCH_ARGS="${KVBENCH_ARGS:---max-output-tokens 64 --repeat 3 --repeat-stagger 200s}"
+KVBENCH_ARGS="${KVBENCH_ARGS:---max-output-tokens 64 --repeat 6 --repeat-stagger 100s}"
 SESSION_HEADERS="${SESSION_HEADERS:-both}"
 POLICY="${POLICY:-kv}"
 GATEWAY_ARGS="${GATEWAY_ARGS:-}"
@@ -325,6 +325,11 @@ report() {
   s=$(curl -sf "http://127.0.0.1:$((BASE_PORT + 9))/stats;csv" | awk -F, '$1 == "replicas" && $2 ~ /^gw/ { printf "%s%s=%s", sep, $2, $8; sep = " " }') || s="?"
   echo "requests per replica (HAProxy) $s"
   [ -n "$nats_stopped_at" ] && echo "nats-server stopped ${nats_stopped_at}s into the replay"
+  # The last event sequence number of each worker (batches published since it started), as
+  # replica 1 saw it: a ring of BUFFER_STEPS batches reaches back to the start when it is larger.
+  s=$(curl -sf "http://127.0.0.1:$(admin_port 1)/debug/workers" |
+    jq -r '[.targets[] | "\(.worker | sub("^http://"; ""))#\(.dp_rank)=\(.subscription.last_seq // "-")"] | join(" ")') || s="?"
+  echo "event batches per worker (last_seq on gw1) $s; replay ring buffer_steps $BUFFER_STEPS"
   for r in $(seq 1 "$REPLICAS"); do
     printf 'replica gw%s: kvgate_cluster_connected %s, kvgate_cluster_errors_total %s, /health degraded %s\n' "$r" \
       "$(metric_sum "$(gw_port "$r")" kvgate_cluster_connected)" \
@@ -337,6 +342,10 @@ report | tee "$OUT/report.txt"
 # --- COLD_REPLICA=1: one more replica, started cold, against replica 1 ---
 if [ "$COLD_REPLICA" = 1 ]; then
   mkdir -p "$OUT/cold"
+  short=$(curl -sf "http://127.0.0.1:$(admin_port 1)/debug/workers" |
+    jq -r --argjson b "$BUFFER_STEPS" '[.targets[] | select((.subscription.last_seq // 0) < $b) | .worker] | join(" ")') || short=""
+  [ -n "$short" ] && log "WARNING: the replay ring (buffer_steps $BUFFER_STEPS) still reaches back to seq 0 on $short:" \
+    "a cold replica can rebuild those from the ring alone (more traffic: KVBENCH_ARGS with a larger --repeat)"
   total=$(wc -l <"$OUT/bodies.jsonl")
   [ "$total" -gt 0 ] || die "kvbench logged no request bodies"
   # PROBES prompts spread over the replay (the later ones are the longest contexts), each with
