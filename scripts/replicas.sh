@@ -21,6 +21,11 @@
 #   STOP_NATS_AT  seconds into the replay at which the external nats-server is stopped
 #                 (SIGTERM); needs NATS=external. The report then shows the replicas degraded and
 #                 the client errors (the target is 0) [unset]
+#   NATS_DOWN_FOR seconds after STOP_NATS_AT at which the nats-server starts again (same port
+#                 and store): the replicas reconnect [unset: it stays down]
+#   KILL_REPLICA_AT  seconds into the replay at which the last replica is killed (SIGKILL);
+#                 HAProxy's health check takes it out, and only the streams in flight on it
+#                 should fail (the report shows how many were) [unset]
 #   COLD_REPLICA=1  after the replay, start one more replica (a plain NATS client of the seeds)
 #                 and compare, on PROBES held-out prompts (prompts of the replay plus a new user
 #                 turn), its per-worker G1/G2 overlap from POST /debug/route with replica 1's,
@@ -55,6 +60,8 @@ TRACE="${1:-${TRACE:-testdata/traces/trace_0291.json}}"
 REPLICAS="${REPLICAS:-3}"
 NATS="${NATS:-embedded}"
 STOP_NATS_AT="${STOP_NATS_AT:-}"
+NATS_DOWN_FOR="${NATS_DOWN_FOR:-}"
+KILL_REPLICA_AT="${KILL_REPLICA_AT:-}"
 COLD_REPLICA="${COLD_REPLICA:-0}"
 COMPARE="${COMPARE:-0}"
 OUT="${OUT:-out/replicas}"
@@ -89,7 +96,7 @@ if [ "$COMPARE" = 1 ]; then
   build_bins
   for n in 1 "$n3"; do
     log "compare: REPLICAS=$n"
-    COMPARE=0 COLD_REPLICA=0 STOP_NATS_AT="" REPLICAS="$n" OUT="$OUT/r$n" BIN="$BIN" SKIP_BUILD=1 \
+    COMPARE=0 COLD_REPLICA=0 STOP_NATS_AT="" NATS_DOWN_FOR="" KILL_REPLICA_AT="" REPLICAS="$n" OUT="$OUT/r$n" BIN="$BIN" SKIP_BUILD=1 \
       "$0" "$TRACE" >"$OUT/r$n.txt" 2>&1 || die "the REPLICAS=$n run failed; see $OUT/r$n.txt"
     cat "$OUT/r$n.txt"
   done
@@ -114,6 +121,14 @@ case "$NATS" in embedded | external | none) ;; *) die "NATS=$NATS: want embedded
 if [ -n "$STOP_NATS_AT" ]; then
   [ "$NATS" = external ] || die "STOP_NATS_AT needs NATS=external (an embedded server stops only with its replica)"
   [[ "$STOP_NATS_AT" =~ ^[0-9]+$ ]] || die "STOP_NATS_AT=$STOP_NATS_AT: want whole seconds"
+fi
+if [ -n "$NATS_DOWN_FOR" ]; then
+  [ -n "$STOP_NATS_AT" ] || die "NATS_DOWN_FOR needs STOP_NATS_AT"
+  [[ "$NATS_DOWN_FOR" =~ ^[0-9]+$ ]] || die "NATS_DOWN_FOR=$NATS_DOWN_FOR: want whole seconds"
+fi
+if [ -n "$KILL_REPLICA_AT" ]; then
+  [[ "$KILL_REPLICA_AT" =~ ^[0-9]+$ ]] || die "KILL_REPLICA_AT=$KILL_REPLICA_AT: want whole seconds"
+  [ "$REPLICAS" -ge 2 ] || die "KILL_REPLICA_AT needs REPLICAS >= 2 (HAProxy needs a replica left)"
 fi
 [ "$COLD_REPLICA" = 1 ] && [ "$REPLICAS" -ge 9 ] && die "COLD_REPLICA=1 needs REPLICAS <= 8 (ports)"
 [ "$WORKERS" -le 8 ] || die "WORKERS=$WORKERS: at most 8 (ports)"
@@ -181,12 +196,16 @@ wait_file "$OUT/fleet.yaml"
 
 # --- NATS ---
 nats_pid=""
-if [ "$NATS" = external ]; then
+# start_nats: the external nats-server (JetStream on, its store in OUT, so a restart keeps it).
+start_nats() {
   "$NATS_SERVER" -a 127.0.0.1 -p "$EXT_NATS_PORT" -m "$EXT_NATS_MON" -js -sd "$OUT/nats-store" \
-    -n kvgate-nats >"$OUT/nats.log" 2>&1 &
+    -n kvgate-nats >>"$OUT/nats.log" 2>&1 </dev/null &
   nats_pid=$!
   PIDS+=("$nats_pid")
   wait_http "http://127.0.0.1:$EXT_NATS_MON/healthz" "$nats_pid" 30 || die "nats-server did not start; see $OUT/nats.log"
+}
+if [ "$NATS" = external ]; then
+  start_nats
 fi
 SEED_URLS=""
 SEED_ROUTES=""
@@ -279,6 +298,11 @@ PIDS+=("$hap")
 wait_http "http://$LB/health" "$hap" 30 || die "HAProxy did not answer; see $OUT/haproxy.log"
 
 # --- the replay ---
+# metric_sum PORT NAME: the sum of a metric's series on a replica's /metrics (0 when absent).
+metric_sum() {
+  curl -sf "http://127.0.0.1:$1/metrics" 2>/dev/null | awk -v m="$2" '
+    $1 == m || index($1, m "{") == 1 { s += $2; f = 1 } END { printf "%s", f ? s : 0 }' || printf "?"
+}
 bodies=()
 [ "$COLD_REPLICA" = 1 ] && bodies=(--bodies-out "$OUT/bodies.jsonl")
 log "replaying $TRACE through HAProxy (time scale $TIME_SCALE, $KVBENCH_ARGS)"
@@ -292,27 +316,51 @@ t_start=$(date +%s)
   >"$OUT/kvbench.txt" 2>"$OUT/kvbench.log" &
 kb=$!
 PIDS+=("$kb")
-nats_stopped_at=""
-if [ -n "$STOP_NATS_AT" ]; then
-  n=$((STOP_NATS_AT * 10))
-  while [ "$n" -gt 0 ] && kill -0 "$kb" 2>/dev/null; do sleep 0.1; n=$((n - 1)); done
-  if kill -0 "$kb" 2>/dev/null; then
-    log "stopping nats-server ${STOP_NATS_AT}s into the replay"
-    stop_pid "$nats_pid"
-    nats_stopped_at=$(($(date +%s) - t_start))
-  else
-    log "the replay ended before STOP_NATS_AT=${STOP_NATS_AT}s; nats-server was not stopped"
-  fi
+# Faults during the replay, at seconds since it started: the external nats-server stopped at
+# STOP_NATS_AT and started again (same port and store) NATS_DOWN_FOR later; the last replica
+# killed (SIGKILL) at KILL_REPLICA_AT. FAULTS records what happened, for the report.
+FAULTS=()
+KILLED=""
+plan=()
+[ -n "$STOP_NATS_AT" ] && plan+=("$STOP_NATS_AT stop_nats")
+[ -n "$STOP_NATS_AT" ] && [ -n "$NATS_DOWN_FOR" ] && plan+=("$((STOP_NATS_AT + NATS_DOWN_FOR)) start_nats")
+[ -n "$KILL_REPLICA_AT" ] && plan+=("$KILL_REPLICA_AT kill_replica")
+if [ "${#plan[@]}" -gt 0 ]; then
+  while read -r at what; do
+    while kill -0 "$kb" 2>/dev/null && [ "$(date +%s)" -lt $((t_start + at)) ]; do sleep 0.1; done
+    if ! kill -0 "$kb" 2>/dev/null; then
+      log "the replay ended before ${at}s: $what not done"
+      FAULTS+=("$what planned at ${at}s: not done (the replay had ended)")
+      continue
+    fi
+    el=$(($(date +%s) - t_start))
+    case "$what" in
+      stop_nats)
+        log "stopping nats-server ${el}s into the replay"
+        stop_pid "$nats_pid"
+        FAULTS+=("nats-server stopped ${el}s into the replay")
+        ;;
+      start_nats)
+        log "starting nats-server again ${el}s into the replay"
+        start_nats
+        FAULTS+=("nats-server started again ${el}s into the replay")
+        ;;
+      kill_replica)
+        KILLED="$REPLICAS"
+        pid="${REPLICA_PIDS[$((KILLED - 1))]}"
+        inflight=$(metric_sum "$(gw_port "$KILLED")" kvgate_requests_in_flight)
+        log "killing replica gw$KILLED (SIGKILL, $inflight client requests in flight) ${el}s into the replay"
+        kill -KILL "$pid" 2>/dev/null || true
+        stop_pid "$pid"
+        FAULTS+=("replica gw$KILLED killed (SIGKILL) ${el}s into the replay with $inflight client requests in flight on it")
+        ;;
+    esac
+  done < <(printf '%s\n' "${plan[@]}" | sort -n)
 fi
 wait "$kb" || die "kvbench failed; see $OUT/kvbench.log"
 t_replay=$(($(date +%s) - t_start))
 
 # --- the report ---
-# metric_sum PORT NAME: the sum of a metric's series on a replica's /metrics (0 when absent).
-metric_sum() {
-  curl -sf "http://127.0.0.1:$1/metrics" 2>/dev/null | awk -v m="$2" '
-    $1 == m || index($1, m "{") == 1 { s += $2; f = 1 } END { printf "%s", f ? s : 0 }' || printf "?"
-}
 report() {
   local r s
   echo "== $REPLICAS replica(s), NATS $NATS, $WORKERS workers, trace $(basename "$TRACE"), replay ${t_replay}s =="
@@ -324,17 +372,19 @@ report() {
   # HAProxy's per-server request totals (stats CSV: pxname, svname, ..., stot is field 8).
   s=$(curl -sf "http://127.0.0.1:$((BASE_PORT + 9))/stats;csv" | awk -F, '$1 == "replicas" && $2 ~ /^gw/ { printf "%s%s=%s", sep, $2, $8; sep = " " }') || s="?"
   echo "requests per replica (HAProxy) $s"
-  [ -n "$nats_stopped_at" ] && echo "nats-server stopped ${nats_stopped_at}s into the replay"
+  for s in "${FAULTS[@]:-}"; do [ -n "$s" ] && echo "$s"; done
   # The last event sequence number of each worker (batches published since it started), as
   # replica 1 saw it: a ring of BUFFER_STEPS batches reaches back to the start when it is larger.
   s=$(curl -sf "http://127.0.0.1:$(admin_port 1)/debug/workers" |
     jq -r '[.targets[] | "\(.worker | sub("^http://"; ""))#\(.dp_rank)=\(.subscription.last_seq // "-")"] | join(" ")') || s="?"
   echo "event batches per worker (last_seq on gw1) $s; replay ring buffer_steps $BUFFER_STEPS"
   for r in $(seq 1 "$REPLICAS"); do
-    printf 'replica gw%s: kvgate_cluster_connected %s, kvgate_cluster_errors_total %s, /health degraded %s\n' "$r" \
+    [ "$r" = "$KILLED" ] && { echo "replica gw$r: killed"; continue; }
+    printf 'replica gw%s: kvgate_cluster_connected %s, kvgate_cluster_errors_total %s, /health %s\n' "$r" \
       "$(metric_sum "$(gw_port "$r")" kvgate_cluster_connected)" \
       "$(metric_sum "$(gw_port "$r")" kvgate_cluster_errors_total)" \
-      "$(curl -s "http://127.0.0.1:$(gw_port "$r")/health" | jq -c '.degraded // []' 2>/dev/null || echo '?')"
+      "$(curl -s "http://127.0.0.1:$(gw_port "$r")/health" | jq -r '"degraded \(.degraded // [] | tostring)" +
+        (if .cluster then ", disconnects \(.cluster.disconnects), reconnects \(.cluster.reconnects)" else "" end)' 2>/dev/null || echo '?')"
   done
 }
 report | tee "$OUT/report.txt"
