@@ -264,8 +264,9 @@ global
 
 defaults
   mode http
-  option httplog
   timeout connect 2s
+  retries 2
+  option redispatch
   timeout client 10m
   timeout server 10m
   timeout http-keep-alive 30s
