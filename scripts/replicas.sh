@@ -89,6 +89,20 @@ NAME=replicas
 # shellcheck source=scripts/lib.sh
 . scripts/lib.sh
 
+# need_pkg CMD PACKAGE: install the Debian package when the command is missing.
+need_pkg() {
+  command -v "$1" >/dev/null && return 0
+  [ "$(id -u)" -eq 0 ] || die "$1 is missing and this is not root; install it: apt-get install -y $2"
+  log "installing $2 (apt-get)"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq >/dev/null
+  apt-get install -y -qq "$2" >/dev/null || die "apt-get install $2 failed"
+}
+need_pkg haproxy haproxy
+need_pkg jq jq
+command -v curl >/dev/null || die "curl is required"
+[ -e "$TRACE" ] || die "trace $TRACE not found"
+
 # --- COMPARE=1: this script twice, one replica then several, and the differences. ---
 if [ "$COMPARE" = 1 ]; then
   n3="${COMPARE_REPLICAS:-3}"
@@ -114,8 +128,7 @@ if [ "$COMPARE" = 1 ]; then
   exit 0
 fi
 
-# --- checks and tools ---
-[ -e "$TRACE" ] || die "trace $TRACE not found"
+# --- checks ---
 case "$NATS" in embedded | external | none) ;; *) die "NATS=$NATS: want embedded, external or none" ;; esac
 [[ "$REPLICAS" =~ ^[1-9]$ ]] || die "REPLICAS=$REPLICAS: want 1..9"
 if [ -n "$STOP_NATS_AT" ]; then
@@ -133,18 +146,6 @@ fi
 [ "$COLD_REPLICA" = 1 ] && [ "$REPLICAS" -ge 9 ] && die "COLD_REPLICA=1 needs REPLICAS <= 8 (ports)"
 [ "$WORKERS" -le 8 ] || die "WORKERS=$WORKERS: at most 8 (ports)"
 
-# need_pkg CMD PACKAGE: install the Debian package when the command is missing.
-need_pkg() {
-  command -v "$1" >/dev/null && return 0
-  [ "$(id -u)" -eq 0 ] || die "$1 is missing and this is not root; install it: apt-get install -y $2"
-  log "installing $2 (apt-get)"
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq >/dev/null
-  apt-get install -y -qq "$2" >/dev/null || die "apt-get install $2 failed"
-}
-need_pkg haproxy haproxy
-need_pkg jq jq
-command -v curl >/dev/null || die "curl is required"
 
 rm -rf "$OUT/kvbench" "$OUT/jetstream" "$OUT/nats-store" "$OUT/cold"
 mkdir -p "$OUT"
@@ -381,6 +382,7 @@ report() {
   echo "event batches per worker (last_seq on gw1) $s; replay ring buffer_steps $BUFFER_STEPS"
   for r in $(seq 1 "$REPLICAS"); do
     [ "$r" = "$KILLED" ] && { echo "replica gw$r: killed"; continue; }
+    [ "$NATS" = none ] && { echo "replica gw$r: no cluster section (NATS=none)"; continue; }
     printf 'replica gw%s: kvgate_cluster_connected %s, kvgate_cluster_errors_total %s, /health %s\n' "$r" \
       "$(metric_sum "$(gw_port "$r")" kvgate_cluster_connected)" \
       "$(metric_sum "$(gw_port "$r")" kvgate_cluster_errors_total)" \
