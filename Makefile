@@ -7,7 +7,7 @@ STATICCHECK ?= $(shell go env GOPATH)/bin/staticcheck
 BENCHTIME   ?= 2s
 
 .PHONY: all build test setup fmt-check vet staticcheck lint gotest e2e-node demo demo-basic bench bench-router \
-	bench-index bench-tokenize bench-tokenize-hf bench-sim compare sweep clean
+	bench-index bench-tokenize bench-tokenize-hf bench-sim compare sweep replicas clean
 
 all: build
 
@@ -85,6 +85,12 @@ compare: setup build
 # (SMOKE=1 for a one-minute check).
 sweep: setup build
 	BIN=bin SKIP_BUILD=1 scripts/load-sweep.sh $(TRACE)
+
+# Three kvgate replicas sharing NATS behind HAProxy (round robin), an agentic trace replayed
+# through them: scripts/replicas.sh (REPLICAS, NATS, STOP_NATS_AT, COLD_REPLICA, COMPARE; see
+# README "Replicas").
+replicas: setup build
+	BIN=bin SKIP_BUILD=1 scripts/replicas.sh $(TRACE)
 
 clean:
 	rm -rf bin out

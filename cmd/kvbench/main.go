@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/http"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -70,7 +71,7 @@ type headerFlags []string
 func (h *headerFlags) String() string     { return strings.Join(*h, ", ") }
 func (h *headerFlags) Set(v string) error { *h = append(*h, v); return nil }
 
-func runCmd(ctx context.Context, args []string, stdout, stderr io.Writer, logger *slog.Logger) error {
+func runCmd(ctx context.Context, args []string, stdout, stderr io.Writer, logger *slog.Logger) (retErr error) {
 	fs := flag.NewFlagSet("kvbench run", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	url := fs.String("url", "http://127.0.0.1:8000", "base URL of the OpenAI-compatible server")
@@ -96,6 +97,7 @@ func runCmd(ctx context.Context, args []string, stdout, stderr io.Writer, logger
 	quiet := fs.Bool("quiet", false, "no progress display")
 	repeat := fs.Int("repeat", 1, "replay every session tree N times as independent users (own hash namespaces)")
 	stagger := fs.Duration("repeat-stagger", 0, "start copy i of --repeat this much later than copy i-1 (trace time, scaled)")
+	bodiesOut := fs.String("bodies-out", "", "write every request body sent to this file, one JSON object a line (to replay the same prompts elsewhere, e.g. POST /debug/route)")
 	var hdrs headerFlags
 	fs.Var(&hdrs, "H", `extra request header "Name: value" (repeatable)`)
 	if err := fs.Parse(args); err != nil {
@@ -146,6 +148,22 @@ func runCmd(ctx context.Context, args []string, stdout, stderr io.Writer, logger
 	opts := bench.ReplayOptions{URL: *url, Model: *model, Mode: m, Concurrency: *conc, RequestRate: *rate,
 		TimeScale: *timeScale, MaxRequests: *maxReq, MaxOutputTokens: *maxOut, SessionHeaders: *sessHdr,
 		NvextSession: *nvext, IgnoreEOS: *ignoreEOS, Timeout: *timeout, APIKey: os.Getenv("OPENAI_API_KEY"), Headers: headers, Logger: logger}
+	if *bodiesOut != "" {
+		f, err := os.Create(*bodiesOut)
+		if err != nil {
+			return fmt.Errorf("bodies-out: %w", err)
+		}
+		defer f.Close()
+		tp := http.DefaultTransport.(*http.Transport).Clone()
+		tp.MaxIdleConnsPerHost = 256 // as bench.Replay's own client
+		bl := newBodyLog(tp, f)
+		defer func() {
+			if ferr := bl.Flush(); ferr != nil && retErr == nil {
+				retErr = ferr
+			}
+		}()
+		opts.Client = &http.Client{Transport: bl}
+	}
 	var prog *bench.Progress
 	if !*quiet {
 		prog = bench.NewProgress(stderr, *label, total)
