@@ -137,12 +137,7 @@ func (c *loadCluster) replica(id string, approx *indexers.ApproxIndex, wrap func
 // replicaEvery is replica with the given load_interval and peer_timeout.
 func (c *loadCluster) replicaEvery(id string, approx *indexers.ApproxIndex, wrap func(publisher) publisher, interval, timeout time.Duration) (*Node, *LoadSync) {
 	c.t.Helper()
-	cfg := clusterconfig.Default()
-	cfg.ReplicaID = id
-	cfg.NATSURL = "nats://" + c.server.Config().EmbeddedNATS.Listen
-	cfg.LoadInterval = confval.Duration(interval)
-	cfg.PeerTimeout = confval.Duration(timeout)
-	n := startNode(c.t, cfg)
+	n := startNode(c.t, clientConfig(c.server, id, interval, timeout))
 	eventually(c.t, 5*time.Second, id+" connected", n.Connected)
 	var pub publisher = n.Conn()
 	if wrap != nil {
@@ -280,4 +275,15 @@ func counter(t *testing.T, c prometheus.Counter) float64 {
 		t.Fatal(err)
 	}
 	return m.GetCounter().GetValue()
+}
+
+// clientConfig is a replica id connecting to server's embedded NATS, with the given
+// load_interval and peer_timeout.
+func clientConfig(server *Node, id string, interval, timeout time.Duration) clusterconfig.Config {
+	cfg := clusterconfig.Default()
+	cfg.ReplicaID = id
+	cfg.NATSURL = "nats://" + server.Config().EmbeddedNATS.Listen
+	cfg.LoadInterval = confval.Duration(interval)
+	cfg.PeerTimeout = confval.Duration(timeout)
+	return cfg
 }
