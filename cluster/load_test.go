@@ -189,7 +189,8 @@ func TestLoadSyncTwoReplicas(t *testing.T) {
 	nodeA.Close() // killed: its connection gone, no leave message
 	killed := time.Now()
 	eventually(t, 2*time.Second, "a's load expires from b", func() bool { return b.Peers().Len() == 0 && b.Peers().Sum(w0).IsZero() })
-	if d := time.Since(killed); d > 400*time.Millisecond+200*time.Millisecond {
+	// Expiry runs every peer_timeout/4; the rest is slack for a loaded machine.
+	if d := time.Since(killed); d > 400*time.Millisecond+100*time.Millisecond+250*time.Millisecond {
 		t.Errorf("a's load expired %s after it was killed, peer_timeout 400ms", d)
 	}
 }
