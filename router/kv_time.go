@@ -334,10 +334,16 @@ func (p *KVPolicy) beginTime(d Decision, req *Request) *timeObs {
 
 // firstToken measures the TTFT and moves the request from the target's queue to its decodes.
 func (o *timeObs) firstToken() {
+	if d, ok := o.firstTokenLocked(); ok {
+		o.tm.publish(o.target, d) // outside o.mu: the publisher takes its own lock
+	}
+}
+
+func (o *timeObs) firstTokenLocked() (LoadVector, bool) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if o.stage != stagePrefill {
-		return
+		return LoadVector{}, false
 	}
 	o.stage = stageDecode
 	o.ttftMs = float64(o.now().Sub(o.start)) / float64(time.Millisecond)
@@ -345,10 +351,10 @@ func (o *timeObs) firstToken() {
 	o.tt.aheadPairs.Add(-o.pairs)
 	o.tt.decodes.Add(1)
 	o.tt.decodeKV.Add(int64(o.prompt))
-	o.tm.publish(o.target, LoadVector{AheadTokens: -o.accountU, AheadPairs: -o.pairs, Decodes: 1, DecodeKV: int64(o.prompt)})
 	if o.stream {
 		o.tm.metrics.observed(o.worker, o.ttftMs, o.predMs)
 	}
+	return LoadVector{AheadTokens: -o.accountU, AheadPairs: -o.pairs, Decodes: 1, DecodeKV: int64(o.prompt)}, true
 }
 
 // usageSeen corrects the cached and uncached tokens with the worker's own count and feeds the
@@ -370,27 +376,35 @@ func (o *timeObs) usageSeen(u Usage) {
 // end releases the attempt's accounting; a completed attempt (done) that measured a TTFT and
 // has not fed the fit yet feeds it with the routing-time cache estimate.
 func (o *timeObs) end(completed bool) {
+	if d := o.endLocked(completed); !d.IsZero() {
+		o.tm.publish(o.target, d) // outside o.mu: the publisher takes its own lock
+	}
+}
+
+func (o *timeObs) endLocked(completed bool) LoadVector {
 	o.mu.Lock()
 	defer o.mu.Unlock()
+	var d LoadVector
 	switch o.stage {
 	case stageDone:
-		return
+		return d
 	case stagePrefill:
 		o.tt.aheadTokens.Add(-o.accountU)
 		o.tt.aheadPairs.Add(-o.pairs)
-		o.tm.publish(o.target, LoadVector{AheadTokens: -o.accountU, AheadPairs: -o.pairs})
+		d = LoadVector{AheadTokens: -o.accountU, AheadPairs: -o.pairs}
 	case stageDecode:
 		if completed {
 			o.feed()
 		}
 		o.tt.decodes.Add(-1)
 		o.tt.decodeKV.Add(-int64(o.prompt))
-		o.tm.publish(o.target, LoadVector{Decodes: -1, DecodeKV: -int64(o.prompt)})
+		d = LoadVector{Decodes: -1, DecodeKV: -int64(o.prompt)}
 	}
 	o.stage = stageDone
 	o.tt.mu.Lock()
 	delete(o.tt.live, o)
 	o.tt.mu.Unlock()
+	return d
 }
 
 // expire ends, without feeding the fit, every attempt that began before cutoff and is still

@@ -333,3 +333,51 @@ func TestScoringAddsPeerLoad(t *testing.T) {
 		})
 	}
 }
+
+// TestKVPublishesTimeModel checks that under kv the published deltas add up to the time
+// model's queue and decode accounting as well as the tracker's, through a routed attempt's
+// lifecycle, and that a failed attempt before its first token releases everything.
+func TestKVPublishesTimeModel(t *testing.T) {
+	e, err := Build(PolicyKV, Options{}, DispatcherOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub := &recordingPublisher{}
+	e.SetFleet(Fleet{Load: pub})
+	w := tgt(0)
+	check := func(step string) {
+		t.Helper()
+		st, _ := e.kv.timed.state(w)
+		l := e.load.Load(w)
+		want := LoadVector{Requests: int64(l.Requests), PrefillRequests: int64(l.PrefillRequests),
+			PrefillTokens: int64(l.PrefillTokens), Blocks: int64(l.ActiveBlocks),
+			AheadTokens: int64(st.AheadTokens), AheadPairs: int64(st.AheadPairs),
+			Decodes: int64(st.DecodeRequests), DecodeKV: int64(st.DecodeKVTokens)}
+		if got := pub.get(w); got != want {
+			t.Fatalf("%s: published %+v, own accounting %+v", step, got, want)
+		}
+	}
+	cands := []Candidate{{Target: w}}
+	_, a, err := e.Route(context.Background(), request(chain(1, 8)), cands)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.Sent()
+	check("a routed")
+	_, b, err := e.Route(context.Background(), request(chain(2, 4)), cands)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.Sent()
+	a.FirstToken()
+	check("a decoding, b queued")
+	if v := pub.get(w); v.Decodes != 1 || v.AheadTokens == 0 {
+		t.Fatalf("expected one decode and b's queue, got %+v", v)
+	}
+	b.Failed(nil)
+	a.Done()
+	check("both ended")
+	if v := pub.get(w); !v.IsZero() {
+		t.Fatalf("nothing in flight, published sum %+v", v)
+	}
+}
