@@ -56,6 +56,7 @@ type LoadSync struct {
 	pub    publisher
 	peers  *router.PeerLoads
 	approx *indexers.ApproxIndex // peers' approximate-mode routing is recorded here (nil: ignored)
+	known  func(kvkey.Target) bool
 	log    *slog.Logger
 
 	loadSubj, approxSubj string
@@ -81,6 +82,9 @@ type LoadSync struct {
 type LoadSyncOptions struct {
 	// Approx receives the peers' approximate-mode routing (the policy's approximate index).
 	Approx *indexers.ApproxIndex
+	// KnownTarget, when set, filters the peers' approximate-mode routing to this replica's
+	// own targets (a peer with another fleet list must not grow the index without bound).
+	KnownTarget func(kvkey.Target) bool
 	// Registerer receives the kvgate_cluster_peers and load-message series (optional).
 	Registerer prometheus.Registerer
 	Log        *slog.Logger
@@ -98,7 +102,7 @@ func startLoadSync(ctx context.Context, n *Node, pub publisher, o LoadSyncOption
 		o.Log = slog.New(slog.DiscardHandler)
 	}
 	cfg := n.Config()
-	ls := &LoadSync{node: n, pub: pub, approx: o.Approx, log: o.Log.With("component", "cluster-load"),
+	ls := &LoadSync{node: n, pub: pub, approx: o.Approx, known: o.KnownTarget, log: o.Log.With("component", "cluster-load"),
 		peers:    router.NewPeerLoads(cfg.PeerTimeout.D()),
 		loadSubj: n.Subject("load", n.ReplicaID()), approxSubj: n.Subject("approx", n.ReplicaID()),
 		interval: cfg.LoadInterval.D(), timeout: cfg.PeerTimeout.D(),
@@ -378,6 +382,10 @@ func (ls *LoadSync) onApprox(msg *nats.Msg) {
 		return
 	}
 	for _, e := range m.approx {
+		if ls.known != nil && !ls.known(e.target) {
+			ls.m.approx.WithLabelValues("unknown_target").Inc()
+			continue
+		}
 		ls.approx.Record(e.target, e.hashes)
 	}
 }
@@ -438,7 +446,7 @@ func newLoadMetrics(reg prometheus.Registerer, peers *router.PeerLoads) (*loadMe
 		}, []string{"event"}),
 		approx: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvgate_cluster_approx_messages_total",
-			Help: "Approximate-mode routing messages: sent, publish_failed, received from peers, dropped (queue full or slow consumer), invalid.",
+			Help: "Approximate-mode routing messages: sent, publish_failed, received from peers, dropped (queue full or slow consumer), invalid; unknown_target counts prompts for a target this replica does not have.",
 		}, []string{"event"}),
 	}
 	if reg == nil {

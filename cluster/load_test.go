@@ -134,8 +134,17 @@ func (c *loadCluster) replica(id string, approx *indexers.ApproxIndex, wrap func
 	return c.replicaEvery(id, approx, wrap, 100*time.Millisecond, 400*time.Millisecond)
 }
 
+// replicaWith is replica with the given load sync options.
+func (c *loadCluster) replicaWith(id string, o LoadSyncOptions) (*Node, *LoadSync) {
+	return c.start(id, o, nil, 100*time.Millisecond, 400*time.Millisecond)
+}
+
 // replicaEvery is replica with the given load_interval and peer_timeout.
 func (c *loadCluster) replicaEvery(id string, approx *indexers.ApproxIndex, wrap func(publisher) publisher, interval, timeout time.Duration) (*Node, *LoadSync) {
+	return c.start(id, LoadSyncOptions{Approx: approx}, wrap, interval, timeout)
+}
+
+func (c *loadCluster) start(id string, o LoadSyncOptions, wrap func(publisher) publisher, interval, timeout time.Duration) (*Node, *LoadSync) {
 	c.t.Helper()
 	n := startNode(c.t, clientConfig(c.server, id, interval, timeout))
 	eventually(c.t, 5*time.Second, id+" connected", n.Connected)
@@ -143,7 +152,8 @@ func (c *loadCluster) replicaEvery(id string, approx *indexers.ApproxIndex, wrap
 	if wrap != nil {
 		pub = wrap(pub)
 	}
-	ls, err := startLoadSync(context.Background(), n, pub, LoadSyncOptions{Approx: approx, Registerer: prometheus.NewRegistry()})
+	o.Registerer = prometheus.NewRegistry()
+	ls, err := startLoadSync(context.Background(), n, pub, o)
 	if err != nil {
 		c.t.Fatal(err)
 	}
@@ -243,10 +253,14 @@ func TestLoadSyncApprox(t *testing.T) {
 	c := newLoadCluster(t)
 	_, a := c.replica("a", nil, nil)
 	bIndex := indexers.NewApproxIndex(time.Minute, 1000)
-	_, _ = c.replica("b", bIndex, nil)
 	w0 := kvkey.Target{Worker: "http://w0"}
+	_, _ = c.replicaWith("b", LoadSyncOptions{Approx: bIndex, KnownTarget: func(t kvkey.Target) bool { return t == w0 }})
+	a.RoutedApprox(kvkey.Target{Worker: "http://not-in-b-fleet"}, []kvkey.BlockHash{1, 2})
 	a.RoutedApprox(w0, []kvkey.BlockHash{11, 12, 13})
 	eventually(t, time.Second, "b's approximate index holds a's prompt", func() bool { return bIndex.Resident(w0) == 3 })
+	if n := bIndex.Resident(kvkey.Target{Worker: "http://not-in-b-fleet"}); n != 0 {
+		t.Fatalf("b recorded %d blocks for a target it does not have", n)
+	}
 	out := make([]indexers.TierMatch, 1)
 	bIndex.MatchTiers([]kvkey.BlockHash{11, 12, 13, 14}, []kvkey.Target{w0}, out)
 	if out[0].G1 != 3 {

@@ -79,7 +79,12 @@ func buildRouting(ctx context.Context, cfg configs.Config, reg *workers.Registry
 	rt.dispatcher = disp
 	if node != nil {
 		// In-flight load (and approximate-mode routing) shared with the peer replicas.
-		ls, err := cluster.StartLoadSync(bg, node, cluster.LoadSyncOptions{Approx: opts.KVDeps.Approx, Registerer: prom, Log: log})
+		known := map[kvkey.Target]bool{}
+		for _, t := range allTargets(reg) {
+			known[t] = true
+		}
+		ls, err := cluster.StartLoadSync(bg, node, cluster.LoadSyncOptions{Approx: opts.KVDeps.Approx,
+			KnownTarget: func(t kvkey.Target) bool { return known[t] }, Registerer: prom, Log: log})
 		if err != nil {
 			return nil, err
 		}
