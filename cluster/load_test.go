@@ -302,3 +302,26 @@ func clientConfig(server *Node, id string, interval, timeout time.Duration) clus
 	cfg.PeerTimeout = confval.Duration(timeout)
 	return cfg
 }
+
+// TestLoadSyncNATSRestart: with the NATS server down, a replica's publishes fail fast and are
+// counted, and its peers stop counting its load after peer_timeout (each routes on its own);
+// once the server is back on the same address, the reconnect's snapshot rebuilds the view.
+func TestLoadSyncNATSRestart(t *testing.T) {
+	c := newLoadCluster(t)
+	_, a := c.replica("a", nil, nil)
+	_, b := c.replica("b", nil, nil)
+	w0 := kvkey.Target{Worker: "http://w0"}
+	a.LoadDelta(w0, router.LoadVector{Requests: 2, PrefillTokens: 100})
+	eventually(t, time.Second, "b sees a's load", func() bool { return b.Peers().Sum(w0).Requests == 2 })
+
+	cfg := c.server.Config()
+	c.server.Close()
+	eventually(t, 2*time.Second, "b stops counting a while NATS is down", func() bool { return b.Peers().Len() == 0 })
+	a.LoadDelta(w0, router.LoadVector{Requests: 1}) // now 3, published nowhere
+	eventually(t, time.Second, "a counts its failed publishes", func() bool {
+		return counter(t, a.m.load.WithLabelValues("publish_failed")) > 0
+	})
+
+	startNode(t, cfg) // the same listen address and store
+	eventually(t, 5*time.Second, "b sees a's load again after the reconnect", func() bool { return b.Peers().Sum(w0).Requests == 3 })
+}
