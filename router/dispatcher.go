@@ -215,14 +215,6 @@ func (e *Dispatcher) SetFleet(f Fleet) {
 	e.load.SetPublisher(f.Load)
 }
 
-// Fleet returns what SetFleet shared (zero when not clustered).
-func (e *Dispatcher) Fleet() Fleet {
-	if f := e.fleet.Load(); f != nil {
-		return *f
-	}
-	return Fleet{}
-}
-
 // withPeerInFlight is a copy of cands with the peers' requests in flight added to each.
 func withPeerInFlight(cands []Candidate, peers *PeerLoads) []Candidate {
 	out := make([]Candidate, len(cands))
