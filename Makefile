@@ -56,9 +56,11 @@ demo: setup build
 bench:
 	$(GO) test -run '^$$' -bench . -benchtime $(BENCHTIME) ./server/
 
-# Routing decision cost for a 32k-token prompt over 64 targets (p50/p99 reported).
+# Routing decision cost for a 32k-token prompt over 64 targets (p50/p99 reported), and the
+# cluster's overhead on it (cluster off vs on, alternating in one loop: off-/on-p99-ns).
 bench-router:
 	$(GO) test -run '^$$' -bench KVDecision -benchtime 5000x ./router/
+	$(GO) test -run '^$$' -bench KVDecisionCluster -benchtime 10000x ./cluster/
 
 # Event application and Match latency of the tiered index (alone and under the other's load).
 bench-index:

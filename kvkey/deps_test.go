@@ -47,6 +47,9 @@ func TestImportBoundaries(t *testing.T) {
 		// The request model sits below the server and the routing side; of the tokenizer it
 		// needs only the body parser (tokenize/chat), not the engine or the tokenizer itself.
 		{"apireq", []string{"server", "router", "sessions", "indexers", "workers", "configs", "tokenize/engine", "=tokenize"}},
+		// Routing shares state with peer replicas through interfaces it declares; the NATS side
+		// (cluster) depends on router, never the reverse.
+		{"router", []string{"cluster"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.pkg, func(t *testing.T) {

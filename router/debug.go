@@ -55,6 +55,9 @@ type TargetView struct {
 	// Latency is the kv policy's TTFT model of the target: fitted θ, samples, readiness,
 	// prediction error (nil for other policies).
 	Latency *LatencyView `json:"latency,omitempty"`
+	// Peers is the other replicas' share of the target's load, which scoring adds to Load
+	// (nil when not clustered).
+	Peers *PeerShare `json:"peers,omitempty"`
 }
 
 // LoadView is a target's load as the gateway accounts it (TargetLoad with JSON keys).
@@ -80,6 +83,10 @@ type FleetView struct {
 	// Collectors are the KV-event collectors (kv_events.listen), with the messages they could
 	// not attribute to a configured worker+rank.
 	Collectors []indexers.CollectorDebug `json:"kv_collectors,omitempty"`
+	// Peers are the replicas whose load this one adds (nil when not clustered), and
+	// PeerMessages what was done with their load messages.
+	Peers        []PeerView `json:"peers,omitempty"`
+	PeerMessages *PeerStats `json:"peer_messages,omitempty"`
 }
 
 // DebugTargets implements Debugger: subscription state, scoring mode, approximate blocks,
@@ -107,6 +114,10 @@ func (e *Dispatcher) DebugTargets(ts []kvkey.Target) []TargetView {
 				v.ApproximateBlocks = &n
 			}
 		}
+		if f := e.fleet.Load(); f != nil && f.Peers != nil {
+			sh := f.Peers.Share(t)
+			v.Peers = &sh
+		}
 		l := e.load.Load(t)
 		v.Load = &LoadView{PrefillTokens: l.PrefillTokens, PrefillRequests: l.PrefillRequests,
 			Requests: l.Requests, ActiveBlocks: l.ActiveBlocks}
@@ -128,6 +139,14 @@ func (e *Dispatcher) DebugFleet() FleetView {
 	}
 	if e.events != nil {
 		out.Collectors = e.events.Collectors()
+	}
+	if f := e.fleet.Load(); f != nil && f.Peers != nil {
+		out.Peers = f.Peers.Peers(time.Now())
+		if out.Peers == nil {
+			out.Peers = []PeerView{}
+		}
+		st := f.Peers.Stats()
+		out.PeerMessages = &st
 	}
 	return out
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -31,6 +32,7 @@ type Dispatcher struct {
 	pins     *pinTable     // Responses API response id → the target storing it
 	metrics  *routeMetrics // nil: not registered
 	scraper  *Scraper
+	fleet    atomic.Pointer[Fleet] // shared with peer replicas (SetFleet); nil: one replica
 	sweep    time.Duration
 	log      *slog.Logger
 }
@@ -175,6 +177,9 @@ func (e *Dispatcher) Pick(ctx context.Context, req *Request, candidates []Candid
 		return Decision{}, errNoCandidates
 	}
 	start := time.Now()
+	if f := e.fleet.Load(); f != nil && e.kv == nil && f.Peers != nil {
+		candidates = withPeerInFlight(candidates, f.Peers)
+	}
 	d, err := e.policy.Pick(ctx, req, candidates)
 	if err != nil {
 		return Decision{}, fmt.Errorf("route with %s: %w", e.policy.Name(), err)
@@ -190,8 +195,34 @@ func (e *Dispatcher) begin(d Decision, req *Request) *Handle {
 	h := e.load.Begin(d.Chosen.Target, req, CachedBlocks(d))
 	if e.approx != nil && len(req.BlockHashes) > 0 {
 		e.approx.Record(d.Chosen.Target, req.BlockHashes)
+		if f := e.fleet.Load(); f != nil && f.Approx != nil {
+			f.Approx.RoutedApprox(d.Chosen.Target, req.BlockHashes)
+		}
 	}
 	return h
+}
+
+// SetFleet shares this gateway's load (and approximate-mode routing) with peer replicas and
+// scores with theirs added: the KV-aware policies add every peer quantity they use (see
+// KVPolicy.SetFleet), least_loaded adds the peers' requests in flight to each candidate's.
+// Call it before routing starts.
+func (e *Dispatcher) SetFleet(f Fleet) {
+	e.fleet.Store(&f)
+	if e.kv != nil {
+		e.kv.SetFleet(f)
+		return
+	}
+	e.load.SetPublisher(f.Load)
+}
+
+// withPeerInFlight is a copy of cands with the peers' requests in flight added to each.
+func withPeerInFlight(cands []Candidate, peers *PeerLoads) []Candidate {
+	out := make([]Candidate, len(cands))
+	for i, c := range cands {
+		c.InFlight += int(peers.Sum(c.Target).Requests)
+		out[i] = c
+	}
+	return out
 }
 
 // Forget drops what approximate mode assumed about t (its worker may have restarted with an

@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/kvgate/kvgate/indexers"
@@ -58,6 +59,7 @@ type KVPolicy struct {
 	events  EventHealth
 	approx  *indexers.ApproxIndex // approximate: read for the others
 	load    *LoadTracker
+	fleet   atomic.Pointer[Fleet] // the peers' load and the publishers, when clustered (SetFleet)
 	hints   HintSource
 	now     func() time.Time
 	float   func() float64 // uniform [0,1); replaced in tests for determinism
@@ -158,6 +160,9 @@ func (p *KVPolicy) begin(d Decision, req *Request) *Handle {
 	h := p.load.Begin(d.Chosen.Target, req, CachedBlocks(d))
 	if p.approx != nil && len(req.BlockHashes) > 0 {
 		p.approx.Record(d.Chosen.Target, req.BlockHashes)
+		if f := p.fleet.Load(); f != nil && f.Approx != nil && p.Mode(d.Chosen.Target) == ModeApproximate {
+			f.Approx.RoutedApprox(d.Chosen.Target, req.BlockHashes)
+		}
 	}
 	if p.routed != nil && len(req.BlockHashes) > 0 && len(req.LocalHashes) == len(req.BlockHashes) {
 		p.routed.NoteRouted(d.Chosen.Target, req.LocalHashes, req.BlockHashes)
@@ -280,8 +285,11 @@ func (p *KVPolicy) loadOf(r *kvRow, c Candidate, hashes []kvkey.BlockHash, bs fl
 		}
 		m, fresh = tl.freshMetrics(now, p.cfg.MetricsMaxAge.D())
 	}
+	// The peers' load adds to the own (their blocks are not deduplicated against ours).
+	pv := p.peerLoad(c.Target)
+	requests := float64(max(snap.Requests, c.InFlight)) + float64(pv.Requests)
+	snap = snap.withPeers(pv)
 	active := float64(snap.ActiveBlocks)
-	requests := float64(max(snap.Requests, c.InFlight))
 	unseenWaiting := 0.0
 	if fresh {
 		mActive, mRequests := tl.sinceSample(m)
@@ -296,6 +304,28 @@ func (p *KVPolicy) loadOf(r *kvRow, c Candidate, hashes []kvkey.BlockHash, bs fl
 		p.cfg.DecodeWeight*math.Max(active-float64(shared), 0) +
 		p.cfg.RequestWeight*requests +
 		p.cfg.WaitingWeight*unseenWaiting
+}
+
+// peerLoad is Σ the peer replicas' load on t (zero when not clustered).
+func (p *KVPolicy) peerLoad(t kvkey.Target) LoadVector {
+	if f := p.fleet.Load(); f != nil {
+		return f.Peers.Sum(t)
+	}
+	return LoadVector{}
+}
+
+// SetFleet shares the policy's load and approximate-mode routing with peer replicas and adds
+// their load to every target's when scoring. Call it before routing starts.
+func (p *KVPolicy) SetFleet(f Fleet) {
+	p.fleet.Store(&f)
+	p.load.SetPublisher(f.Load)
+	if p.timed != nil {
+		if f.Load == nil {
+			p.timed.pub.Store(nil)
+		} else {
+			p.timed.pub.Store(&loadPub{f.Load})
+		}
+	}
 }
 
 // busyOf sets the row's busy flag from the worker's fresh metrics (waiting requests, KV usage)

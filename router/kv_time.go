@@ -28,7 +28,8 @@ type timeModel struct {
 	fit         latency.FitConfig
 	learn       bool
 	fleetWeight float64
-	metrics     *timeMetrics // nil: no metrics registered
+	metrics     *timeMetrics            // nil: no metrics registered
+	pub         atomic.Pointer[loadPub] // the fleet's load sync, when clustered
 
 	mu      sync.RWMutex
 	targets map[kvkey.Target]*targetTime
@@ -155,6 +156,23 @@ func (tm *timeModel) state(t kvkey.Target) (latency.State, latency.Theta) {
 	}, *tt.theta.Load()
 }
 
+// timedState is t's queue and decode batch with the peer replicas' share pv added (the fleet's
+// queue on the worker), and the Theta to score with.
+func (p *KVPolicy) timedState(t kvkey.Target, pv LoadVector) (latency.State, latency.Theta) {
+	st, th := p.timed.state(t)
+	st.AheadTokens += float64(pv.AheadTokens)
+	st.AheadPairs += float64(pv.AheadPairs)
+	st.DecodeRequests += float64(pv.Decodes)
+	st.DecodeKVTokens += float64(pv.DecodeKV)
+	return st, th
+}
+
+func (tm *timeModel) publish(t kvkey.Target, d LoadVector) {
+	if b := tm.pub.Load(); b != nil {
+		b.p.LoadDelta(t, d)
+	}
+}
+
 // reset returns t's fit to the prior (its worker restarted or flapped).
 func (tm *timeModel) reset(t kvkey.Target) {
 	tt := tm.get(t)
@@ -219,8 +237,10 @@ func (p *KVPolicy) timeOf(r *kvRow, tr *timeRow, c Candidate, promptTokens, bs f
 		snap = tl.snapshot()
 		m, fresh = tl.freshMetrics(now, p.cfg.MetricsMaxAge.D())
 	}
+	pv := p.peerLoad(c.Target)
+	snap = snap.withPeers(pv)
 	p.busyOf(r, snap, m, fresh)
-	st, th := p.timed.state(c.Target)
+	st, th := p.timedState(c.Target, pv)
 	if fresh {
 		st.KVUsage = m.KVUsage
 		st.DecodeRequests = math.Max(st.DecodeRequests, m.Running-float64(snap.PrefillRequests))
@@ -263,6 +283,7 @@ func (p *KVPolicy) addFleet(rows []kvRow, times []timeRow) {
 type timeObs struct {
 	tm     *timeModel
 	tt     *targetTime
+	target kvkey.Target
 	worker string
 	now    func() time.Time
 	start  time.Time
@@ -294,15 +315,16 @@ func (p *KVPolicy) beginTime(d Decision, req *Request) *timeObs {
 	prompt := float64(max(req.PromptTokens, len(req.BlockHashes)*bs))
 	c := math.Min(float64(CachedBlocks(d)*bs), math.Max(prompt-1, 0))
 	u := math.Max(prompt-c, 0)
-	st, th := p.timed.state(d.Chosen.Target)
+	st, th := p.timedState(d.Chosen.Target, p.peerLoad(d.Chosen.Target))
 	if m, ok := p.load.Metrics(d.Chosen.Target, p.cfg.MetricsMaxAge.D()); ok {
 		st.KVUsage = m.KVUsage
 	}
-	o := &timeObs{tm: p.timed, tt: tt, worker: d.Chosen.Target.String(), now: p.now, start: p.now(),
+	o := &timeObs{tm: p.timed, tt: tt, target: d.Chosen.Target, worker: d.Chosen.Target.String(), now: p.now, start: p.now(),
 		state: st, prompt: prompt, u: u, c: c, pairs: int64(latency.Pairs(u, c)), accountU: int64(u), stream: req.Stream,
 		predMs: latency.PredictTTFT(th, p.timed.params, st, latency.Req{Uncached: u, Cached: c}).TotalMs}
 	tt.aheadTokens.Add(o.accountU)
 	tt.aheadPairs.Add(o.pairs)
+	p.timed.publish(o.target, LoadVector{AheadTokens: o.accountU, AheadPairs: o.pairs})
 	tt.mu.Lock()
 	tt.live[o] = struct{}{}
 	tt.mu.Unlock()
@@ -312,10 +334,16 @@ func (p *KVPolicy) beginTime(d Decision, req *Request) *timeObs {
 
 // firstToken measures the TTFT and moves the request from the target's queue to its decodes.
 func (o *timeObs) firstToken() {
+	if d, ok := o.firstTokenLocked(); ok {
+		o.tm.publish(o.target, d) // outside o.mu: the publisher takes its own lock
+	}
+}
+
+func (o *timeObs) firstTokenLocked() (LoadVector, bool) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if o.stage != stagePrefill {
-		return
+		return LoadVector{}, false
 	}
 	o.stage = stageDecode
 	o.ttftMs = float64(o.now().Sub(o.start)) / float64(time.Millisecond)
@@ -326,6 +354,7 @@ func (o *timeObs) firstToken() {
 	if o.stream {
 		o.tm.metrics.observed(o.worker, o.ttftMs, o.predMs)
 	}
+	return LoadVector{AheadTokens: -o.accountU, AheadPairs: -o.pairs, Decodes: 1, DecodeKV: int64(o.prompt)}, true
 }
 
 // usageSeen corrects the cached and uncached tokens with the worker's own count and feeds the
@@ -347,25 +376,35 @@ func (o *timeObs) usageSeen(u Usage) {
 // end releases the attempt's accounting; a completed attempt (done) that measured a TTFT and
 // has not fed the fit yet feeds it with the routing-time cache estimate.
 func (o *timeObs) end(completed bool) {
+	if d := o.endLocked(completed); !d.IsZero() {
+		o.tm.publish(o.target, d) // outside o.mu: the publisher takes its own lock
+	}
+}
+
+func (o *timeObs) endLocked(completed bool) LoadVector {
 	o.mu.Lock()
 	defer o.mu.Unlock()
+	var d LoadVector
 	switch o.stage {
 	case stageDone:
-		return
+		return d
 	case stagePrefill:
 		o.tt.aheadTokens.Add(-o.accountU)
 		o.tt.aheadPairs.Add(-o.pairs)
+		d = LoadVector{AheadTokens: -o.accountU, AheadPairs: -o.pairs}
 	case stageDecode:
 		if completed {
 			o.feed()
 		}
 		o.tt.decodes.Add(-1)
 		o.tt.decodeKV.Add(-int64(o.prompt))
+		d = LoadVector{Decodes: -1, DecodeKV: -int64(o.prompt)}
 	}
 	o.stage = stageDone
 	o.tt.mu.Lock()
 	delete(o.tt.live, o)
 	o.tt.mu.Unlock()
+	return d
 }
 
 // expire ends, without feeding the fit, every attempt that began before cutoff and is still

@@ -19,6 +19,26 @@ type LoadTracker struct {
 	targets map[kvkey.Target]*targetLoad
 	expiry  time.Duration
 	now     func() time.Time
+	pub     atomic.Pointer[loadPub] // the fleet's load sync, when clustered (SetPublisher)
+}
+
+// loadPub boxes a LoadPublisher for an atomic pointer.
+type loadPub struct{ p LoadPublisher }
+
+// SetPublisher makes every later change of the tracker's counters also go to p as a signed
+// increment (nil stops it). A cluster of replicas shares its load this way.
+func (lt *LoadTracker) SetPublisher(p LoadPublisher) {
+	if p == nil {
+		lt.pub.Store(nil)
+		return
+	}
+	lt.pub.Store(&loadPub{p})
+}
+
+func (lt *LoadTracker) publish(t kvkey.Target, d LoadVector) {
+	if b := lt.pub.Load(); b != nil {
+		b.p.LoadDelta(t, d)
+	}
 }
 
 // targetLoad is one target's load. Counters are atomics so scoring reads them without locks;
@@ -147,10 +167,12 @@ func (lt *LoadTracker) Begin(t kvkey.Target, req *Request, cachedBlocks int) *Ha
 		prefill = 0
 	}
 	h := &Handle{lt: lt, tl: tl, target: t, prefill: prefill, hashes: req.BlockHashes, started: lt.now()}
+	added := int64(0)
 	tl.mu.Lock()
 	for _, b := range h.hashes {
 		if tl.blocks[b]++; tl.blocks[b] == 1 {
 			tl.uniqueBlocks.Add(1)
+			added++
 		}
 	}
 	tl.live[h] = struct{}{}
@@ -158,6 +180,7 @@ func (lt *LoadTracker) Begin(t kvkey.Target, req *Request, cachedBlocks int) *Ha
 	tl.prefillTokens.Add(prefill)
 	tl.prefillRequests.Add(1)
 	tl.requests.Add(1)
+	lt.publish(t, LoadVector{Requests: 1, PrefillRequests: 1, PrefillTokens: prefill, Blocks: added})
 	return h
 }
 
@@ -170,11 +193,13 @@ func (h *Handle) FirstToken() {
 	if h.stage.CompareAndSwap(stagePrefill, stageDecode) {
 		h.tl.prefillTokens.Add(-h.prefill)
 		h.tl.prefillRequests.Add(-1)
+		h.lt.publish(h.target, LoadVector{PrefillRequests: -1, PrefillTokens: -h.prefill})
 	}
 }
 
 // Done releases everything the request still holds.
 func (h *Handle) Done() {
+	var d LoadVector
 	for {
 		s := h.stage.Load()
 		if s == stageDone {
@@ -184,6 +209,7 @@ func (h *Handle) Done() {
 			if s == stagePrefill {
 				h.tl.prefillTokens.Add(-h.prefill)
 				h.tl.prefillRequests.Add(-1)
+				d.PrefillRequests, d.PrefillTokens = -1, -h.prefill
 			}
 			break
 		}
@@ -197,12 +223,15 @@ func (h *Handle) Done() {
 			delete(tl.blocks, b)
 			tl.uniqueBlocks.Add(-1)
 			tl.released.Add(1)
+			d.Blocks--
 		}
 	}
 	delete(tl.live, h)
 	tl.mu.Unlock()
 	tl.requests.Add(-1)
 	tl.finished.Add(1)
+	d.Requests = -1
+	h.lt.publish(h.target, d)
 }
 
 // Load returns the gateway's accounting of t (zero for a target never seen).
@@ -221,6 +250,15 @@ func (tl *targetLoad) snapshot() TargetLoad {
 		Requests:        int(tl.requests.Load()),
 		ActiveBlocks:    int(tl.uniqueBlocks.Load()),
 	}
+}
+
+// withPeers is l with the peer replicas' load added.
+func (l TargetLoad) withPeers(pv LoadVector) TargetLoad {
+	l.PrefillTokens += int(pv.PrefillTokens)
+	l.PrefillRequests += int(pv.PrefillRequests)
+	l.Requests += int(pv.Requests)
+	l.ActiveBlocks += int(pv.Blocks)
+	return l
 }
 
 // sharedActive returns how many leading blocks of hashes are already held by active requests

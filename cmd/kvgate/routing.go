@@ -40,7 +40,6 @@ type routing struct {
 // simple policies need none of them. node is the replica's cluster membership (nil: one
 // replica, nothing shared). Background work runs until close is called.
 func buildRouting(ctx context.Context, cfg configs.Config, reg *workers.Registry, prom prometheus.Registerer, log *slog.Logger, node *cluster.Node) (rt *routing, err error) {
-	_ = node // the shared state (bindings, load, snapshots) is wired from here
 	bg, stop := context.WithCancel(context.WithoutCancel(ctx))
 	var closers []func()
 	rt = &routing{close: func() {
@@ -78,6 +77,20 @@ func buildRouting(ctx context.Context, cfg configs.Config, reg *workers.Registry
 		return nil, fmt.Errorf("router.policy: %w", err)
 	}
 	rt.dispatcher = disp
+	if node != nil {
+		// In-flight load (and approximate-mode routing) shared with the peer replicas.
+		known := map[kvkey.Target]bool{}
+		for _, t := range allTargets(reg) {
+			known[t] = true
+		}
+		ls, err := cluster.StartLoadSync(bg, node, cluster.LoadSyncOptions{Approx: opts.KVDeps.Approx,
+			KnownTarget: func(t kvkey.Target) bool { return known[t] }, Registerer: prom, Log: log})
+		if err != nil {
+			return nil, err
+		}
+		closers = append(closers, ls.Close)
+		disp.SetFleet(ls.Fleet())
+	}
 	// A worker whose /health flapped may have restarted with an empty cache: what approximate
 	// mode assumed about it is void (the event streams check the worker's replay ring and reset
 	// only if the engine restarted, see buildKV).

@@ -1,0 +1,220 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvgate/kvgate/cluster"
+	"github.com/kvgate/kvgate/configs"
+	"github.com/kvgate/kvgate/server"
+	"github.com/kvgate/kvgate/sim"
+	"github.com/kvgate/kvgate/tokenize"
+	"github.com/kvgate/kvgate/workers"
+)
+
+// loadReplica is one gateway of a clustered test fleet, with its node.
+type loadReplica struct {
+	*fleet
+	node *cluster.Node
+}
+
+// startLoadReplicas starts simulated workers (no KV events: approximate mode) with a fixed
+// prefill step of ttft, and one gateway per entry of clusterArgs, each assembled as `kvgate
+// serve` assembles it (cluster node first, then the routing), sharing the workers.
+func startLoadReplicas(t *testing.T, tok *tokenize.Tokenizer, nWorkers int, ttft time.Duration, clusterArgs ...[]string) []*loadReplica {
+	t.Helper()
+	quiet := slog.New(slog.DiscardHandler)
+	var urls []string
+	for range nWorkers {
+		w, err := sim.New(sim.Options{ServedModelName: servedModel, Tokenize: tok, TTFT: ttft, ITL: time.Millisecond,
+			Speedup: 1, Logger: quiet})
+		if err != nil {
+			t.Fatal(err)
+		}
+		srv := httptest.NewServer(w.Handler())
+		t.Cleanup(func() { srv.CloseClientConnections(); srv.Close(); _ = w.Close() })
+		urls = append(urls, srv.URL)
+	}
+	var out []*loadReplica
+	for _, ca := range clusterArgs {
+		args := []string{"--model", servedModel, "--tokenizer", modelDir, "--listen", "127.0.0.1:0",
+			"--health-interval", "200ms", "--router-metrics-interval", "100ms", "--proxy-expose-routing-headers",
+			"--cluster-load-interval", "100ms", "--cluster-peer-timeout", "500ms", "--router-policy", "kv"}
+		for _, u := range urls {
+			args = append(args, "--worker", u)
+		}
+		args = append(args, ca...)
+		cfg, err := configs.Load(args, func(string) string { return "" }, io.Discard)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f := &fleet{t: t, cfg: cfg, urls: urls, prom: prometheus.NewRegistry()}
+		ctx, cancel := context.WithCancel(context.Background())
+		reg, err := workers.NewRegistry(cfg, quiet)
+		if err != nil {
+			t.Fatal(err)
+		}
+		reg.ProbeAll(ctx)
+		var wg sync.WaitGroup
+		wg.Go(func() { reg.Run(ctx) })
+		node, err := cluster.Start(ctx, cfg.Cluster, cluster.Options{Log: quiet, Registerer: f.prom})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rt, err := buildRouting(ctx, cfg, reg, f.prom, quiet, node)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s, err := server.New(server.Options{Config: cfg, Registry: reg, Router: rt.dispatcher, Enricher: rt.enricher,
+			Metrics: f.prom, Logger: quiet, Details: []server.HealthDetail{node}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		f.gw = httptest.NewServer(s.Handler())
+		f.admin = httptest.NewServer(s.AdminHandler())
+		r := &loadReplica{fleet: f, node: node}
+		var once sync.Once
+		t.Cleanup(func() { once.Do(func() { r.stopAll(cancel, &wg, rt, reg) }) })
+		out = append(out, r)
+	}
+	return out
+}
+
+func (r *loadReplica) stopAll(cancel context.CancelFunc, wg *sync.WaitGroup, rt *routing, reg *workers.Registry) {
+	r.gw.CloseClientConnections()
+	r.gw.Close()
+	r.admin.CloseClientConnections()
+	r.admin.Close()
+	cancel()
+	wg.Wait()
+	rt.close()
+	r.node.Close()
+	reg.Close()
+}
+
+// peersJSON is a target's peers object in GET /debug/workers (README, "Shared in-flight load").
+type peersJSON struct {
+	Worker string `json:"worker"`
+	Peers  *struct {
+		Total struct {
+			Requests    int `json:"requests"`
+			AheadTokens int `json:"ahead_tokens"`
+		} `json:"total"`
+		ByPeer map[string]json.RawMessage `json:"by_peer"`
+	} `json:"peers"`
+}
+
+// peerRequests is Σ over targets of the peers' requests in r's view, and the replicas seen.
+func (r *loadReplica) peerRequests() (requests int, replicas []string) {
+	r.t.Helper()
+	var out struct {
+		Targets []peersJSON `json:"targets"`
+		Peers   []struct {
+			Replica string `json:"replica"`
+		} `json:"peers"`
+	}
+	if err := json.Unmarshal([]byte(r.get("/debug/workers")), &out); err != nil {
+		r.t.Fatal(err)
+	}
+	for _, tg := range out.Targets {
+		if tg.Peers != nil {
+			requests += tg.Peers.Total.Requests
+		}
+	}
+	for _, p := range out.Peers {
+		replicas = append(replicas, p.Replica)
+	}
+	return requests, replicas
+}
+
+// TestReplicasShareLoadE2E: two gateways on one NATS (A's embedded server). A request in
+// flight through A shows in B's /debug/workers as the peers' share of its worker's load and
+// leaves it when it ends; the prompt A routed (approximate mode) is predicted on the same
+// worker by B's /debug/route; with A (and the NATS server in it) gone, B still answers every
+// request, reports itself degraded, and A's load no longer counts.
+func TestReplicasShareLoadE2E(t *testing.T) {
+	tok := needModel(t)
+	natsAddr := freeAddr(t)
+	rs := startLoadReplicas(t, tok, 2, 400*time.Millisecond,
+		[]string{"--cluster-replica-id", "a", "--cluster-embedded-nats-listen", natsAddr, "--cluster-embedded-nats-store-dir", t.TempDir()},
+		[]string{"--cluster-replica-id", "b", "--cluster-nats-url", "nats://" + natsAddr})
+	a, b := rs[0], rs[1]
+	for end := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if _, peers := b.peerRequests(); len(peers) == 1 && peers[0] == "a" {
+			break
+		}
+		if time.Now().After(end) {
+			t.Fatal("b never heard of a")
+		}
+	}
+
+	req := chatRequest("You are a replica test.", longText(3, 200))
+	type result struct {
+		code   int
+		worker string
+	}
+	done := make(chan result, 1)
+	go func() {
+		code, h, _ := a.post("/v1/chat/completions", req, nil)
+		done <- result{code, h.Get("X-Kvgate-Worker")}
+	}()
+	sent := time.Now()
+	for {
+		if n, _ := b.peerRequests(); n == 1 {
+			break
+		}
+		if time.Since(sent) > 350*time.Millisecond {
+			t.Fatal("a's request in flight never showed in b's view of its peers (the worker takes 400ms)")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	t.Logf("a's request in b's /debug/workers after %s", time.Since(sent).Round(time.Millisecond))
+	res := <-done
+	if res.code != http.StatusOK || res.worker == "" {
+		t.Fatalf("request through a: %d, worker %q", res.code, res.worker)
+	}
+	for end := time.Now().Add(2 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if n, _ := b.peerRequests(); n == 0 {
+			break
+		}
+		if time.Now().After(end) {
+			t.Fatal("a's finished request still counts in b's view")
+		}
+	}
+	// Approximate mode: b predicts a's prompt on the worker a chose.
+	d := b.awaitCached(req, res.worker, nil)
+	if d.Chosen.Worker != res.worker {
+		t.Errorf("b would route a's prompt to %s, a's worker is %s", d.Chosen.Worker, res.worker)
+	}
+
+	// A goes away with the NATS server it hosts: b keeps answering, degraded.
+	a.gw.Close()
+	a.node.Close()
+	for range 2 {
+		code, _, body := b.post("/v1/chat/completions", chatRequest("You are a replica test.", longText(9, 40)), nil)
+		if code != http.StatusOK {
+			t.Fatalf("b with NATS gone: %d %s", code, body)
+		}
+	}
+	var health struct {
+		Degraded []string `json:"degraded"`
+	}
+	for end := time.Now().Add(2 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		_ = json.Unmarshal([]byte(b.get("/health")), &health)
+		if _, peers := b.peerRequests(); len(health.Degraded) > 0 && len(peers) == 0 {
+			break
+		}
+		if time.Now().After(end) {
+			t.Fatalf("b with NATS gone: degraded %v, peers still counted: %s", health.Degraded, b.get("/debug/workers"))
+		}
+	}
+}
