@@ -104,6 +104,9 @@ const (
 	ResetGap     = "unrecoverable_gap"
 	ResetRestart = "restart"
 	ResetHealth  = "health"
+	// ResetWarmStart: a state installed from a peer's snapshot was dropped because the
+	// worker's replay ring did not confirm its cursor.
+	ResetWarmStart = "warm_start_rejected"
 )
 
 // subStats are the subscriber's counters, read by metrics and Snapshot.
