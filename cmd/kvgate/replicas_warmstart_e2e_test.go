@@ -218,6 +218,7 @@ func TestReplicaWarmStartFromPeer(t *testing.T) {
 	t.Run("warm from a peer", func(t *testing.T) {
 		start := time.Now()
 		b := startReplica(t, specs, "--cluster-nats-url", "nats://"+natsA, "--cluster-replica-id", "b")
+		t.Logf("replica b assembled in %s (tokenizer, routing)", time.Since(start).Round(time.Millisecond))
 		var got []map[string][2]int
 		for {
 			got = overlaps(b, probes)
@@ -235,6 +236,7 @@ func TestReplicaWarmStartFromPeer(t *testing.T) {
 			if w == nil || w.State != "warm" || w.Peer != "a" || !w.Verified || v.Subscription.IndexMode != indexers.ModeExact {
 				t.Fatalf("%s: warm start %+v, mode %s", v.Worker, w, v.Subscription.IndexMode)
 			}
+			t.Logf("%s: %d snapshot bytes from %s at seq %d in %.1f ms", v.Worker, w.Bytes, w.Peer, w.Seq, w.TookMS)
 		}
 	})
 
