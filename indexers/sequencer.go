@@ -342,6 +342,15 @@ func (q *Sequencer) Seed(seq, dig uint64, now time.Time) ([]Action, bool) {
 	return q.flush(), true
 }
 
+// Abandon forgets the applied state and any exchange under way, keeping the live batches
+// buffered and the mode: the caller replaces the target's state (a warm start after a lossy
+// reset), then calls Seed, or Join to rebuild from the ring. It returns no actions; the caller
+// drops the replay socket so that late replies of the abandoned exchange cannot arrive.
+func (q *Sequencer) Abandon() {
+	q.x = exchange{}
+	q.haveSeq, q.haveLive, q.cand, q.suspect = false, false, nil, false
+}
+
 // rejectSeed drops a seeded state whose cursor the ring did not confirm: reset, and the
 // rebuild a first join would run (from 0), the live batches buffered meanwhile kept for it.
 func (q *Sequencer) rejectSeed(now time.Time) {

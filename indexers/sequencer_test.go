@@ -93,6 +93,8 @@ func runSeqWith(cfg SeqConfig, ins []in, done func(*Sequencer)) seqResult {
 			acts = q.Tick(now)
 		case "seed":
 			acts, _ = q.Seed(i.seq, digest(p), now)
+		case "abandon":
+			q.Abandon()
 		}
 		for _, a := range acts {
 			switch a.Kind {
@@ -378,6 +380,16 @@ func TestSequencerSeed(t *testing.T) {
 			ins:     []in{seed(100, "a"), L(105), op("fail"), op("fail"), op("fail"), L(106)},
 			applied: names("a", 105, 106), replays: []uint64{100, 100, 100}, resets: []string{ResetWarmStart},
 			mode: ModeApproximate, reason: "batches_lost"},
+		{name: "abandoned after a lossy reset, then seeded: continues from the seed",
+			cfg:     withReplay,
+			ins:     cat(liveRun(0, 2), []in{L(10), R(8), op("abandon"), seed(10, "a")}, replayRun(10, 10, "a"), liveRun(11, 11)),
+			applied: []string{"a0", "a1", "a2", "a8", "a11"}, replays: []uint64{2, 10}, resets: []string{ResetGap},
+			drops: map[string]int{DropLateDuplicate: 1}, reason: ReasonWarmStartVerified},
+		{name: "abandoned after a lossy reset, then joined: rebuilt from what the ring holds",
+			cfg:     withReplay,
+			ins:     cat(liveRun(0, 2), []in{L(10), R(8), op("abandon"), op("join")}, replayRun(8, 10, "a")),
+			applied: []string{"a0", "a1", "a2", "a8", "a8", "a9", "a10"}, replays: []uint64{2, 0}, resets: []string{ResetGap},
+			drops: map[string]int{DropLateDuplicate: 1}, mode: ModeApproximate, reason: "ring_does_not_reach_back"},
 		{name: "not taken once a batch was applied",
 			cfg: withReplay, ins: cat(liveRun(0, 1), []in{seed(100, "a")}, liveRun(2, 2)),
 			applied: names("a", 0, 2)},

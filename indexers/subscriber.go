@@ -156,6 +156,8 @@ type Subscriber struct {
 	join           joinState
 	monitors       int  // monitor sockets opened, for unique inproc addresses
 	warmTried      bool // a warm start was attempted since the target last had no state
+	rewarmDue      bool // a lossy reset happened: ask a peer before rebuilding from the ring
+	lastRewarm     time.Time
 
 	// cursor is the applied state's cursor, offered to peers (warmstart.go); its lock is held
 	// around every apply, reset and install, so a snapshot is taken between batches.
@@ -304,7 +306,10 @@ func (s *Subscriber) session(ctx context.Context) error {
 
 // step runs the time- and flag-driven work of one loop turn: a restart hint, a replay
 // timeout, the join replay and its second look, the settle window.
-func (s *Subscriber) step(now time.Time) {
+func (s *Subscriber) step(ctx context.Context, now time.Time) {
+	if s.rewarmDue {
+		s.rewarm(ctx, now)
+	}
 	if s.restart.Swap(false) {
 		s.exec(s.seq.RestartHint(now))
 	}
@@ -367,6 +372,9 @@ func (s *Subscriber) exec(acts []Action) {
 			s.sendReplay(a.Seq)
 		case ActReset:
 			s.resetTarget(a.Reason)
+			if a.Reason == ResetGap && s.canRewarm() {
+				s.rewarmDue = true // at the next loop turn, after the actions of this step
+			}
 		case ActDrop:
 			switch a.Reason {
 			case DropLateDuplicate:

@@ -206,3 +206,36 @@ func (m *Subscribers) EncodeSnapshot(t kvkey.Target) ([]byte, error) {
 	data, _, err := s.snapshot()
 	return data, err
 }
+
+// minRewarmInterval spaces the warm starts after lossy resets of one target: a stream that
+// keeps losing batches must not keep the socket goroutine waiting for peers.
+const minRewarmInterval = 30 * time.Second
+
+// canRewarm reports whether a lossy reset of this target may ask a peer for its state: a
+// subscription with its own SUB (a collector's goroutine serves every collector target, so it
+// must not wait), a ring to confirm a snapshot with, and no such attempt recently.
+func (s *Subscriber) canRewarm() bool {
+	return s.cfg.WarmStart != nil && s.cfg.Endpoint != "" && s.cfg.ReplayEndpoint != "" &&
+		(s.lastRewarm.IsZero() || time.Since(s.lastRewarm) >= minRewarmInterval)
+}
+
+// rewarm replaces the state of a target that lost batches (an unrecoverable gap: the ring no
+// longer reaches back to the last applied batch) by a peer's exact snapshot, when one offers
+// it. Whatever the ring gave since the reset is dropped and the exchange abandoned; without a
+// snapshot the target is rebuilt from the ring, as a first join does, and stays approximate.
+func (s *Subscriber) rewarm(ctx context.Context, now time.Time) {
+	s.rewarmDue = false
+	s.lastRewarm = now
+	s.closeDealer() // late replies of the abandoned exchange must not reach the next one
+	s.seq.Abandon()
+	s.cursor.mu.Lock()
+	s.ix.ResetTo(s.cfg.Target, s.changeSet())
+	s.cursor.have = false
+	s.cursor.mu.Unlock()
+	s.handChanges()
+	s.warmTried = false
+	s.maybeWarmStart(ctx)
+	if _, ok := s.seq.Last(); !ok && !s.seq.Replaying() {
+		s.exec(s.seq.Join())
+	}
+}

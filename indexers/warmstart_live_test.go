@@ -133,3 +133,61 @@ func TestLiveWarmStart(t *testing.T) {
 		})
 	}
 }
+
+// A replica whose stream lost more batches than the worker's ring holds (its own loss: the
+// peer received them) replaces its state by the peer's snapshot instead of staying approximate.
+// The two replicas follow two publishers with the same batches, so that only one of them loses.
+func TestLiveWarmStartAfterLossyReset(t *testing.T) {
+	const ring = 20
+	tg := kvkey.Target{Worker: "http://w1", DPRank: 0}
+	for _, withPeer := range []bool{true, false} {
+		t.Run(map[bool]string{true: "peer", false: "no peer"}[withPeer], func(t *testing.T) {
+			sc := newScenario(t, 9, 90, LayoutMap)
+			a := newLiveRig(t)
+			pa := newTestPub(t, a.m.zctx, "kv-events", ring, ReplayWithTopic)
+			sa := a.follow(t, tg, pa, true)
+			b := newLiveRig(t)
+			b.m.SetWarmStarter(peerFunc(func(ctx context.Context, t kvkey.Target) ([]byte, string, error) {
+				if !withPeer {
+					return nil, "", ErrNoSnapshot
+				}
+				data, err := a.m.EncodeSnapshot(t)
+				if errors.Is(err, ErrNotExact) {
+					return nil, "", ErrNoSnapshot
+				}
+				return data, "peer-a", err
+			}), time.Second)
+			pb := newTestPub(t, b.m.zctx, "kv-events", ring, ReplayWithTopic)
+			sb := b.follow(t, tg, pb, true)
+			both := func(from, to int, lostOnB bool) {
+				for _, payload := range sc.payloads[from:to] {
+					pa.publish(payload, false)
+					pb.publish(payload, lostOnB)
+				}
+			}
+			both(0, 40, false)
+			waitSeq(t, sa, 39)
+			waitSeq(t, sb, 39)
+			both(40, 70, true) // b's live stream drops 30 batches; its ring keeps only 20
+			waitSeq(t, sa, 69)
+			both(70, 71, false)
+			waitSeq(t, sa, 70)
+			waitFor(t, "b's lossy reset and its outcome", func() bool {
+				w := b.debug(t, tg).WarmStart
+				return sb.stats.resetsGap.Load() > 0 && w != nil && w.State != "fetching"
+			})
+			both(71, 90, false)
+			waitSeq(t, sa, 89)
+			waitSeq(t, sb, 89)
+			truth := sc.groundTruth(t, tg, 0, 90)
+			d := b.debug(t, tg)
+			eq := reflect.DeepEqual(dumpTarget(b.ix, tg), truth)
+			if withPeer && (!eq || d.IndexMode != ModeExact || d.WarmStart.Result != WarmInstalled || !d.WarmStart.Verified) {
+				t.Fatalf("after the lossy reset: equal %v, mode %s (%s), warm start %+v", eq, d.IndexMode, d.IndexModeReason, d.WarmStart)
+			}
+			if !withPeer && (eq || d.WarmStart.Result != WarmNoPeer) {
+				t.Fatalf("without a peer: equal %v, warm start %+v", eq, d.WarmStart)
+			}
+		})
+	}
+}
