@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 
 	"github.com/zeebo/xxh3"
@@ -70,12 +71,16 @@ func (ix *Index) EncodeSnapshot(t kvkey.Target, cur SnapshotCursor) ([]byte, err
 }
 
 func (ts *targetState) encodeLocked(cur SnapshotCursor) []byte {
-	// Live nodes in slab order, renumbered densely.
-	renum := make(map[int32]uint64, len(ts.byOur))
+	// Live nodes (the slab's slots not on the free list) in slab order, renumbered densely.
+	const freed = -1
+	renum := make([]int32, len(ts.slab))
+	for _, i := range ts.free {
+		renum[i] = freed
+	}
 	order := make([]int32, 0, len(ts.byOur))
 	for i := range ts.slab {
-		if j, ok := ts.byOur[ts.slab[i].our]; ok && j == int32(i) {
-			renum[int32(i)] = uint64(len(order))
+		if renum[i] != freed {
+			renum[i] = int32(len(order))
 			order = append(order, int32(i))
 		}
 	}
@@ -101,10 +106,8 @@ func (ts *targetState) encodeLocked(cur SnapshotCursor) []byte {
 		// A node in no set may keep the index of a parent that was freed since (nodeFor sets
 		// it again before the node joins a set): such a link is written as a root.
 		p := uint64(0)
-		if n.parent >= 0 {
-			if j, ok := renum[n.parent]; ok {
-				p = j + 1
-			}
+		if n.parent >= 0 && renum[n.parent] != freed {
+			p = uint64(renum[n.parent]) + 1
 		}
 		b = binary.AppendUvarint(b, p)
 		for k := range numTiers {
@@ -115,12 +118,12 @@ func (ts *targetState) encodeLocked(cur SnapshotCursor) []byte {
 	for h := range ts.ext {
 		exts = append(exts, h)
 	}
-	sort.Slice(exts, func(i, j int) bool { return exts[i] < exts[j] })
+	slices.Sort(exts)
 	b = binary.AppendUvarint(b, uint64(len(exts)))
 	for _, h := range exts {
 		x := ts.ext[h]
 		b = binary.LittleEndian.AppendUint64(b, uint64(h))
-		b = binary.AppendUvarint(b, renum[x.node])
+		b = binary.AppendUvarint(b, uint64(renum[x.node]))
 		for k := range numTiers {
 			b = binary.AppendUvarint(b, uint64(x.refs[k]))
 		}
@@ -129,7 +132,7 @@ func (ts *targetState) encodeLocked(cur SnapshotCursor) []byte {
 	for h := range ts.anchors {
 		anchors = append(anchors, h)
 	}
-	sort.Slice(anchors, func(i, j int) bool { return anchors[i] < anchors[j] })
+	slices.Sort(anchors)
 	b = binary.AppendUvarint(b, uint64(len(anchors)))
 	for _, h := range anchors {
 		a := ts.anchors[h]
@@ -137,7 +140,7 @@ func (ts *targetState) encodeLocked(cur SnapshotCursor) []byte {
 		b = append(b, byte(a.tier))
 		b = binary.AppendUvarint(b, uint64(len(a.nodes)))
 		for _, i := range a.nodes {
-			b = binary.AppendUvarint(b, renum[i])
+			b = binary.AppendUvarint(b, uint64(renum[i]))
 		}
 	}
 	recent := ts.recent.entries()

@@ -145,3 +145,42 @@ func TestSnapshotRejects(t *testing.T) {
 		})
 	}
 }
+
+// BenchmarkSnapshot: encoding and installing one target of 32,768 G1 blocks (2,048 prompts of
+// 16 blocks), the size of a large GPU's prefix cache; bytes/block is the wire cost.
+func BenchmarkSnapshot(b *testing.B) {
+	const prompts, per = 2048, 16
+	tg := kvkey.Target{Worker: "http://w"}
+	src := NewIndex(Options{})
+	for p := range prompts {
+		toks := seqTokens(per*src.opt.BlockSize, uint32(p*100_000))
+		var hs []uint64
+		for i := range per {
+			hs = append(hs, uint64(p*per+i+1))
+		}
+		if err := src.Apply(tg, &EventBatch{Events: []Event{&BlockStored{BlockHashes: exts(hs...), TokenIDs: toks,
+			BlockSize: int64(src.opt.BlockSize)}}}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	snap, err := src.EncodeSnapshot(tg, SnapshotCursor{Seq: 1})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Run("encode", func(b *testing.B) {
+		for b.Loop() {
+			if _, err := src.EncodeSnapshot(tg, SnapshotCursor{Seq: 1}); err != nil {
+				b.Fatal(err)
+			}
+		}
+		b.ReportMetric(float64(len(snap))/(prompts*per), "bytes/block")
+	})
+	b.Run("install", func(b *testing.B) {
+		dst := NewIndex(Options{})
+		for b.Loop() {
+			if _, err := dst.InstallSnapshot(tg, snap, nil); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
