@@ -218,14 +218,17 @@ func TestReplicaWarmStartFromPeer(t *testing.T) {
 	t.Run("warm from a peer", func(t *testing.T) {
 		start := time.Now()
 		b := startReplica(t, specs, "--cluster-nats-url", "nats://"+natsA, "--cluster-replica-id", "b")
-		t.Logf("replica b assembled in %s (tokenizer, routing)", time.Since(start).Round(time.Millisecond))
+		// The 5 s count from when the replica can answer: loading the tokenizer comes first (about
+		// 1 s, far more under -race) and has nothing to do with the warm start.
+		assembled := time.Now()
+		t.Logf("replica b assembled in %s (tokenizer, routing)", assembled.Sub(start).Round(time.Millisecond))
 		var got []map[string][2]int
 		for {
 			got = overlaps(b, probes)
 			if fmt.Sprint(got) == fmt.Sprint(want) {
 				break
 			}
-			if time.Since(start) > 5*time.Second {
+			if time.Since(assembled) > 5*time.Second {
 				t.Fatalf("replica b's overlap after %s:\n  %v\nreplica a's:\n  %v\nb: %s", time.Since(start), got, want, b.get("/debug/workers"))
 			}
 			time.Sleep(20 * time.Millisecond)
