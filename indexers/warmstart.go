@@ -42,7 +42,7 @@ const (
 )
 
 // warmResults are the outcomes counted per target, in metric order.
-var warmResults = []string{WarmInstalled, WarmNoPeer, WarmTimeout, WarmFetchFailed, WarmInstallFailed, WarmRejected, WarmNoReplay}
+var warmResults = [...]string{WarmInstalled, WarmNoPeer, WarmTimeout, WarmFetchFailed, WarmInstallFailed, WarmRejected, WarmNoReplay}
 
 // WarmStartDebug is a target's warm start in GET /debug/workers.
 type WarmStartDebug struct {
@@ -69,8 +69,8 @@ type cursorState struct {
 	cur    SnapshotCursor
 	exact  bool // the sequencer's mode is exact for a reason worth offering
 	warm   *WarmStartDebug
-	counts [7]int64 // by warmResults
-	bytes  int64    // snapshot bytes installed
+	counts [len(warmResults)]int64
+	bytes  int64 // snapshot bytes installed
 }
 
 // offerable reports whether an exact-mode reason makes the state one to offer: a target that
