@@ -2,10 +2,13 @@ package indexers
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"math/rand/v2"
 	"testing"
+
+	"github.com/zeebo/xxh3"
 
 	"github.com/kvgate/kvgate/kvkey"
 )
@@ -181,6 +184,58 @@ func BenchmarkSnapshot(b *testing.B) {
 			if _, err := dst.InstallSnapshot(tg, snap, nil); err != nil {
 				b.Fatal(err)
 			}
+		}
+	})
+}
+
+// FuzzInstallSnapshot: no snapshot body (given a valid checksum, so that the fuzzer reaches
+// the structure) panics the decoder or leaves an index that panics when events and queries
+// follow; a rejected one leaves the target's state alone.
+func FuzzInstallSnapshot(f *testing.F) {
+	r := rand.New(rand.NewPCG(1, 2))
+	w := newModelWorld(r, 1)
+	src := NewIndex(Options{BlockSize: modelBS})
+	tg := w.targets[0]
+	var later []Event
+	for i := range 160 {
+		ev := w.step(r, 0)
+		if ev == nil {
+			continue
+		}
+		if i >= 120 {
+			later = append(later, ev)
+			continue
+		}
+		if err := src.Apply(tg, &EventBatch{Events: []Event{ev}}); err != nil {
+			f.Fatal(err)
+		}
+	}
+	snap, err := src.EncodeSnapshot(tg, SnapshotCursor{Seq: 3})
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Add(snap[:len(snap)-8])
+	f.Add([]byte(snapMagic + "\x01"))
+	f.Fuzz(func(t *testing.T, body []byte) {
+		data := binary.LittleEndian.AppendUint64(bytes.Clone(body), xxh3.Hash(body))
+		ix := NewIndex(Options{BlockSize: modelBS, MaxBlocksPerTarget: 4096})
+		if _, err := ix.InstallSnapshot(tg, data, nil); err != nil {
+			if ts := ix.reg.Load().byTarget[tg]; ts != nil && ts.blocks() != 0 {
+				t.Fatalf("a rejected snapshot left %d blocks", ts.blocks())
+			}
+			return
+		}
+		for _, ev := range later {
+			_ = ix.Apply(tg, &EventBatch{Events: []Event{ev}})
+		}
+		for _, hs := range w.hashes {
+			o := overlapOf(ix, tg, typed(hs))
+			if o.G1 < 0 || o.G2 < 0 || o.G3 < 0 || o.G1+o.G2+o.G3 > len(hs) {
+				t.Fatalf("malformed overlap %+v", o)
+			}
+		}
+		if _, err := ix.EncodeSnapshot(tg, SnapshotCursor{}); err != nil {
+			t.Fatal(err)
 		}
 	})
 }
