@@ -51,11 +51,11 @@ func TestConsumerCalledOutsideIndexLock(t *testing.T) {
 		want []ChangeKind
 	}{
 		{"store", func() {
-			s.apply(1, payload(&BlockStored{BlockHashes: exts(1, 2), TokenIDs: toks, BlockSize: 4, Medium: Some(MediumGPU)}))
+			s.apply(1, 0, payload(&BlockStored{BlockHashes: exts(1, 2), TokenIDs: toks, BlockSize: 4, Medium: Some(MediumGPU)}))
 		}, []ChangeKind{ChangeStored, ChangeStoredRun}},
-		{"remove", func() { s.apply(2, payload(&BlockRemoved{BlockHashes: exts(2), Medium: Some(MediumGPU)})) },
+		{"remove", func() { s.apply(2, 0, payload(&BlockRemoved{BlockHashes: exts(2), Medium: Some(MediumGPU)})) },
 			[]ChangeKind{ChangeRemoved}},
-		{"clear", func() { s.apply(3, payload(&AllBlocksCleared{})) }, []ChangeKind{ChangeCleared}},
+		{"clear", func() { s.apply(3, 0, payload(&AllBlocksCleared{})) }, []ChangeKind{ChangeCleared}},
 		{"reset", func() { s.resetTarget(ResetGap) }, []ChangeKind{ChangeCleared}},
 	}
 	for _, st := range steps {

@@ -151,7 +151,7 @@ func (f *feed) run(ctx context.Context) error {
 		}
 		dealers := map[*zmq.Socket]*Subscriber{}
 		for _, s := range f.streams {
-			s.step(now)
+			s.step(ctx, now)
 			wait = min(wait, s.pollWait(now))
 			if s.dealer != nil {
 				poller.Add(s.dealer, zmq.POLLIN)

@@ -16,6 +16,7 @@ type collector struct {
 	reconnects, lastSeq, state, version         *prometheus.Desc
 	joins, duplicates, recoveries               *prometheus.Desc
 	droppedBatches, mode, unknownTopic          *prometheus.Desc
+	warmStarts, warmBytes                       *prometheus.Desc
 }
 
 // Register registers the subscriptions' metrics (prefix kvgate_kv_) with reg.
@@ -51,7 +52,10 @@ func (m *Subscribers) Collector() prometheus.Collector {
 		droppedBatches: d("batches_dropped_total", "Event batches not applied, by reason: late_duplicate, stale (older than the applied "+
 			"batches of the same engine), implausible_seq (a jump the replay ring does not confirm), unconfirmed (a step back "+
 			"no later batch confirmed), skipped_seq (a sequence number the replay ring shows no batch ever had).", "reason"),
-		mode: d("index_approximate", "1 while the target's index lost batches and the router scores it approximately."),
+		warmStarts: d("warm_starts_total", "Warm starts of the target's index from a peer replica's snapshot, by result: installed, "+
+			"no_peer, timeout, fetch_failed, install_failed, rejected (the replay ring did not confirm its cursor), no_replay_endpoint.", "result"),
+		warmBytes: d("warm_start_bytes_total", "Bytes of peer snapshots installed into the target's index."),
+		mode:      d("index_approximate", "1 while the target's index lost batches and the router scores it approximately."),
 		unknownTopic: prometheus.NewDesc("kvgate_kv_collector_unknown_messages_total",
 			"Messages the collector could not attribute to a configured worker+rank, by cause.", []string{"listen", "cause"}, nil),
 	}
@@ -61,7 +65,7 @@ func (m *Subscribers) Collector() prometheus.Collector {
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.events, c.blocks, c.dropped, c.resident, c.orphans, c.batches,
 		c.gaps, c.replays, c.resets, c.parseErrors, c.reconnects, c.lastSeq, c.state, c.version, c.joins, c.duplicates,
-		c.recoveries, c.droppedBatches, c.mode, c.unknownTopic} {
+		c.recoveries, c.droppedBatches, c.mode, c.unknownTopic, c.warmStarts, c.warmBytes} {
 		ch <- d
 	}
 }
@@ -116,6 +120,16 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		counter(c.resets, st.resetsGap.Load(), w, r, ResetGap)
 		counter(c.resets, st.resetsRestart.Load(), w, r, ResetRestart)
 		counter(c.resets, st.resetsHealth.Load(), w, r, ResetHealth)
+		counter(c.resets, st.resetsWarm.Load(), w, r, ResetWarmStart)
+		if s.cfg.WarmStart != nil {
+			s.cursor.mu.Lock()
+			counts, bytes := s.cursor.counts, s.cursor.bytes
+			s.cursor.mu.Unlock()
+			for i, res := range warmResults {
+				counter(c.warmStarts, counts[i], w, r, res)
+			}
+			counter(c.warmBytes, bytes, w, r)
+		}
 		counter(c.parseErrors, st.parseFrames.Load(), w, r, "frames")
 		counter(c.parseErrors, st.parsePayload.Load(), w, r, "payload")
 		counter(c.parseErrors, st.malformed.Load(), w, r, "malformed_event")

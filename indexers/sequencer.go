@@ -37,6 +37,13 @@ import (
 //     the settle window (SeqConfig.SettleTime, and SettleBatches when set) passing since.
 //   - Sequence numbers compare modulo 2^64 (after). A batch numbered 2^64-1 cannot come back
 //     in a replay: that number is the replay end marker (EndSeq).
+//   - A seeded start (Seed) begins from a state installed from elsewhere (a peer replica's
+//     snapshot of the index after batch S): the ring is asked from S, and its first reply must
+//     be batch S with the bytes the snapshot's digest names, the same engine incarnation. Then
+//     the rest of the reply fills (S, ring end] and the live batches buffered meanwhile follow,
+//     as for any gap. Any other first reply (a restarted engine, a ring that moved past S), no
+//     reply at all, or a ring that cannot be reached rejects the seed: the target is reset
+//     (ResetWarmStart) and rebuilt as on a first join without a seed.
 
 // SeqConfig tunes a Sequencer.
 type SeqConfig struct {
@@ -126,7 +133,21 @@ type Action struct {
 	Reason  string
 	Mode    string
 	OK      bool
+	// Digest is the xxh3 of Payload (ActApply), the cursor a snapshot taken after it carries.
+	Digest uint64
 }
+
+// Index mode reasons of a seeded start (ActMode, TargetDebug.IndexModeReason).
+const (
+	// ReasonWarmStart: the state was installed from a snapshot; the ring has not confirmed its
+	// cursor yet.
+	ReasonWarmStart = "warm_start"
+	// ReasonWarmStartVerified: the ring still holds the snapshot's last batch with its bytes.
+	ReasonWarmStartVerified = "warm_start_verified"
+	// ReasonWarmStartRejected: the seed was dropped (another engine incarnation, a ring past
+	// the cursor, or no ring to confirm it); the target is rebuilt without it.
+	ReasonWarmStartRejected = "warm_start_rejected"
+)
 
 // exchange purposes.
 const (
@@ -156,6 +177,8 @@ type exchange struct {
 	restart  bool // probe: restarted engine
 	lo, hi   uint64
 	haveSpan bool // [lo, hi] replies received over the exchange, for dropping live copies
+	seed     bool // the exchange confirms a seeded start's cursor
+	seedOK   bool // seed: its first reply was batch `last` with the seed's digest
 }
 
 // Sequencer is the per-target sequencing state machine. It is not safe for concurrent use.
@@ -218,7 +241,7 @@ func (q *Sequencer) flush() []Action {
 
 func (q *Sequencer) apply(seq uint64, payload []byte, now time.Time) {
 	q.haveSeq, q.last, q.lastDigest = true, seq, digest(payload)
-	q.emit(Action{Kind: ActApply, Seq: seq, Payload: payload})
+	q.emit(Action{Kind: ActApply, Seq: seq, Payload: payload, Digest: q.lastDigest})
 	if q.mode == ModeApproximate {
 		q.approxBatches++
 		q.settle(now)
@@ -299,6 +322,47 @@ func (q *Sequencer) Join() []Action {
 		}
 	}
 	return q.flush()
+}
+
+// Seed starts the sequencer from a state installed from elsewhere, a snapshot of the index
+// after batch seq whose payload digests (xxh3) to dig: batch seq counts as applied, the mode is
+// exact (ReasonWarmStart), and the ring is asked from seq to confirm the incarnation and fill
+// what followed (see the rules above). It does nothing (no actions, false) once a batch was
+// applied or during an exchange: a seed only replaces having no state. Without a replay socket
+// the seed cannot be confirmed and is not taken either.
+func (q *Sequencer) Seed(seq, dig uint64, now time.Time) ([]Action, bool) {
+	if q.haveSeq || q.x.active || !q.cfg.Replay {
+		return q.flush(), false
+	}
+	q.haveSeq, q.last, q.lastDigest = true, seq, dig
+	q.haveLive, q.cand, q.suspect = false, nil, false
+	q.setMode(ModeExact, ReasonWarmStart, now)
+	q.begin(xFill, seq, nil)
+	q.x.seed = true
+	return q.flush(), true
+}
+
+// Abandon forgets the applied state and any exchange under way, keeping the live batches
+// buffered and the mode: the caller replaces the target's state (a warm start after a lossy
+// reset), then calls Seed, or Join to rebuild from the ring. It returns no actions; the caller
+// drops the replay socket so that late replies of the abandoned exchange cannot arrive.
+func (q *Sequencer) Abandon() {
+	q.x = exchange{}
+	q.haveSeq, q.haveLive, q.cand, q.suspect = false, false, nil, false
+}
+
+// rejectSeed drops a seeded state whose cursor the ring did not confirm: reset, and the
+// rebuild a first join would run (from 0), the live batches buffered meanwhile kept for it.
+func (q *Sequencer) rejectSeed(now time.Time) {
+	pending := q.pending
+	q.pending = nil
+	q.x = exchange{}
+	q.emit(Action{Kind: ActReplayDone, OK: false})
+	q.reset(ResetWarmStart)
+	// Approximate until the rebuild shows it reaches the engine's first batch.
+	q.setMode(ModeApproximate, ReasonWarmStartRejected, now)
+	q.begin(xRebuild, 0, nil)
+	q.pending = pending
 }
 
 // RestartHint reports a health flap of the worker: checked against the ring, never trusted
@@ -433,6 +497,15 @@ func (q *Sequencer) ReplayBatch(seq uint64, payload []byte, now time.Time) []Act
 	if firstOfRequest {
 		x.first = seq
 	}
+	if x.seed && !x.seedOK {
+		if firstOfRequest && seq == q.last && digest(payload) == q.lastDigest {
+			x.seedOK, x.verified = true, true
+			q.setMode(ModeExact, ReasonWarmStartVerified, now)
+			q.span(seq)
+			return q.flush()
+		}
+		return q.flush() // rejected at the end of the reply stream
+	}
 	if x.purpose == xProbe && !x.decided {
 		x.decided = true
 		if seq == q.last && digest(payload) == q.lastDigest {
@@ -515,6 +588,10 @@ func (q *Sequencer) ReplayEnd(now time.Time) []Action {
 		return q.flush()
 	}
 	x := &q.x
+	if x.seed && !x.seedOK {
+		q.rejectSeed(now)
+		return q.flush()
+	}
 	if x.purpose == xProbe {
 		switch {
 		case !x.decided || x.restart:
@@ -570,6 +647,17 @@ func (q *Sequencer) ReplayEnd(now time.Time) []Action {
 
 // ReplayFailed reports that the current exchange timed out or failed.
 func (q *Sequencer) ReplayFailed(now time.Time) []Action {
+	if q.x.active && q.x.seed && !q.x.seedOK && q.x.attempts >= q.cfg.MaxReplayAttempts {
+		// The ring never answered: the seed cannot be confirmed. Judge the buffered live
+		// batches as a first join whose replay failed would.
+		q.x.seed = false
+		q.emit(Action{Kind: ActReplayDone, OK: false})
+		q.x.active = false
+		q.reset(ResetWarmStart)
+		q.setMode(ModeApproximate, ReasonWarmStartRejected, now)
+		q.drain(now, false)
+		return q.flush()
+	}
 	if q.x.active {
 		if q.x.attempts < q.cfg.MaxReplayAttempts && q.x.purpose != xProbe {
 			from := uint64(0)

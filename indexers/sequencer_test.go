@@ -59,7 +59,10 @@ type seqResult struct {
 	mode    string
 }
 
-func runSeq(cfg SeqConfig, ins []in) seqResult {
+func runSeq(cfg SeqConfig, ins []in) seqResult { return runSeqWith(cfg, ins, nil) }
+
+// runSeqWith is runSeq calling done with the sequencer at the end (nil: not called).
+func runSeqWith(cfg SeqConfig, ins []in, done func(*Sequencer)) seqResult {
 	q := NewSequencer(cfg)
 	t0 := time.Unix(1_000_000, 0)
 	res := seqResult{drops: map[string]int{}}
@@ -88,6 +91,10 @@ func runSeq(cfg SeqConfig, ins []in) seqResult {
 			acts = q.Cleared(now)
 		case "tick":
 			acts = q.Tick(now)
+		case "seed":
+			acts, _ = q.Seed(i.seq, digest(p), now)
+		case "abandon":
+			q.Abandon()
 		}
 		for _, a := range acts {
 			switch a.Kind {
@@ -105,6 +112,9 @@ func runSeq(cfg SeqConfig, ins []in) seqResult {
 		}
 	}
 	res.mode, _ = q.Mode()
+	if done != nil {
+		done(q)
+	}
 	return res
 }
 
@@ -311,4 +321,107 @@ func TestCollectorTargets(t *testing.T) {
 	if _, err := CollectorTargets("http://w:8000", 1, "tcp://w:*", "t"); err == nil {
 		t.Fatal("ephemeral replay port accepted")
 	}
+}
+
+// Seeded starts: a state installed from a peer's snapshot after batch S is confirmed by the
+// ring holding batch S with the same bytes, then continues from S+1; anything else rejects it
+// and the target is rebuilt as on a first join.
+func TestSequencerSeed(t *testing.T) {
+	withReplay := SeqConfig{Replay: true, RingSize: 100, MaxPending: 5}
+	seed := func(seq uint64, eng string) in { return in{op: "seed", seq: seq, eng: eng} }
+	tests := []struct {
+		name    string
+		cfg     SeqConfig
+		ins     []in
+		applied []string
+		replays []uint64
+		resets  []string
+		drops   map[string]int
+		mode    string
+		reason  string
+	}{
+		{name: "confirmed: the ring holds S, the rest follows",
+			cfg: withReplay, ins: cat([]in{seed(100, "a")}, replayRun(100, 103, "a"), liveRun(104, 105)),
+			applied: names("a", 101, 105), replays: []uint64{100}, reason: ReasonWarmStartVerified},
+		{name: "confirmed: ring is exactly S, live continues",
+			cfg: withReplay, ins: cat([]in{seed(100, "a")}, replayRun(100, 100, "a"), liveRun(101, 102)),
+			applied: names("a", 101, 102), replays: []uint64{100}, reason: ReasonWarmStartVerified},
+		{name: "live batches buffered meanwhile: copies of replies dropped, the rest applied",
+			cfg:     withReplay,
+			ins:     cat([]in{seed(100, "a"), L(102), L(103)}, replayRun(100, 102, "a"), liveRun(104, 104)),
+			applied: names("a", 101, 104), replays: []uint64{100}, drops: map[string]int{DropLateDuplicate: 1},
+			reason: ReasonWarmStartVerified},
+		{name: "a restarted engine: batch S has other bytes, rebuilt from 0",
+			cfg:     withReplay,
+			ins:     cat([]in{seed(100, "a")}, replayRun(100, 101, "b"), replayRun(0, 101, "b")),
+			applied: names("b", 0, 101), replays: []uint64{100, 0}, resets: []string{ResetWarmStart},
+			reason: "rebuilt_from_engine_start"},
+		{name: "the ring moved past S: rejected, what it holds is all there is",
+			cfg:     withReplay,
+			ins:     cat([]in{seed(100, "a")}, replayRun(150, 160, "a"), replayRun(150, 160, "a")),
+			applied: names("a", 150, 160), replays: []uint64{100, 0}, resets: []string{ResetWarmStart},
+			mode: ModeApproximate, reason: "ring_does_not_reach_back"},
+		{name: "the ring starts right after S: cannot confirm, rejected",
+			cfg:     withReplay,
+			ins:     cat([]in{seed(100, "a")}, replayRun(101, 102, "a"), replayRun(101, 102, "a")),
+			applied: names("a", 101, 102), replays: []uint64{100, 0}, resets: []string{ResetWarmStart},
+			mode: ModeApproximate, reason: "ring_does_not_reach_back"},
+		{name: "an empty ring: rejected",
+			cfg:     withReplay,
+			ins:     cat([]in{seed(100, "a"), op("end")}, replayRun(0, 2, "a")),
+			applied: names("a", 0, 2), replays: []uint64{100, 0}, resets: []string{ResetWarmStart},
+			reason: "rebuilt_from_engine_start"},
+		{name: "a lost reply is asked for again from S",
+			cfg:     withReplay,
+			ins:     cat([]in{seed(100, "a"), op("fail")}, replayRun(100, 101, "a")),
+			applied: names("a", 101, 101), replays: []uint64{100, 100}, reason: ReasonWarmStartVerified},
+		{name: "the ring never answers: rejected, live batches judged alone",
+			cfg:     withReplay,
+			ins:     []in{seed(100, "a"), L(105), op("fail"), op("fail"), op("fail"), L(106)},
+			applied: names("a", 105, 106), replays: []uint64{100, 100, 100}, resets: []string{ResetWarmStart},
+			mode: ModeApproximate, reason: "batches_lost"},
+		{name: "abandoned after a lossy reset, then seeded: continues from the seed",
+			cfg:     withReplay,
+			ins:     cat(liveRun(0, 2), []in{L(10), R(8), op("abandon"), seed(10, "a")}, replayRun(10, 10, "a"), liveRun(11, 11)),
+			applied: []string{"a0", "a1", "a2", "a8", "a11"}, replays: []uint64{2, 10}, resets: []string{ResetGap},
+			drops: map[string]int{DropLateDuplicate: 1}, reason: ReasonWarmStartVerified},
+		{name: "abandoned after a lossy reset, then joined: rebuilt from what the ring holds",
+			cfg:     withReplay,
+			ins:     cat(liveRun(0, 2), []in{L(10), R(8), op("abandon"), op("join")}, replayRun(8, 10, "a")),
+			applied: []string{"a0", "a1", "a2", "a8", "a8", "a9", "a10"}, replays: []uint64{2, 0}, resets: []string{ResetGap},
+			drops: map[string]int{DropLateDuplicate: 1}, mode: ModeApproximate, reason: "ring_does_not_reach_back"},
+		{name: "not taken once a batch was applied",
+			cfg: withReplay, ins: cat(liveRun(0, 1), []in{seed(100, "a")}, liveRun(2, 2)),
+			applied: names("a", 0, 2)},
+		{name: "not taken without a replay socket",
+			cfg: SeqConfig{RingSize: 100}, ins: cat([]in{seed(100, "a")}, liveRun(0, 1)),
+			applied: names("a", 0, 1)},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got := runSeq(tc.cfg, tc.ins)
+			want := seqResult{applied: tc.applied, replays: tc.replays, resets: tc.resets, drops: tc.drops, mode: tc.mode}
+			if want.drops == nil {
+				want.drops = map[string]int{}
+			}
+			if want.mode == "" {
+				want.mode = ModeExact
+			}
+			if !reflect.DeepEqual(got, want) {
+				t.Fatalf("got\n  applied %s\n  replays %v resets %v drops %v mode %s\nwant\n  applied %s\n  replays %v resets %v drops %v mode %s",
+					strings.Join(got.applied, " "), got.replays, got.resets, got.drops, got.mode,
+					strings.Join(want.applied, " "), want.replays, want.resets, want.drops, want.mode)
+			}
+			if r := seqReason(tc.cfg, tc.ins); tc.reason != "" && r != tc.reason {
+				t.Fatalf("mode reason %q, want %q", r, tc.reason)
+			}
+		})
+	}
+}
+
+// seqReason runs ins and returns the final mode reason.
+func seqReason(cfg SeqConfig, ins []in) string {
+	var reason string
+	runSeqWith(cfg, ins, func(q *Sequencer) { _, reason = q.Mode() })
+	return reason
 }

@@ -52,6 +52,11 @@ type SubscriberConfig struct {
 	SettleTime time.Duration
 	// SettleBatches, when > 0, also leaves approximate mode after that many applied batches.
 	SettleBatches uint64
+	// WarmStart, if set, is asked for a peer's snapshot of the target before the first join
+	// while the target has no state (Subscribers sets it from SetWarmStarter).
+	WarmStart WarmStarter
+	// SnapshotTimeout bounds the wait for a peer's snapshot (default 5 s).
+	SnapshotTimeout time.Duration
 	// Consumer, if set, hears every change set the subscriber's index updates made, after the
 	// index released its lock (Subscribers sets it from Subscribers.SetConsumer).
 	Consumer ChangeConsumer
@@ -82,6 +87,9 @@ func (c *SubscriberConfig) defaults() {
 	if c.MaxMsgSize == 0 {
 		c.MaxMsgSize = DefaultMaxMsgSize
 	}
+	if c.SnapshotTimeout <= 0 {
+		c.SnapshotTimeout = 5 * time.Second
+	}
 }
 
 func (c *SubscriberConfig) seqConfig() SeqConfig {
@@ -104,12 +112,15 @@ const (
 	ResetGap     = "unrecoverable_gap"
 	ResetRestart = "restart"
 	ResetHealth  = "health"
+	// ResetWarmStart: a state installed from a peer's snapshot was dropped because the
+	// worker's replay ring did not confirm its cursor.
+	ResetWarmStart = "warm_start_rejected"
 )
 
 // subStats are the subscriber's counters, read by metrics and Snapshot.
 type subStats struct {
 	batches, gaps, replaysOK, replaysFailed, replayedBatches atomic.Int64
-	resetsGap, resetsRestart, resetsHealth                   atomic.Int64
+	resetsGap, resetsRestart, resetsHealth, resetsWarm       atomic.Int64
 	parseFrames, parsePayload, unknownEvents, malformed      atomic.Int64
 	reconnects, pendingOverflow, rankMismatch                atomic.Int64
 	joinReplays, lateDuplicates, stale                       atomic.Int64
@@ -143,7 +154,14 @@ type Subscriber struct {
 	replayDeadline time.Time // of the replay request in flight; zero = none
 	changes        ChangeSet // reused for every apply and reset, handed to cfg.Consumer
 	join           joinState
-	monitors       int // monitor sockets opened, for unique inproc addresses
+	monitors       int  // monitor sockets opened, for unique inproc addresses
+	warmTried      bool // a warm start was attempted since the target last had no state
+	rewarmDue      bool // a lossy reset happened: ask a peer before rebuilding from the ring
+	lastRewarm     time.Time
+
+	// cursor is the applied state's cursor, offered to peers (warmstart.go); its lock is held
+	// around every apply, reset and install, so a snapshot is taken between batches.
+	cursor cursorState
 }
 
 // NewSubscriber prepares a subscriber; zctx may be shared by many subscribers.
@@ -155,6 +173,7 @@ func NewSubscriber(zctx *zmq.Context, ix *Index, cfg SubscriberConfig, log *slog
 	s := &Subscriber{cfg: cfg, ix: ix, zctx: zctx, seq: NewSequencer(cfg.seqConfig()),
 		log: log.With("component", "kv-events", "target", cfg.Target.String(), "endpoint", cfg.Endpoint)}
 	s.stats.modeReason.Store("")
+	s.cursor.exact = true // a new sequencer is in exact mode
 	s.setState(StateConnecting)
 	return s
 }
@@ -279,12 +298,18 @@ func (s *Subscriber) session(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("sub %s: %w", s.cfg.Endpoint, err)
 	}
+	// Subscribed first, so that the live batches published while the peer's snapshot travels
+	// queue in the socket; they follow the snapshot's cursor.
+	s.maybeWarmStart(ctx)
 	return f.run(ctx)
 }
 
 // step runs the time- and flag-driven work of one loop turn: a restart hint, a replay
 // timeout, the join replay and its second look, the settle window.
-func (s *Subscriber) step(now time.Time) {
+func (s *Subscriber) step(ctx context.Context, now time.Time) {
+	if s.rewarmDue {
+		s.rewarm(ctx, now)
+	}
 	if s.restart.Swap(false) {
 		s.exec(s.seq.RestartHint(now))
 	}
@@ -340,13 +365,16 @@ func (s *Subscriber) exec(acts []Action) {
 	for _, a := range acts {
 		switch a.Kind {
 		case ActApply:
-			if s.apply(a.Seq, a.Payload) {
+			if s.apply(a.Seq, a.Digest, a.Payload) {
 				s.exec(s.seq.Cleared(time.Now()))
 			}
 		case ActReplay:
 			s.sendReplay(a.Seq)
 		case ActReset:
 			s.resetTarget(a.Reason)
+			if a.Reason == ResetGap && s.canRewarm() {
+				s.rewarmDue = true // at the next loop turn, after the actions of this step
+			}
 		case ActDrop:
 			switch a.Reason {
 			case DropLateDuplicate:
@@ -362,6 +390,14 @@ func (s *Subscriber) exec(acts []Action) {
 				s.stats.skippedSeq.Add(1)
 			}
 		case ActMode:
+			s.cursor.mu.Lock()
+			s.cursor.exact = offerable(a.Mode, a.Reason)
+			if a.Reason == ReasonWarmStartVerified && s.cursor.warm != nil {
+				w := *s.cursor.warm
+				w.Verified = true
+				s.cursor.warm = &w
+			}
+			s.cursor.mu.Unlock()
 			s.stats.modeReason.Store(a.Reason)
 			s.stats.approximate.Store(a.Mode == ModeApproximate)
 			s.log.Warn("kv-events: index mode", "mode", a.Mode, "reason", a.Reason)
@@ -405,7 +441,15 @@ func (s *Subscriber) sendReplay(from uint64) {
 }
 
 func (s *Subscriber) resetTarget(reason string) {
+	s.cursor.mu.Lock()
 	s.ix.ResetTo(s.cfg.Target, s.changeSet())
+	s.cursor.have = false
+	if reason == ResetWarmStart && s.cursor.warm != nil {
+		s.cursor.noteWarm(WarmStartDebug{State: "cold", Result: WarmRejected, Peer: s.cursor.warm.Peer, Seq: s.cursor.warm.Seq})
+	} else {
+		s.warmTried = false // no state again: a later session may ask a peer
+	}
+	s.cursor.mu.Unlock()
 	s.handChanges()
 	switch reason {
 	case ResetGap:
@@ -414,12 +458,14 @@ func (s *Subscriber) resetTarget(reason string) {
 		s.stats.resetsRestart.Add(1)
 	case ResetHealth:
 		s.stats.resetsHealth.Add(1)
+	case ResetWarmStart:
+		s.stats.resetsWarm.Add(1)
 	}
 	s.log.Warn("kv-events: index state of target reset", "reason", reason)
 }
 
 // apply decodes and applies one batch; it reports whether the batch held AllBlocksCleared.
-func (s *Subscriber) apply(seq uint64, payload []byte) (cleared bool) {
+func (s *Subscriber) apply(seq, dig uint64, payload []byte) (cleared bool) {
 	// Published once the batch is in the index, so that an observer of last_seq (the debug
 	// endpoint, tests) finds the index at least that far.
 	defer func() {
@@ -430,6 +476,10 @@ func (s *Subscriber) apply(seq uint64, payload []byte) (cleared bool) {
 	}()
 	b, st, err := DecodeBatchStats(payload)
 	if err != nil {
+		// Nothing to apply, but the batch is behind the cursor now (a peer's copy fails alike).
+		s.cursor.mu.Lock()
+		s.cursor.have, s.cursor.cur = true, SnapshotCursor{Seq: seq, Digest: dig}
+		s.cursor.mu.Unlock()
 		s.stats.parsePayload.Add(1)
 		s.limiter.log(s.log, "payload", err)
 		return false
@@ -444,7 +494,11 @@ func (s *Subscriber) apply(seq uint64, payload []byte) (cleared bool) {
 	if b.DPRank.Set && b.DPRank.V != int64(s.cfg.Target.DPRank) {
 		s.stats.rankMismatch.Add(1)
 	}
-	if err := s.ix.ApplyTo(s.cfg.Target, b, s.changeSet()); err != nil {
+	s.cursor.mu.Lock()
+	err = s.ix.ApplyTo(s.cfg.Target, b, s.changeSet())
+	s.cursor.have, s.cursor.cur = true, SnapshotCursor{Seq: seq, Digest: dig}
+	s.cursor.mu.Unlock()
+	if err != nil {
 		s.limiter.log(s.log, "apply", err)
 	}
 	s.handChanges()

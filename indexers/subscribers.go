@@ -24,6 +24,8 @@ type Subscribers struct {
 
 	mu         sync.Mutex
 	consumer   ChangeConsumer // set by SetConsumer, copied into every subscription
+	warm       WarmStarter    // set by SetWarmStarter, copied into every subscription
+	warmWait   time.Duration
 	subs       map[kvkey.Target]*running
 	collectors []*collectorFeed
 	wg         sync.WaitGroup
@@ -79,6 +81,14 @@ func NewSubscribers(ix *Index, log *slog.Logger) (*Subscribers, error) {
 func (m *Subscribers) SetConsumer(c ChangeConsumer) {
 	m.mu.Lock()
 	m.consumer = c
+	m.mu.Unlock()
+}
+
+// SetWarmStarter makes every subscription started from now on ask w for a peer's snapshot of
+// its target before its first join, waiting at most timeout (0: the default, 5 s).
+func (m *Subscribers) SetWarmStarter(w WarmStarter, timeout time.Duration) {
+	m.mu.Lock()
+	m.warm, m.warmWait = w, timeout
 	m.mu.Unlock()
 }
 
@@ -146,6 +156,14 @@ func (m *Subscribers) Start(ctx context.Context, cfg SubscriberConfig) error {
 	m.Stop(cfg.Target, false)
 	if cfg.Consumer == nil {
 		cfg.Consumer = m.getConsumer()
+	}
+	if cfg.WarmStart == nil {
+		m.mu.Lock()
+		cfg.WarmStart = m.warm
+		if cfg.SnapshotTimeout == 0 {
+			cfg.SnapshotTimeout = m.warmWait
+		}
+		m.mu.Unlock()
 	}
 	sctx, cancel := context.WithCancel(ctx)
 	r := &running{sub: NewSubscriber(m.zctx, m.ix, cfg, m.log), cancel: cancel, done: make(chan struct{})}
@@ -250,6 +268,9 @@ type TargetDebug struct {
 	// ChainRecoveries counts stores with an unknown parent that were placed under a recently
 	// routed prompt ("recovered") or dropped ("failed").
 	ChainRecoveries map[string]int64 `json:"chain_recoveries"`
+	// WarmStart is the target's last warm start from a peer's snapshot (absent without a
+	// cluster, or before the first attempt).
+	WarmStart *WarmStartDebug `json:"warm_start,omitempty"`
 }
 
 // BytesPerBlock is the approximate index memory per distinct block per target (global entry,
@@ -305,6 +326,15 @@ func (m *Subscribers) Snapshot() []TargetDebug {
 			d.Resets[ResetGap] = st.resetsGap.Load()
 			d.Resets[ResetRestart] = st.resetsRestart.Load()
 			d.Resets[ResetHealth] = st.resetsHealth.Load()
+			if v := st.resetsWarm.Load(); v > 0 {
+				d.Resets[ResetWarmStart] = v
+			}
+			s.cursor.mu.Lock()
+			if w := s.cursor.warm; w != nil {
+				cp := *w
+				d.WarmStart = &cp
+			}
+			s.cursor.mu.Unlock()
 			d.ParseErrors = map[string]int64{"frames": st.parseFrames.Load(), "payload": st.parsePayload.Load(),
 				"malformed_event": st.malformed.Load(), "unknown_event": st.unknownEvents.Load(),
 				"dp_rank_mismatch": st.rankMismatch.Load(), "replay_buffer_overflow": st.pendingOverflow.Load()}

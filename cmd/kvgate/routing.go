@@ -60,7 +60,7 @@ func buildRouting(ctx context.Context, cfg configs.Config, reg *workers.Registry
 	dispOpts := router.DispatcherOptions{Registerer: prom, Log: log,
 		Pins: router.PinConfig{MaxPins: cfg.Router.Responses.MaxPins, TTL: cfg.Router.Responses.PinTTL.D()}}
 	if configs.KVAware(cfg.Router.Policy) {
-		k, err := buildKV(bg, cfg, kvcfg, reg, prom, log)
+		k, err := buildKV(bg, cfg, kvcfg, reg, prom, log, node)
 		if err != nil {
 			return nil, err
 		}
@@ -135,8 +135,9 @@ type kvParts struct {
 
 // buildKV loads the tokenizer, creates the event index with the session tracker listening to
 // it, subscribes to every worker+rank that publishes KV events, and ties health flaps to the
-// subscriptions' restart handling.
-func buildKV(ctx context.Context, cfg configs.Config, kvcfg router.KVConfig, reg *workers.Registry, prom prometheus.Registerer, log *slog.Logger) (*kvParts, error) {
+// subscriptions' restart handling. With a cluster node, the subscriptions warm-start from
+// peers' index snapshots and serve this replica's (warmstart.go).
+func buildKV(ctx context.Context, cfg configs.Config, kvcfg router.KVConfig, reg *workers.Registry, prom prometheus.Registerer, log *slog.Logger, node *cluster.Node) (*kvParts, error) {
 	start := time.Now()
 	topts := tokenize.Options{}
 	if cfg.ChatTemplate != "" {
@@ -179,6 +180,15 @@ func buildKV(ctx context.Context, cfg configs.Config, kvcfg router.KVConfig, reg
 			parts.close()
 			return nil, fmt.Errorf("kv-event metrics: %w", err)
 		}
+	}
+	if node != nil {
+		stop, err := wireWarmStart(node, mgr, prom, log)
+		if err != nil {
+			parts.close()
+			return nil, err
+		}
+		closeMgr := parts.close
+		parts.close = func() { stop(); closeMgr() }
 	}
 	subscribed := 0
 	for i, w := range cfg.Workers {
