@@ -147,6 +147,16 @@ func (r *Request) parseAnthropic(preserveInline bool) *Error {
 	return nil
 }
 
+// pyDumps is chat.PyJSONDumps of a value decoded from the client's JSON or built from such
+// values, which always serialises ("null" otherwise, never reached).
+func pyDumps(v jinja.Value) string {
+	s, err := chat.PyJSONDumps(v)
+	if err != nil {
+		return "null"
+	}
+	return s
+}
+
 // decodeRaw decodes one JSON value with the template's order-preserving parser.
 func decodeRaw(raw []byte) (jinja.Value, error) {
 	doc, err := chat.ParseDocument(append(append([]byte(`{"v":`), raw...), '}'))
@@ -365,7 +375,7 @@ func convertContent(role string, blocks []jinja.Value, om *jinja.Dict, out []jin
 				if c.IsString() {
 					text = c.AsString()
 				} else {
-					text = pyRepr(c) // str(block.content): Python's repr of the raw items
+					text = chat.PyRepr(c) // str(block.content): Python's repr of the raw items
 				}
 			}
 			parts = append(parts, obj("type", "text", "text", "Tool result: "+text))
@@ -407,7 +417,7 @@ func pyStr(v jinja.Value) string {
 	if v.IsString() {
 		return v.AsString()
 	}
-	return pyRepr(v)
+	return chat.PyRepr(v)
 }
 
 // toolResultMessages is _convert_user_tool_result: a tool message with the joined text, then a

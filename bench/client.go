@@ -94,10 +94,12 @@ type chunk struct {
 	Error json.RawMessage `json:"error"`
 }
 
-// sender posts streaming chat completions and times their chunks.
+// sender posts streaming requests (chat completions, Messages or Responses) and times their
+// content events.
 type sender struct {
 	client  *http.Client
 	url     string // full endpoint URL
+	api     API    // the body format and stream events
 	apiKey  string
 	headers http.Header // extra headers on every request
 }
@@ -187,7 +189,8 @@ func (s *sender) readStream(ctx context.Context, body io.Reader, start time.Time
 	}
 }
 
-// handleEvent processes one SSE event; it returns true at [DONE] or on a terminal error.
+// handleEvent processes one SSE event; it returns true at the stream's end ([DONE],
+// message_stop, response.completed) or on a terminal error.
 func (s *sender) handleEvent(event string, data []byte, start, now time.Time, rec *Record, reply *strings.Builder) bool {
 	if len(data) == 0 {
 		return false
@@ -198,6 +201,23 @@ func (s *sender) handleEvent(event string, data []byte, start, now time.Time, re
 	if event == "error" {
 		rec.fail(ErrStream, string(data))
 		return true
+	}
+	text := func(content, other string) {
+		if content == "" && other == "" {
+			return
+		}
+		reply.WriteString(content)
+		if rec.Chunks == 0 {
+			rec.TTFT = now.Sub(start)
+		}
+		rec.Chunks++
+		rec.Latency = now.Sub(start)
+	}
+	switch s.api {
+	case APIMessages:
+		return s.handleAnthropic(data, text, rec)
+	case APIResponses:
+		return s.handleResponses(data, text, rec)
 	}
 	var c chunk
 	if err := json.Unmarshal(data, &c); err != nil {
@@ -221,16 +241,11 @@ func (s *sender) handleEvent(event string, data []byte, start, now time.Time, re
 	}
 	for _, ch := range c.Choices {
 		d := ch.Delta
-		text := d.Content + d.ReasoningContent + d.Reasoning
-		if text == "" && len(d.ToolCalls) == 0 {
-			continue
+		other := d.ReasoningContent + d.Reasoning
+		if other == "" && len(d.ToolCalls) > 0 {
+			other = "tool_calls"
 		}
-		reply.WriteString(d.Content)
-		if rec.Chunks == 0 {
-			rec.TTFT = now.Sub(start)
-		}
-		rec.Chunks++
-		rec.Latency = now.Sub(start)
+		text(d.Content, other)
 	}
 	return false
 }

@@ -97,6 +97,7 @@ type InputConfig struct {
 	Model          string  `json:"model"`
 	Trace          string  `json:"trace"`
 	Format         Format  `json:"format"`
+	API            API     `json:"api,omitempty"`
 	BlockSize      int     `json:"block_size"`
 	Mode           Mode    `json:"mode"`
 	Concurrency    int     `json:"concurrency,omitempty"`

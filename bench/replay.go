@@ -38,7 +38,9 @@ const (
 
 // ReplayOptions configure a replay.
 type ReplayOptions struct {
-	URL         string // base URL of the OpenAI server, e.g. http://127.0.0.1:8000
+	URL string // base URL of the OpenAI server, e.g. http://127.0.0.1:8000
+	// API is the request format (default APIChat).
+	API         API
 	Model       string // model to send; "" = the first id of GET /v1/models
 	Mode        Mode
 	Concurrency int     // ModeConcurrency lanes
@@ -106,6 +108,11 @@ func Replay(ctx context.Context, tr *Trace, synth *Synth, opts ReplayOptions) (*
 	default:
 		return nil, fmt.Errorf("unknown session header style %q (want none, plain, dynamo or both)", opts.SessionHeaders)
 	}
+	api, err := ParseAPI(string(opts.API))
+	if err != nil {
+		return nil, err
+	}
+	opts.API = api
 	client := opts.Client
 	if client == nil {
 		tp := http.DefaultTransport.(*http.Transport).Clone()
@@ -121,14 +128,13 @@ func Replay(ctx context.Context, tr *Trace, synth *Synth, opts ReplayOptions) (*
 		opts.Model = m
 	}
 	r := &runner{opts: opts, synth: synth, seen: map[string]map[int64]struct{}{},
-		snd: &sender{client: client, url: base + "/v1/chat/completions", apiKey: opts.APIKey, headers: opts.Headers}}
+		snd: &sender{client: client, url: base + api.path(), api: api, apiKey: opts.APIKey, headers: opts.Headers}}
 	limit := int64(tr.RequestCount())
 	if opts.MaxRequests > 0 {
 		limit = min(limit, int64(opts.MaxRequests))
 	}
 	r.budget.Store(limit)
 	r.t0 = time.Now()
-	var err error
 	switch opts.Mode {
 	case ModeFixed, "":
 		err = r.dispatch(ctx, tr.Sessions, func(i int, s *Session) time.Duration { return r.scale(s.Start) })
@@ -271,18 +277,14 @@ func (r *runner) runSession(ctx context.Context, s *Session, parentCorr string) 
 // send builds and posts one request and stores its record.
 func (r *runner) send(ctx context.Context, s *Session, k int, corr, parentCorr string, msgs []Message) Record {
 	t := &s.Turns[k]
-	body := map[string]any{
-		"model":          r.opts.Model,
-		"messages":       msgs,
-		"stream":         true,
-		"stream_options": map[string]any{"include_usage": true},
+	out := t.OutputTokens
+	if out <= 0 && r.opts.API == APIMessages {
+		out = defaultMaxTokens // required there
 	}
-	if out := t.OutputTokens; out > 0 {
-		if r.opts.MaxOutputTokens > 0 {
-			out = min(out, r.opts.MaxOutputTokens)
-		}
-		body["max_completion_tokens"] = out
+	if out > 0 && r.opts.MaxOutputTokens > 0 {
+		out = min(out, r.opts.MaxOutputTokens)
 	}
+	body := r.opts.API.body(r.opts.Model, msgs, out)
 	if r.opts.IgnoreEOS {
 		body["ignore_eos"] = true
 	}

@@ -25,6 +25,10 @@
 #   NUM_GPU_BLOCKS  KV blocks per simulated worker [16384]
 #   MAX_MODEL_LEN   [262144] (agentic traces reach 100k+ tokens)
 #   TIME_SCALE      kvbench --time-scale [0.02]
+#   API             kvbench --api: chat, messages (Anthropic /v1/messages) or responses
+#                   (stateless /v1/responses) [chat]; when set, run labels are LABEL/API.
+#                   Each run also saves kvgate's /metrics (OUT/<label>/kvgate-metrics.txt) and
+#                   logs its usage reports and prompt-token mismatches (0: exact prompts)
 #   KVBENCH_ARGS    extra kvbench run flags (e.g. "--max-requests 200 --repeat 4")
 #   BASE_PORT       first port used; workers take BASE_PORT+1.., gateway BASE_PORT, KV events
 #                   BASE_PORT+100.. [18000 + 40*(PID mod 50)]

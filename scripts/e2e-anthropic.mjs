@@ -2,90 +2,25 @@
 // `@anthropic-ai/sdk` npm client: two simulated vLLM workers (bin/vllm-sim) behind bin/kvgate,
 // all on loopback; messages.create, messages.stream, a tool loop with tool_result history and
 // countTokens. With models/qwen3 present both sides tokenize with the real tokenizer (the
-// gateway then answers countTokens itself). scripts/setup.sh installs the client.
+// gateway then answers countTokens itself, routes by KV and must count every prompt as the
+// workers do: kvgate_router_prompt_token_mismatches_total 0 across the run). Fleet start-up is
+// shared with e2e-openai.mjs (e2e-fleet.mjs). scripts/setup.sh installs the client.
 //
 //   node scripts/e2e-anthropic.mjs        (env BIN=dir of the binaries, default ./bin)
-import { spawn } from 'node:child_process';
-import fs from 'node:fs';
-import net from 'node:net';
-import path from 'node:path';
-import { fileURLToPath } from 'node:url';
 import { test, after, before } from 'node:test';
 import assert from 'node:assert/strict';
 import Anthropic from '@anthropic-ai/sdk';
+import { MODEL, haveTokenizer, startSims, startGateway, stopAll, usageFeedback } from './e2e-fleet.mjs';
 
-const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
-const bin = process.env.BIN ? path.resolve(process.env.BIN) : path.join(root, 'bin');
-const MODEL = 'e2e-model';
-const tokenizer = path.join(root, 'models', 'qwen3');
-const haveTokenizer = fs.existsSync(path.join(tokenizer, 'tokenizer.json'));
-const procs = [];
-
-function freePort() {
-  return new Promise((resolve, reject) => {
-    const srv = net.createServer();
-    srv.unref();
-    srv.on('error', reject);
-    srv.listen(0, '127.0.0.1', () => {
-      const { port } = srv.address();
-      srv.close(() => resolve(port));
-    });
-  });
-}
-
-function start(name, args) {
-  const p = spawn(path.join(bin, name), args, { stdio: ['ignore', 'ignore', 'pipe'] });
-  let log = '';
-  p.stderr.on('data', (d) => { log = (log + d).slice(-4000); });
-  p.on('exit', (code, sig) => { if (!p.stopping) console.error(`# ${name} exited (${code ?? sig}):\n${log}`); });
-  procs.push(p);
-  return p;
-}
-
-async function waitHealthy(url, timeoutMs = 20000) {
-  const deadline = Date.now() + timeoutMs;
-  for (;;) {
-    try {
-      const r = await fetch(url + '/health');
-      if (r.ok) return;
-    } catch { /* not up yet */ }
-    if (Date.now() > deadline) throw new Error(`${url} not healthy after ${timeoutMs} ms`);
-    await new Promise((r) => setTimeout(r, 50));
-  }
-}
-
-async function startSim() {
-  const port = await freePort();
-  const extra = haveTokenizer ? ['--model', tokenizer] : [];
-  start('vllm-sim', ['--host', '127.0.0.1', '--port', String(port), '--served-model-name', MODEL,
-    '--ttft', '2ms', '--itl', '2ms', '--log-level', 'warn', ...extra]);
-  const url = `http://127.0.0.1:${port}`;
-  await waitHealthy(url);
-  return url;
-}
-
-async function startGateway(workers) {
-  const port = await freePort();
-  const args = ['serve', '--model', MODEL, '--listen', `127.0.0.1:${port}`, '--health-interval', '500ms',
-    '--log-level', 'warn', '--proxy-expose-routing-headers'];
-  if (haveTokenizer) args.push('--tokenizer', tokenizer, '--router-policy', 'kv');
-  for (const w of workers) args.push('--worker', w);
-  start('kvgate', args);
-  const url = `http://127.0.0.1:${port}`;
-  await waitHealthy(url);
-  return url;
-}
-
-let client, workers;
+let client, gateway, workers;
 
 before(async () => {
-  workers = [await startSim(), await startSim()];
-  client = new Anthropic({ baseURL: await startGateway(workers), apiKey: 'unused', maxRetries: 0 });
+  workers = (await startSims(2)).map((s) => s.url);
+  gateway = await startGateway(workers, { kv: true });
+  client = new Anthropic({ baseURL: gateway, apiKey: 'unused', maxRetries: 0 });
 });
 
-after(() => {
-  for (const p of procs) { p.stopping = true; p.kill('SIGTERM'); }
-});
+after(stopAll);
 
 const system = 'You are a terse coding agent.';
 const tools = [{
@@ -158,4 +93,10 @@ test('errors are Anthropic-shaped', async () => {
     client.messages.create({ model: 'no-such-model', max_tokens: 4, messages: [{ role: 'user', content: 'x' }] }),
     (err) => err.status === 404 && err.error?.type === 'error' && err.error?.error?.type === 'NotFoundError',
   );
+});
+
+test('no prompt-token mismatch between the gateway and the workers', async () => {
+  const { reports, mismatches } = await usageFeedback(gateway);
+  if (haveTokenizer) assert.ok(reports >= 3, `the gateway compared only ${reports} worker usages`);
+  assert.equal(mismatches, 0, `${mismatches} of ${reports} requests counted differently by the gateway`);
 });

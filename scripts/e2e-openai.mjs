@@ -1,88 +1,36 @@
-// End-to-end check of kvgate with the official `openai` npm client: two simulated vLLM
+// End-to-end check of kvgate with the official `openai` npm client: three simulated vLLM
 // workers (bin/vllm-sim) behind bin/kvgate, all on loopback; stream, non-stream, completions,
-// models, error handling, a worker dying mid-stream, Responses (pinned follow-ups) and embeddings. Run by `make test` after `make build`;
-// scripts/setup.sh installs the client into scripts/node_modules.
+// models (list and retrieve), error handling, a worker dying mid-stream, embeddings, Responses
+// (previous_response_id follow-ups pinned to the worker storing each chain, vLLM's 404 once
+// that worker is gone) and, with models/qwen3 present, a KV-routing gateway whose prompt-token
+// counts must equal the workers' across the run (kvgate_router_prompt_token_mismatches_total
+// 0). Run by `make test` after `make build`; scripts/setup.sh installs the client into
+// scripts/node_modules.
 //
 //   node scripts/e2e-openai.mjs        (env BIN=dir of the binaries, default ./bin)
-import { spawn } from 'node:child_process';
-import net from 'node:net';
-import path from 'node:path';
-import { fileURLToPath } from 'node:url';
 import { test, after, before } from 'node:test';
 import assert from 'node:assert/strict';
 import OpenAI from 'openai';
+import { MODEL, haveTokenizer, startSim, startSims, startGateway, stop, stopAll, usageFeedback } from './e2e-fleet.mjs';
 
-const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
-const bin = process.env.BIN ? path.resolve(process.env.BIN) : path.join(root, 'bin');
-const MODEL = 'e2e-model';
-const procs = [];
-
-function freePort() {
-  return new Promise((resolve, reject) => {
-    const srv = net.createServer();
-    srv.unref();
-    srv.on('error', reject);
-    srv.listen(0, '127.0.0.1', () => {
-      const { port } = srv.address();
-      srv.close(() => resolve(port));
-    });
-  });
-}
-
-function start(name, args) {
-  const p = spawn(path.join(bin, name), args, { stdio: ['ignore', 'ignore', 'pipe'] });
-  let log = '';
-  p.stderr.on('data', (d) => { log = (log + d).slice(-4000); });
-  p.on('exit', (code, sig) => { if (!p.stopping) console.error(`# ${name} exited (${code ?? sig}):\n${log}`); });
-  procs.push(p);
-  return p;
-}
-
-async function waitHealthy(url, timeoutMs = 20000) {
-  const deadline = Date.now() + timeoutMs;
-  for (;;) {
-    try {
-      const r = await fetch(url + '/health');
-      if (r.ok) return;
-    } catch { /* not up yet */ }
-    if (Date.now() > deadline) throw new Error(`${url} not healthy after ${timeoutMs} ms`);
-    await new Promise((r) => setTimeout(r, 50));
-  }
-}
-
-async function startSim(extra = []) {
-  const port = await freePort();
-  start('vllm-sim', ['--host', '127.0.0.1', '--port', String(port), '--served-model-name', MODEL,
-    '--ttft', '2ms', '--itl', '2ms', '--log-level', 'warn', ...extra]);
-  const url = `http://127.0.0.1:${port}`;
-  await waitHealthy(url);
-  return url;
-}
-
-async function startGateway(workers) {
-  const port = await freePort();
-  // The checks read X-Kvgate-Worker, which kvgate sends only when asked to.
-  const args = ['serve', '--model', MODEL, '--listen', `127.0.0.1:${port}`, '--health-interval', '500ms', '--log-level', 'warn',
-    '--proxy-expose-routing-headers'];
-  for (const w of workers) args.push('--worker', w);
-  start('kvgate', args);
-  const url = `http://127.0.0.1:${port}`;
-  await waitHealthy(url);
-  return url;
-}
-
-let client, workers, dyingClient;
+let client, gateway, sims, workers, dyingClient, kvClient, kvGateway;
 
 before(async () => {
-  workers = [await startSim(), await startSim()];
-  client = new OpenAI({ baseURL: (await startGateway(workers)) + '/v1', apiKey: 'unused', maxRetries: 0 });
-  const dying = await startSim(['--die-mid-stream-after', '3']);
-  dyingClient = new OpenAI({ baseURL: (await startGateway([dying])) + '/v1', apiKey: 'unused', maxRetries: 0 });
+  const [fleet, dying] = await Promise.all([startSims(3), startSim({ extra: ['--die-mid-stream-after', '3'], tokenize: false })]);
+  sims = fleet;
+  workers = sims.map((s) => s.url);
+  const [rr, dyingGW, kv] = await Promise.all([startGateway(workers), startGateway([dying.url]),
+    haveTokenizer ? startGateway(workers, { kv: true }) : null]);
+  gateway = rr;
+  client = new OpenAI({ baseURL: rr + '/v1', apiKey: 'unused', maxRetries: 0 });
+  dyingClient = new OpenAI({ baseURL: dyingGW + '/v1', apiKey: 'unused', maxRetries: 0 });
+  if (kv) {
+    kvGateway = kv;
+    kvClient = new OpenAI({ baseURL: kv + '/v1', apiKey: 'unused', maxRetries: 0 });
+  }
 });
 
-after(() => {
-  for (const p of procs) { p.stopping = true; p.kill('SIGTERM'); }
-});
+after(stopAll);
 
 const messages = [{ role: 'user', content: 'Hello from the openai npm client' }];
 
@@ -120,19 +68,27 @@ test('completions, non-stream and stream', async () => {
   assert.ok(text.length > 0);
 });
 
-test('models come from the workers', async () => {
+test('models come from the workers: list and retrieve', async () => {
   const list = await client.models.list();
   const ids = list.data.map((m) => m.id);
   assert.deepEqual(ids, [MODEL]);
+  const card = await client.models.retrieve(MODEL);
+  assert.equal(card.id, MODEL);
+  assert.equal(card.object, 'model');
+  await assert.rejects(client.models.retrieve('no-such-model'), (e) => {
+    assert.ok(e instanceof OpenAI.NotFoundError, `got ${e?.constructor?.name}`);
+    assert.match(e.message, /The model `no-such-model` does not exist/);
+    return true;
+  });
 });
 
-test('round robin spreads requests over both workers', async () => {
+test('round robin spreads requests over the three workers', async () => {
   const seen = new Set();
-  for (let i = 0; i < 4; i++) {
+  for (let i = 0; i < 6; i++) {
     const { response } = await client.chat.completions.create({ model: MODEL, messages, max_tokens: 1 }).withResponse();
     seen.add(response.headers.get('x-kvgate-worker'));
   }
-  assert.equal(seen.size, 2);
+  assert.equal(seen.size, 3);
 });
 
 test('errors: unknown model 404, empty messages 400, malformed JSON 400', async () => {
@@ -170,48 +126,104 @@ test('a worker dying mid-stream surfaces as an error, not a hang', async () => {
   assert.ok(chunks >= 3, `only ${chunks} chunks before the error`);
 });
 
-test('responses: non-stream, stream, and a previous_response_id follow-up on the same worker', async () => {
-  const { data: r1, response } = await client.responses.create({
-    model: MODEL, instructions: 'Be brief.', input: 'Hello from the Responses API', max_output_tokens: 4,
-  }).withResponse();
-  assert.equal(r1.object, 'response');
-  assert.equal(r1.status, 'completed');
-  assert.ok(r1.output_text.length > 0);
-  const w1 = response.headers.get('x-kvgate-worker');
-  assert.ok(workers.includes(w1));
-
-  const stream = await client.responses.create({
-    model: MODEL, input: 'and more', previous_response_id: r1.id, max_output_tokens: 4, stream: true,
-  });
-  const types = [];
-  let id = '';
-  for await (const ev of stream) {
-    types.push(ev.type);
-    if (ev.type === 'response.created') id = ev.response.id;
-  }
-  assert.equal(types[0], 'response.created');
-  assert.equal(types.at(-1), 'response.completed');
-  assert.ok(types.includes('response.output_text.delta'));
-
-  // Round robin would move the next turn; the pin keeps the chain on the worker storing it.
-  for (let i = 0; i < 2; i++) {
-    const { data, response: resp } = await client.responses.create({
-      model: MODEL, input: 'again', previous_response_id: id, max_output_tokens: 2,
-    }).withResponse();
-    assert.equal(resp.headers.get('x-kvgate-worker'), w1);
-    id = data.id;
-  }
-  const got = await client.responses.retrieve(id);
-  assert.equal(got.id, id);
-  await assert.rejects(
-    client.responses.create({ model: MODEL, input: 'x', previous_response_id: 'resp_unknown' }),
-    (err) => err.status === 404 && /Response with id 'resp_unknown' not found/.test(err.message),
-  );
-});
-
 test('embeddings pass through', async () => {
   const e = await client.embeddings.create({ model: MODEL, input: ['one two', 'three'] });
   assert.equal(e.data.length, 2);
   assert.ok(e.data[0].embedding.length > 0);
   assert.ok(e.usage.prompt_tokens > 0);
+});
+
+test('the KV-routing gateway tokenizes chat, completions and Responses as the workers do', { skip: !haveTokenizer && 'needs models/qwen3' }, async () => {
+  const c = await kvClient.chat.completions.create({ model: MODEL, messages: [{ role: 'system', content: 'Be brief.' }, ...messages], max_tokens: 4 });
+  assert.ok(c.usage.prompt_tokens > 0);
+  const s = await kvClient.chat.completions.create({ model: MODEL, messages, max_tokens: 3, stream: true, stream_options: { include_usage: true } });
+  for await (const _ of s) { /* drain */ }
+  await kvClient.completions.create({ model: MODEL, prompt: 'Once upon a time', max_tokens: 3 });
+  const input = [
+    { role: 'user', content: 'Weather in Paris?' },
+    { type: 'function_call', call_id: 'call_1', name: 'get_weather', arguments: '{"city":"Paris"}' },
+    { type: 'function_call_output', call_id: 'call_1', output: 'Sunny' },
+  ];
+  const r = await kvClient.responses.create({ model: MODEL, instructions: 'Be brief.', input, max_output_tokens: 3, store: false });
+  assert.equal(r.status, 'completed');
+  const rs = await kvClient.responses.create({ model: MODEL, input: 'Hello again', max_output_tokens: 3, store: false, stream: true });
+  for await (const _ of rs) { /* drain */ }
+});
+
+test('responses: follow-ups over three workers each reach the worker storing their chain', async () => {
+  // Round robin puts three consecutive first turns on the three workers.
+  const chains = [];
+  for (let i = 0; i < 3; i++) {
+    const { data, response } = await client.responses.create({
+      model: MODEL, instructions: 'Be brief.', input: `Chain ${i} starts here`, max_output_tokens: 4,
+    }).withResponse();
+    assert.equal(data.object, 'response');
+    assert.equal(data.status, 'completed');
+    assert.ok(data.output_text.length > 0);
+    chains.push({ id: data.id, worker: response.headers.get('x-kvgate-worker') });
+  }
+  assert.deepEqual(new Set(chains.map((c) => c.worker)), new Set(workers), 'one chain per worker');
+
+  // Interleaved follow-ups: round robin alone would move each of them.
+  for (let round = 0; round < 2; round++) {
+    for (const chain of chains) {
+      const { data, response } = await client.responses.create({
+        model: MODEL, input: `turn ${round + 2}`, previous_response_id: chain.id, max_output_tokens: 2,
+      }).withResponse();
+      assert.equal(response.headers.get('x-kvgate-worker'), chain.worker);
+      chain.id = data.id;
+    }
+  }
+  // A streamed follow-up: the new id comes from response.created and is pinned too.
+  const stream = await client.responses.create({
+    model: MODEL, input: 'and more', previous_response_id: chains[1].id, max_output_tokens: 3, stream: true,
+  });
+  const types = [];
+  for await (const ev of stream) {
+    types.push(ev.type);
+    if (ev.type === 'response.created') chains[1].id = ev.response.id;
+  }
+  assert.equal(types[0], 'response.created');
+  assert.equal(types.at(-1), 'response.completed');
+  assert.ok(types.includes('response.output_text.delta'));
+  const { data: again, response: resp } = await client.responses.create({
+    model: MODEL, input: 'after the stream', previous_response_id: chains[1].id, max_output_tokens: 2,
+  }).withResponse();
+  assert.equal(resp.headers.get('x-kvgate-worker'), chains[1].worker);
+  chains[1].id = again.id;
+  const got = await client.responses.retrieve(chains[2].id);
+  assert.equal(got.id, chains[2].id);
+
+  const notFound = (id) => (err) => err.status === 404 && err.message.includes(`Response with id '${id}' not found`);
+  await assert.rejects(
+    client.responses.create({ model: MODEL, input: 'x', previous_response_id: 'resp_unknown' }), notFound('resp_unknown'));
+
+  // The worker storing chain 0 goes away: once the gateway has ejected it, the follow-up is
+  // vLLM's 404 (no other worker holds that response), and the other chains carry on.
+  stop(sims[workers.indexOf(chains[0].worker)].proc);
+  let last;
+  for (let i = 0; i < 100; i++) {
+    try {
+      await client.responses.create({ model: MODEL, input: 'x', previous_response_id: chains[0].id, max_output_tokens: 1 });
+      last = 'answered';
+    } catch (err) {
+      last = err;
+      if (notFound(chains[0].id)(err)) break;
+    }
+    await new Promise((r) => setTimeout(r, 50));
+  }
+  assert.ok(notFound(chains[0].id)(last), `follow-up to the removed worker's response: ${last}`);
+  const { response: still } = await client.responses.create({
+    model: MODEL, input: 'still here', previous_response_id: chains[2].id, max_output_tokens: 1,
+  }).withResponse();
+  assert.equal(still.headers.get('x-kvgate-worker'), chains[2].worker);
+});
+
+test('no prompt-token mismatch between the gateways and the workers', async () => {
+  const rr = await usageFeedback(gateway);
+  assert.equal(rr.mismatches, 0);
+  if (!kvGateway) return;
+  const kv = await usageFeedback(kvGateway);
+  assert.ok(kv.reports >= 5, `the KV gateway compared only ${kv.reports} worker usages`);
+  assert.equal(kv.mismatches, 0, `${kv.mismatches} of ${kv.reports} requests counted differently by the gateway`);
 });

@@ -59,6 +59,11 @@ start_fleet() {
   wait_file "$OUT/fleet.yaml"
 }
 
+# metric_sum FILE NAME: the sum of a Prometheus metric's series in a /metrics dump (0 when absent).
+metric_sum() {
+  awk -v n="$2" '$1 == n || index($1, n "{") == 1 { s += $2 } END { printf "%d\n", s }' "$1" 2>/dev/null || echo 0
+}
+
 # stop_pid PID: end one process we started and forget it.
 stop_pid() {
   kill "$1" 2>/dev/null || true
@@ -101,7 +106,10 @@ parse_variant() {
 # run_variant DIR TRACE TIME_SCALE [kvbench flags...]: one kvbench run of TRACE into DIR through
 # kvgate (policy $policy, flags $gwargs, session headers $headers, label $label: see
 # parse_variant) in front of a fresh fleet of WORKERS simulated workers (BLOCK_SIZE,
-# NUM_GPU_BLOCKS, MAX_MODEL_LEN, SPEEDUP, extra vllm-sim flags SIM_ARGS), gateway on BASE_PORT.
+# NUM_GPU_BLOCKS, MAX_MODEL_LEN, SPEEDUP, extra vllm-sim flags SIM_ARGS), gateway on BASE_PORT,
+# requests in kvbench's API ($API: chat, messages or responses; when set, the run's label is
+# LABEL/API). Saves kvgate's /metrics in
+# DIR/kvgate-metrics.txt and logs its usage reports and prompt-token mismatches.
 # Returns 3 when kvgate rejects the policy or its flags (the variant is skipped).
 run_variant() {
   local dir="$1" trace="$2" scale="$3" fleet gw kb i quiet=()
@@ -141,10 +149,16 @@ run_variant() {
   # commands, and `wait` is interruptible where a foreground command is not.
   "$BIN/kvbench" run --url "http://127.0.0.1:$BASE_PORT" --model "$MODEL_NAME" --tokenizer "$MODEL_DIR" \
     --trace "$trace" --time-scale "$scale" --session-headers "$headers" --policy "$policy" \
-    --label "$label" --out "$dir" "${quiet[@]}" "$@" >"$dir/kvbench.txt" &
+    --api "${API:-chat}" --label "$label${API:+/$API}" --out "$dir" "${quiet[@]}" "$@" >"$dir/kvbench.txt" &
   kb=$!
   PIDS+=("$kb")
   wait "$kb" || die "[$label] kvbench failed; see $dir/kvbench.txt"
+  # The gateway's view of the run: its metrics, and the prompt-token mismatches between its
+  # own count and the workers' usage (0 when it renders and tokenizes exactly as they do).
+  curl -sf "http://127.0.0.1:$BASE_PORT/metrics" >"$dir/kvgate-metrics.txt" || true
+  log "[$label] api ${API:-chat}: usage reports" \
+    "$(( $(metric_sum "$dir/kvgate-metrics.txt" kvgate_router_usage_reports_total) + $(metric_sum "$dir/kvgate-metrics.txt" kvgate_router_usage_without_cached_tokens_total) ))," \
+    "prompt-token mismatches $(metric_sum "$dir/kvgate-metrics.txt" kvgate_router_prompt_token_mismatches_total)"
   stop_pid "$gw"
   stop_pid "$fleet"
 }

@@ -24,7 +24,6 @@ const endpointUnmatched = "unmatched"
 // unchanged, to the least loaded routable worker (vllm/entrypoints/openai/api_server.py and
 // the pooling, score, rerank, tokenize and speech-to-text routers).
 var passthroughRoutes = []struct{ method, path string }{
-	{http.MethodGet, "/v1/models/:id"},
 	{http.MethodGet, "/version"},
 	{http.MethodPost, "/v1/embeddings"},
 	{http.MethodPost, "/tokenize"},

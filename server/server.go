@@ -117,6 +117,7 @@ func New(opts Options) (*Server, error) {
 	e.DELETE(pathResponses+"/:id", s.handleResponseByID)
 	e.POST(pathResponses+"/:id/cancel", s.handleResponseByID)
 	e.GET("/v1/models", s.handleModels)
+	e.GET("/v1/models/*id", s.handleModel)
 	s.addPassthrough(e)
 	e.NoRoute(s.noRoute(http.StatusNotFound))
 	e.NoMethod(s.noRoute(http.StatusMethodNotAllowed))

@@ -18,6 +18,46 @@ import (
 // handleModels answers GET /v1/models from the workers' own /v1/models: the cards of every
 // routable worker, merged by id in fleet order, exactly as the workers wrote them.
 func (s *Server) handleModels(c *gin.Context) {
+	cards, e := s.mergedModels(c.Request.Context())
+	if e != nil {
+		writeError(c, e)
+		return
+	}
+	data := make([]json.RawMessage, len(cards))
+	for i, card := range cards {
+		data[i] = card.raw
+	}
+	c.JSON(http.StatusOK, gin.H{"object": "list", "data": data})
+}
+
+// handleModel answers GET /v1/models/{id} (the OpenAI clients' models.retrieve), which vLLM
+// itself does not serve: the card of that id from the merged list of handleModels, else the
+// 404 vLLM answers for an unknown model.
+func (s *Server) handleModel(c *gin.Context) {
+	id := strings.TrimPrefix(c.Param("id"), "/") // a catch-all: ids like org/name have slashes
+	cards, e := s.mergedModels(c.Request.Context())
+	if e != nil {
+		writeError(c, e)
+		return
+	}
+	for _, card := range cards {
+		if card.id == id {
+			c.Data(http.StatusOK, "application/json", card.raw)
+			return
+		}
+	}
+	writeError(c, &apiError{Status: http.StatusNotFound, Message: fmt.Sprintf("The model `%s` does not exist.", id), Param: "model"})
+}
+
+// modelCard is one worker's model card and its id.
+type modelCard struct {
+	id  string
+	raw json.RawMessage
+}
+
+// mergedModels asks every routable worker for its /v1/models and merges the cards by id in
+// fleet order.
+func (s *Server) mergedModels(ctx context.Context) ([]modelCard, *apiError) {
 	var ws []*workers.Worker
 	for _, w := range s.reg.Workers() {
 		if w.Routable() {
@@ -25,10 +65,9 @@ func (s *Server) handleModels(c *gin.Context) {
 		}
 	}
 	if len(ws) == 0 {
-		writeError(c, &apiError{Status: http.StatusServiceUnavailable, Message: "no healthy worker to list models"})
-		return
+		return nil, &apiError{Status: http.StatusServiceUnavailable, Message: "no healthy worker to list models"}
 	}
-	ctx, cancel := context.WithTimeout(c.Request.Context(), max(s.cfg.Health.Timeout.D(), 5*time.Second))
+	ctx, cancel := context.WithTimeout(ctx, max(s.cfg.Health.Timeout.D(), 5*time.Second))
 	defer cancel()
 	lists := make([][]json.RawMessage, len(ws))
 	errs := make([]error, len(ws))
@@ -39,14 +78,14 @@ func (s *Server) handleModels(c *gin.Context) {
 	wg.Wait()
 
 	seen := map[string]bool{}
-	data := []json.RawMessage{}
+	cards := []modelCard{}
 	var failures []string
-	for i, cards := range lists {
+	for i, list := range lists {
 		if errs[i] != nil {
 			failures = append(failures, errs[i].Error())
 			continue
 		}
-		for _, card := range cards {
+		for _, card := range list {
 			var id struct {
 				ID string `json:"id"`
 			}
@@ -54,14 +93,13 @@ func (s *Server) handleModels(c *gin.Context) {
 				continue
 			}
 			seen[id.ID] = true
-			data = append(data, card)
+			cards = append(cards, modelCard{id: id.ID, raw: card})
 		}
 	}
 	if len(failures) == len(ws) {
-		writeError(c, &apiError{Status: http.StatusBadGateway, Message: "no worker answered /v1/models: " + strings.Join(failures, "; ")})
-		return
+		return nil, &apiError{Status: http.StatusBadGateway, Message: "no worker answered /v1/models: " + strings.Join(failures, "; ")}
 	}
-	c.JSON(http.StatusOK, gin.H{"object": "list", "data": data})
+	return cards, nil
 }
 
 func fetchModels(ctx context.Context, w *workers.Worker) ([]json.RawMessage, error) {

@@ -14,7 +14,8 @@ const maxUsageBody = 4 << 20
 // usageCapture collects what a worker reported in the OpenAI usage object while the response
 // is relayed: the non-stream body (bounded), or the last SSE event that carries prompt_tokens
 // (the final usage chunk of stream_options.include_usage; with continuous_usage_stats every
-// chunk has one and the last wins). Methods on a nil capture do nothing.
+// chunk has one and the last wins) or input_tokens (Anthropic's message_start and
+// message_delta, Responses' response.completed). Methods on a nil capture do nothing.
 type usageCapture struct {
 	buf      []byte
 	overflow bool
@@ -62,6 +63,12 @@ type usageJSON struct {
 	InputTokens              *int `json:"input_tokens"`
 	CacheReadInputTokens     *int `json:"cache_read_input_tokens"`
 	CacheCreationInputTokens *int `json:"cache_creation_input_tokens"`
+	// OpenAI Responses' usage (ResponseUsage, vllm/entrypoints/openai/responses/serving.py)
+	// shares input_tokens, but there it counts the whole prompt and the cached part is in
+	// input_tokens_details, which Anthropic's usage never has.
+	InputTokensDetails *struct {
+		CachedTokens *int `json:"cached_tokens"`
+	} `json:"input_tokens_details"`
 }
 
 // anthropic maps an Anthropic usage object onto the prompt and cached token counts: the
@@ -75,6 +82,16 @@ func (j *usageJSON) anthropic() router.Usage {
 	}
 	if j.CacheCreationInputTokens != nil {
 		out.PromptTokens += *j.CacheCreationInputTokens
+	}
+	return out
+}
+
+// responses maps a Responses usage object: input_tokens is the prompt, cached_tokens of
+// input_tokens_details the cached part.
+func (j *usageJSON) responses() router.Usage {
+	out := router.Usage{PromptTokens: *j.InputTokens}
+	if c := j.InputTokensDetails.CachedTokens; c != nil {
+		out.CachedTokens, out.HasCached = *c, true
 	}
 	return out
 }
@@ -96,6 +113,9 @@ func (u *usageCapture) usage() (router.Usage, bool) {
 		Message *struct {
 			Usage *usageJSON `json:"usage"`
 		} `json:"message"` // Anthropic message_start
+		Response *struct {
+			Usage *usageJSON `json:"usage"`
+		} `json:"response"` // Responses' response.completed (and .incomplete)
 	}
 	if json.Unmarshal(doc, &body) != nil {
 		return router.Usage{}, false
@@ -103,7 +123,13 @@ func (u *usageCapture) usage() (router.Usage, bool) {
 	if body.Usage == nil && body.Message != nil {
 		body.Usage = body.Message.Usage
 	}
+	if body.Usage == nil && body.Response != nil {
+		body.Usage = body.Response.Usage
+	}
 	if body.Usage != nil && body.Usage.PromptTokens == nil && body.Usage.InputTokens != nil {
+		if body.Usage.InputTokensDetails != nil {
+			return body.Usage.responses(), true
+		}
 		return body.Usage.anthropic(), true
 	}
 	if body.Usage == nil || body.Usage.PromptTokens == nil {

@@ -53,6 +53,15 @@ func TestUsageCapture(t *testing.T) {
 		{"anthropic stream message_start only", "", []string{
 			"event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":5,\"output_tokens\":0}}}\n\n"},
 			router.Usage{PromptTokens: 5}, true},
+		// Responses usage (vllm/entrypoints/openai/responses/serving.py; OpenAI's ResponseUsage):
+		// input_tokens includes the cached ones, reported in input_tokens_details.
+		{"responses non-stream", `{"id":"resp_1","object":"response","usage":{"input_tokens":40,"input_tokens_details":{"cached_tokens":32},"output_tokens":2,"output_tokens_details":{"reasoning_tokens":0},"total_tokens":42}}`, nil,
+			router.Usage{PromptTokens: 40, CachedTokens: 32, HasCached: true}, true},
+		{"responses stream: response.completed", "", []string{
+			"event: response.created\ndata: {\"type\":\"response.created\",\"response\":{\"id\":\"resp_1\",\"status\":\"in_progress\",\"usage\":null}}\n\n",
+			"event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"delta\":\"a\"}\n\n",
+			"event: response.completed\ndata: {\"type\":\"response.completed\",\"response\":{\"id\":\"resp_1\",\"status\":\"completed\",\"usage\":{\"input_tokens\":64,\"input_tokens_details\":{\"cached_tokens\":48},\"output_tokens\":3,\"total_tokens\":67}}}\n\n"},
+			router.Usage{PromptTokens: 64, CachedTokens: 48, HasCached: true}, true},
 		{"oversized body is not read", `{"usage":{"prompt_tokens":1}}` + strings.Repeat(" ", maxUsageBody), nil, router.Usage{}, false},
 	}
 	for _, tc := range cases {

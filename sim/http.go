@@ -126,9 +126,10 @@ func (w *Worker) handleReset(rw http.ResponseWriter, r *http.Request) {
 
 // newID returns a fresh 32-hex-digit request id.
 func (w *Worker) newID() string {
-	var b [16]byte
+	var b [24]byte
 	binary.BigEndian.PutUint64(b[:8], uint64(w.created))
-	binary.BigEndian.PutUint64(b[8:], w.idSeq.Add(1))
+	binary.BigEndian.PutUint64(b[8:16], w.idSalt)
+	binary.BigEndian.PutUint64(b[16:], w.idSeq.Add(1))
 	h := xxh3.Hash128(b[:])
 	return fmt.Sprintf("%016x%016x", h.Hi, h.Lo)
 }

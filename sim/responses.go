@@ -78,6 +78,7 @@ type responsesBody struct {
 	Store              *bool                    `json:"store"`
 	Stream             bool                     `json:"stream"`
 	MaxOutputTokens    *int                     `json:"max_output_tokens"`
+	IgnoreEOS          bool                     `json:"ignore_eos"`
 	ChatTemplateKwargs json.RawMessage          `json:"chat_template_kwargs"`
 	Reasoning          *struct{ Effort string } `json:"reasoning"`
 	CacheSalt          json.RawMessage          `json:"cache_salt"`
@@ -261,7 +262,9 @@ func (w *Worker) handleResponses(rw http.ResponseWriter, r *http.Request) {
 	req := newSimRequest(w.newID())
 	req.seq = seqState{tokens: a.tokens, salt: a.salt, loraName: a.lora, loraID: w.loras[a.lora]}
 	req.promptLen, req.maxTokens, req.sessionID = len(a.tokens), a.maxTok, a.session
-	req.stopAt = w.naturalLength(a.tokens)
+	if !b.IgnoreEOS {
+		req.stopAt = w.naturalLength(a.tokens)
+	}
 	if !e.enqueue(req) {
 		writeError(rw, http.StatusServiceUnavailable, "vllm-sim: waiting queue full")
 		return

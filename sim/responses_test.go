@@ -67,3 +67,28 @@ func TestResponsesStore(t *testing.T) {
 		t.Errorf("GET of an unstored response: %d", code)
 	}
 }
+
+// TestResponsesIgnoreEOS: ignore_eos (ResponsesRequest.ignore_eos, vLLM's
+// vllm/entrypoints/openai/responses/protocol.py) makes a Responses request generate its
+// max_output_tokens instead of stopping at the simulated natural length.
+func TestResponsesIgnoreEOS(t *testing.T) {
+	_, a := startWorker(t, Options{ServedModelName: "m", OutputLen: 2})
+	for _, tc := range []struct {
+		ignore bool
+		want   func(n int) bool
+	}{
+		{true, func(n int) bool { return n == 40 }},
+		{false, func(n int) bool { return n < 40 }},
+	} {
+		body := `{"model":"m","input":"one two three","max_output_tokens":40,"store":false,"ignore_eos":` + map[bool]string{true: "true", false: "false"}[tc.ignore] + `}`
+		code, out := postJSON(t, http.MethodPost, a+"/v1/responses", body)
+		var r struct {
+			Usage struct {
+				OutputTokens int `json:"output_tokens"`
+			}
+		}
+		if err := json.Unmarshal(out, &r); code != 200 || err != nil || !tc.want(r.Usage.OutputTokens) {
+			t.Errorf("ignore_eos %v: %d %s", tc.ignore, code, out)
+		}
+	}
+}

@@ -2,6 +2,8 @@ package sim
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"net/http"
@@ -21,6 +23,7 @@ type Worker struct {
 	metrics    *simMetrics
 	loras      map[string]int // adapter name -> lora id
 	created    int64
+	idSalt     uint64 // random per worker: ids never repeat across workers
 
 	cancel    context.CancelFunc
 	wg        sync.WaitGroup
@@ -61,6 +64,9 @@ func New(opts Options) (*Worker, error) {
 	}
 	w := &Worker{opts: o, loras: make(map[string]int), created: time.Now().Unix(),
 		faultRand: newLockedRand(o.Faults.Seed), stored: newResponseStore()}
+	var salt [8]byte
+	_, _ = rand.Read(salt[:]) // crypto/rand.Read never fails (Go >= 1.24)
+	w.idSalt = binary.BigEndian.Uint64(salt[:])
 	for i, name := range o.LoRAModules {
 		w.loras[name] = i + 1
 	}

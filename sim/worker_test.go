@@ -346,3 +346,23 @@ func TestContinuousUsageStats(t *testing.T) {
 		t.Errorf("completion_tokens per chunk %v, want %v", got, want)
 	}
 }
+
+// Request and response ids are unique across workers, also for workers started in the same
+// second (vLLM's are random uuids): a gateway keys its Responses pins by them.
+func TestIDsUniqueAcrossWorkers(t *testing.T) {
+	seen := map[string]bool{}
+	for range 3 {
+		w, err := New(Options{ServedModelName: "m"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for range 4 {
+			id := w.newID()
+			if seen[id] {
+				t.Fatalf("id %s given twice", id)
+			}
+			seen[id] = true
+		}
+		_ = w.Close()
+	}
+}

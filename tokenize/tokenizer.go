@@ -5,6 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
 	"time"
 
 	"github.com/kvgate/kvgate/kvkey"
@@ -79,9 +82,10 @@ type Options struct {
 // Tokenizer turns OpenAI request bodies into the prompt text and token ids a vLLM worker
 // serving the same model folder computes. It is safe for concurrent use.
 type Tokenizer struct {
-	enc  Encoder
-	tmpl *chat.Template // nil when the folder has no chat template
-	opts Options
+	enc     Encoder
+	tmpl    *chat.Template // nil when the folder has no chat template
+	opts    Options
+	harmony bool // a gpt-oss model: vLLM renders its Responses with Harmony
 }
 
 // Load reads a HF model folder: tokenizer.json (required), tokenizer_config.json (special
@@ -110,6 +114,9 @@ func newTokenizer(enc Encoder, dir string, opts Options) (*Tokenizer, error) {
 		cfg.Template = opts.ChatTemplate
 	}
 	t := &Tokenizer{enc: enc, opts: opts}
+	if t.harmony, err = harmonyModel(dir, enc); err != nil {
+		return nil, err
+	}
 	if cfg.Template != "" {
 		t.tmpl, err = chat.NewTemplate(cfg.Template, chat.TemplateOptions{
 			Config:            cfg,
@@ -122,6 +129,41 @@ func newTokenizer(enc Encoder, dir string, opts Options) (*Tokenizer, error) {
 		}
 	}
 	return t, nil
+}
+
+// Harmony reports whether the model is a gpt-oss model, whose /v1/responses vLLM renders with
+// the Harmony encoding instead of the chat template (responses/serving.py: use_harmony when
+// hf_config.model_type is "gpt_oss"). The gateway does not reproduce Harmony rendering.
+func (t *Tokenizer) Harmony() bool { return t.harmony }
+
+// harmonyModel tells a gpt-oss folder: by config.json's model_type when the folder has one (as
+// vLLM decides), else by the tokenizer, which then has Harmony's format tokens <|start|>,
+// <|channel|> and <|message|> as single special tokens (tokenizer-only folders, like the ones
+// scripts/fetch-tokenizers.sh and the hub download fetch, carry no config.json).
+func harmonyModel(dir string, enc Encoder) (bool, error) {
+	b, err := os.ReadFile(filepath.Join(dir, "config.json"))
+	switch {
+	case err == nil:
+		var cfg struct {
+			ModelType string `json:"model_type"`
+		}
+		if err := json.Unmarshal(b, &cfg); err != nil {
+			return false, fmt.Errorf("read %s/config.json: %w", dir, err)
+		}
+		return cfg.ModelType == "gpt_oss", nil
+	case !errors.Is(err, fs.ErrNotExist):
+		return false, fmt.Errorf("read %s/config.json: %w", dir, err)
+	}
+	for _, tok := range []string{"<|start|>", "<|channel|>", "<|message|>"} {
+		ids, err := enc.Encode(tok, false)
+		if err != nil {
+			return false, fmt.Errorf("probe Harmony tokens: %w", err)
+		}
+		if len(ids) != 1 {
+			return false, nil
+		}
+	}
+	return true, nil
 }
 
 // Encoder returns the underlying tokenizer.json backend.

@@ -78,6 +78,7 @@ func runCmd(ctx context.Context, args []string, stdout, stderr io.Writer, logger
 	model := fs.String("model", "", "model name to send (default: the first id of GET /v1/models)")
 	tokDir := fs.String("tokenizer", "", "HF model folder of the served model (tokenizer.json); prompts are checked against it")
 	tracePath := fs.String("trace", "", "trace file (or directory of weka traces)")
+	api := fs.String("api", "chat", "request format: chat (/v1/chat/completions) | messages (Anthropic /v1/messages) | responses (stateless /v1/responses)")
 	format := fs.String("format", "", "mooncake|weka|multi_turn|single_turn (default: detected)")
 	blockSize := fs.Int("block-size", 0, "tokens per trace hash_id block (default: mooncake 512, weka from the file)")
 	timeScale := fs.Float64("time-scale", 1, "multiply all trace times by X (0.1 = ten times faster)")
@@ -106,6 +107,10 @@ func runCmd(ctx context.Context, args []string, stdout, stderr io.Writer, logger
 	if *tracePath == "" || *out == "" {
 		fs.Usage()
 		return errors.New("--trace and --out are required")
+	}
+	apiKind, err := bench.ParseAPI(*api)
+	if err != nil {
+		return err
 	}
 	f, err := bench.ParseFormat(*format)
 	if err != nil {
@@ -144,8 +149,8 @@ func runCmd(ctx context.Context, args []string, stdout, stderr io.Writer, logger
 		total = min(total, *maxReq)
 	}
 	logger.Info("replaying", "trace", *tracePath, "format", tr.Format, "sessions", len(tr.Sessions),
-		"requests", total, "block_size", tr.BlockSize, "mode", m, "time_scale", *timeScale)
-	opts := bench.ReplayOptions{URL: *url, Model: *model, Mode: m, Concurrency: *conc, RequestRate: *rate,
+		"requests", total, "block_size", tr.BlockSize, "api", apiKind, "mode", m, "time_scale", *timeScale)
+	opts := bench.ReplayOptions{URL: *url, Model: *model, API: apiKind, Mode: m, Concurrency: *conc, RequestRate: *rate,
 		TimeScale: *timeScale, MaxRequests: *maxReq, MaxOutputTokens: *maxOut, SessionHeaders: *sessHdr,
 		NvextSession: *nvext, IgnoreEOS: *ignoreEOS, Timeout: *timeout, APIKey: os.Getenv("OPENAI_API_KEY"), Headers: headers, Logger: logger}
 	if *bodiesOut != "" {
@@ -176,7 +181,7 @@ func runCmd(ctx context.Context, args []string, stdout, stderr io.Writer, logger
 	if err != nil && res == nil {
 		return err
 	}
-	cfg := bench.InputConfig{URL: *url, Model: opts.Model, Trace: *tracePath, Format: tr.Format, BlockSize: tr.BlockSize,
+	cfg := bench.InputConfig{URL: *url, Model: opts.Model, Trace: *tracePath, Format: tr.Format, API: apiKind, BlockSize: tr.BlockSize,
 		Mode: m, Concurrency: *conc, RequestRate: *rate, TimeScale: *timeScale, MaxRequests: *maxReq,
 		SessionHeaders: *sessHdr, Policy: *policy}
 	sum := bench.Summarize(*label, cfg, res)

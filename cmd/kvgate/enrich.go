@@ -31,6 +31,12 @@ func (e *enricher) Enrich(ctx context.Context, in *apireq.Request, req *router.R
 		// request is routed by its pin (router.Request.PinResponseID), without block hashes.
 		return nil
 	}
+	if in.Endpoint == apireq.Responses && e.tok.Harmony() {
+		// vLLM renders a gpt-oss model's Responses with the Harmony encoding, not the chat
+		// template (responses/serving.py, use_harmony); the gateway does not reproduce it, so
+		// the request is routed without block hashes rather than with wrong ones.
+		return nil
+	}
 	// vLLM needs room for one output token: a prompt of MaxModelLen tokens is refused.
 	limit := max(in.MaxModelLen-1, 0)
 	// The body was parsed once, by the request model: tokenize reads its views.

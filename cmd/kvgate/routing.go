@@ -253,6 +253,10 @@ func buildKV(ctx context.Context, cfg configs.Config, kvcfg router.KVConfig, reg
 		parts.deps.Matcher = ix
 	}
 	parts.enricher = &enricher{tok: tok, blockSize: cfg.BlockSize, baseModel: cfg.Model}
+	if tok.Harmony() {
+		log.Warn("gpt-oss (Harmony) model: /v1/responses requests are routed without block hashes (vLLM renders them with Harmony, not the chat template, and the gateway does not reproduce it)",
+			"model", cfg.Model)
+	}
 	log.Info("KV-aware routing ready", "policy", cfg.Router.Policy, "event_streams", subscribed,
 		"approximate_workers", len(cfg.Workers)-eventWorkers(cfg))
 	return parts, nil

@@ -126,6 +126,10 @@ func tokenizerFolder(ctx context.Context, dir string) (string, error) {
 	return folder, nil
 }
 
+// errHarmonyResponses is `kvgate tokenize`'s answer for a Responses body on a gpt-oss model.
+var errHarmonyResponses = errors.New("gpt-oss (Harmony) model: vLLM renders /v1/responses with the Harmony encoding, not the chat template; " +
+	"kvgate does not reproduce it and routes such requests without block hashes")
+
 type tokenizeRun struct {
 	tk        *tokenize.Tokenizer
 	blockSize int
@@ -159,6 +163,9 @@ func (t *tokenizeRun) one(ctx context.Context, body []byte) error {
 		endpoint = apireq.Messages
 	case t.api == "responses" || (t.api == "auto" && probe.Input != nil && probe.Messages == nil && probe.Prompt == nil):
 		endpoint = apireq.Responses
+	}
+	if endpoint == apireq.Responses && t.tk.Harmony() {
+		return errHarmonyResponses
 	}
 	if endpoint != "" {
 		in, e := t.parser.Parse(endpoint, body)

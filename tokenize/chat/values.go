@@ -177,3 +177,27 @@ func kindName(v jinja.Value) string {
 		return "object"
 	}
 }
+
+// PyJSONDumps is Python's json.dumps(v) with its default arguments: separators ", " and ": ",
+// ensure_ascii=True, keys in insertion order, floats as Python's repr. vLLM applies it to
+// client values it turns into prompt text (e.g. tool-call arguments in
+// vllm/entrypoints/anthropic/serving.py, _convert_tool_use_block). It fails only for a value
+// JSON cannot hold (a callable); a value decoded from JSON never fails.
+func PyJSONDumps(v jinja.Value) (string, error) {
+	var b strings.Builder
+	if err := pyJSON(&b, v, &jsonOptions{ensureASCII: true, itemSep: ", ", keySep: ": "}, 0); err != nil {
+		return "", err
+	}
+	return b.String(), nil
+}
+
+// PyRepr is Python's repr(v) of a JSON value: single-quoted strings (double quotes when the
+// text has a single quote and no double quote), True/False/None, ", " and ": " separators.
+// vLLM applies it as str() of a list of dicts (vllm/entrypoints/anthropic/serving.py,
+// _convert_tool_result_block).
+func PyRepr(v jinja.Value) string {
+	if v.IsUndefined() {
+		return "None"
+	}
+	return pyRepr(v)
+}
