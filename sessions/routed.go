@@ -15,6 +15,9 @@ func (m *Tracker) OnRouted(sessionID string, target kvkey.Target, hashes []kvkey
 	if sessionID == "" {
 		return
 	}
+	if m.shared != nil {
+		defer m.shared.Routed(sessionID, target) // after mu is released: it must never wait on it
+	}
 	if m.idx == nil || len(hashes) == 0 {
 		m.mu.Lock()
 		m.routedLocked(sessionID, target, hashes, 0)
@@ -51,7 +54,7 @@ func (m *Tracker) routedLocked(sessionID string, target kvkey.Target, hashes []k
 	matched := hashes[:n]
 	s, r := m.getOrCreate(sessionID, false, sessRef{slot: nilSlot})
 	first := !s.hasAffinity
-	s.hasAffinity, s.affinity = true, target
+	s.hasAffinity, s.affinity, s.affAt = true, target, m.now()
 	m.markDirty(r)
 	s.routed++
 	if first && s.parent != "" {

@@ -53,7 +53,9 @@ type Tracker struct {
 
 	// hints is the hint side: what Hints reads, under its own lock (see hinttable.go).
 	hints hintTable
-	stats counters
+	// shared is the fleet's session bindings (nil: one replica); never called under mu.
+	shared SharedBindings
+	stats  counters
 }
 
 // New returns a Tracker. idx may be nil (no KV events): then only affinity and parent placement
@@ -97,6 +99,9 @@ func (m *Tracker) Observe(id Identity) {
 
 // End releases a session's state (end of session). Unknown ids are ignored.
 func (m *Tracker) End(sessionID string) {
+	if m.shared != nil && sessionID != "" {
+		m.shared.Ended(sessionID)
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	defer m.publish()
