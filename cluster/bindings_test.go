@@ -1,0 +1,284 @@
+package cluster
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/kvgate/kvgate/cluster/clusterconfig"
+	"github.com/kvgate/kvgate/confval"
+	"github.com/kvgate/kvgate/kvkey"
+)
+
+var (
+	wA = kvkey.Target{Worker: "http://a", DPRank: 0}
+	wB = kvkey.Target{Worker: "http://b", DPRank: 1}
+	wC = kvkey.Target{Worker: "http://c", DPRank: 0}
+)
+
+// replicaConfig is a replica connecting to the server srv runs, with the given session TTL.
+func replicaConfig(srv clusterconfig.Config, id string, ttl time.Duration) clusterconfig.Config {
+	c := clusterconfig.Default()
+	c.ReplicaID = id
+	c.NATSURL = "nats://" + srv.EmbeddedNATS.Listen
+	c.SessionTTL = confval.Duration(ttl)
+	c.KVDeadline = confval.Duration(500 * time.Millisecond) // generous: 2 shared cores under -race
+	return c
+}
+
+// counterValue reads one counter series.
+func counterValue(t *testing.T, c interface{ Write(*dto.Metric) error }) float64 {
+	t.Helper()
+	var m dto.Metric
+	if err := c.Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	return m.GetCounter().GetValue()
+}
+
+// startBindings runs a node's bindings until the end of the test and waits until they are ready.
+func startBindings(t *testing.T, n *Node, o BindingsOptions) *Bindings {
+	t.Helper()
+	b, err := NewBindings(n, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.race = 50 * time.Millisecond // the tests' deadline is long; keep the race window short
+	b.Start(context.Background())
+	t.Cleanup(b.Close)
+	eventually(t, 5*time.Second, n.ReplicaID()+" bindings ready", b.Ready)
+	return b
+}
+
+// stored reads a session's binding straight from the bucket.
+func stored(t *testing.T, b *Bindings, id string) (bindValue, uint64, error) {
+	t.Helper()
+	kv := b.kv.Load()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	e, err := kv.sessions.Get(ctx, key("s", id))
+	if err != nil {
+		return bindValue{}, 0, err
+	}
+	var v bindValue
+	if err := json.Unmarshal(e.Value(), &v); err != nil {
+		t.Fatal(err)
+	}
+	return v, e.Revision(), nil
+}
+
+func lookupIs(b *Bindings, id string, want kvkey.Target) func() bool {
+	return func() bool {
+		got, ok := b.Lookup(id)
+		return ok && got.Target == want
+	}
+}
+
+// Concurrent first turns of the same sessions on three replicas, each routed to a different
+// worker: exactly one Create wins per session, the other two follow the winner, and every
+// replica ends up with the winner's binding.
+func TestBindingsCreateRaceOneWinner(t *testing.T) {
+	srv := embeddedConfig(t, "srv")
+	startNode(t, srv)
+	targets := []kvkey.Target{wA, wB, wC}
+	var bs []*Bindings
+	for i := range 3 {
+		n := startNode(t, replicaConfig(srv, fmt.Sprintf("r%d", i), time.Minute))
+		bs = append(bs, startBindings(t, n, BindingsOptions{}))
+	}
+	const sessions = 30
+	var wg sync.WaitGroup
+	for i, b := range bs {
+		wg.Go(func() {
+			for s := range sessions {
+				b.Routed(fmt.Sprintf("sess-%d", s), targets[i])
+			}
+		})
+	}
+	wg.Wait()
+	for s := range sessions {
+		id := fmt.Sprintf("sess-%d", s)
+		var v bindValue
+		eventually(t, 5*time.Second, id+" stored", func() bool {
+			var err error
+			v, _, err = stored(t, bs[0], id)
+			return err == nil
+		})
+		win := kvkey.Target{Worker: v.Worker, DPRank: v.Rank}
+		for _, b := range bs {
+			eventually(t, 5*time.Second, id+" followed on "+b.node.ReplicaID(), lookupIs(b, id, win))
+		}
+	}
+	created, moved := 0.0, 0.0
+	for _, b := range bs {
+		created += counterValue(t, b.opsTotal.WithLabelValues("create", "ok"))
+		moved += counterValue(t, b.opsTotal.WithLabelValues("rebind", "ok"))
+	}
+	if created != sessions || moved != 0 {
+		t.Fatalf("creates won %v, rebinds %v: want exactly one create per session (%d) and no rebind", created, moved, sessions)
+	}
+}
+
+// Touches are CAS updates at the cached revision, rate-limited to one per TTL/8; a rebind moves
+// every replica; a write at a stale revision adopts the bucket's binding instead.
+func TestBindingsTouchAndCAS(t *testing.T) {
+	srv := embeddedConfig(t, "srv")
+	startNode(t, srv)
+	b1 := startBindings(t, startNode(t, replicaConfig(srv, "r1", 2*time.Second)), BindingsOptions{})
+	b2 := startBindings(t, startNode(t, replicaConfig(srv, "r2", 2*time.Second)), BindingsOptions{})
+
+	b1.Routed("s", wA)
+	eventually(t, 5*time.Second, "r2 sees the binding", lookupIs(b2, "s", wA))
+	_, rev1, err := stored(t, b1, "s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b1.Routed("s", wA) // within TTL/8 of the create: no write
+	time.Sleep(300 * time.Millisecond)
+	if _, rev, _ := stored(t, b1, "s"); rev != rev1 {
+		t.Fatalf("a turn within TTL/8 rewrote the binding (rev %d → %d)", rev1, rev)
+	}
+	b1.Routed("s", wA) // past TTL/8 (250ms): a touch
+	eventually(t, 5*time.Second, "touch", func() bool { _, rev, _ := stored(t, b1, "s"); return rev > rev1 })
+	if n := counterValue(t, b1.opsTotal.WithLabelValues("touch", "ok")); n != 1 {
+		t.Fatalf("touches %v, want 1", n)
+	}
+
+	time.Sleep(100 * time.Millisecond) // past the race window of the touch r2 just saw
+	b2.Routed("s", wB)                 // r2 sent a turn elsewhere: it rebinds, r1 follows
+	eventually(t, 5*time.Second, "r1 follows the rebind", lookupIs(b1, "s", wB))
+
+	// A write at a stale revision loses the CAS and adopts what the bucket holds.
+	b1.apply(context.Background(), bindOp{kind: opBind, key: key("s", "s"), target: wC, known: rev1})
+	if got, _ := b1.Lookup("s"); got.Target != wB {
+		t.Fatalf("after a stale CAS r1 holds %v, want the bucket's %v", got.Target, wB)
+	}
+	if v, _, _ := stored(t, b1, "s"); v.Worker != wB.Worker {
+		t.Fatalf("a stale CAS overwrote the binding: %+v", v)
+	}
+	if n := counterValue(t, b1.opsTotal.WithLabelValues("rebind", "conflict")); n != 1 {
+		t.Fatalf("conflicts %v, want 1", n)
+	}
+
+	b2.Ended("s")
+	eventually(t, 5*time.Second, "end deletes everywhere", func() bool { _, ok := b1.Lookup("s"); return !ok })
+	if _, _, err := stored(t, b1, "s"); !errors.Is(err, jetstream.ErrKeyNotFound) {
+		t.Fatalf("after the end the bucket still answers %v", err)
+	}
+}
+
+// A binding idle for the session TTL expires in the bucket and in the cache; the session's
+// next turn binds it afresh.
+func TestBindingsTTLExpiry(t *testing.T) {
+	srv := embeddedConfig(t, "srv")
+	startNode(t, srv)
+	b := startBindings(t, startNode(t, replicaConfig(srv, "r1", time.Second)), BindingsOptions{})
+	b.Routed("s", wA)
+	eventually(t, 5*time.Second, "bound", lookupIs(b, "s", wA))
+	eventually(t, 5*time.Second, "expired in the bucket", func() bool {
+		_, _, err := stored(t, b, "s")
+		return errors.Is(err, jetstream.ErrKeyNotFound)
+	})
+	eventually(t, 2*time.Second, "expired in the cache", func() bool { _, ok := b.Lookup("s"); return !ok })
+	b.Routed("s", wB)
+	eventually(t, 5*time.Second, "bound again", lookupIs(b, "s", wB))
+}
+
+// NATS down: writes and pin reads fail fast and are counted, the cache still answers, nothing
+// blocks or panics; once the server is back (an empty memory store) the buckets are recreated
+// and new sessions bind again.
+func TestBindingsNATSDownAndBack(t *testing.T) {
+	srv := embeddedConfig(t, "srv")
+	server := startNode(t, srv)
+	n := startNode(t, replicaConfig(srv, "r1", time.Minute))
+	b := startBindings(t, n, BindingsOptions{})
+	b.Routed("before", wA)
+	b.SharePin("resp_1", wB)
+	eventually(t, 5*time.Second, "bound", lookupIs(b, "before", wA))
+
+	server.Close()
+	eventually(t, 5*time.Second, "disconnected", func() bool { return !n.Connected() })
+	errs := counterValue(t, n.errs.WithLabelValues("bindings"))
+	start := time.Now()
+	b.Routed("during", wC)
+	if _, ok := b.Lookup("before"); !ok {
+		t.Fatal("the cache forgot a binding while NATS is down")
+	}
+	if _, ok, err := b.LookupPin(context.Background(), "resp_1"); ok || err == nil {
+		t.Fatalf("pin read with NATS down: ok %v err %v, want an error", ok, err)
+	}
+	if d := time.Since(start); d > 100*time.Millisecond {
+		t.Fatalf("calls with NATS down took %s", d)
+	}
+	eventually(t, 5*time.Second, "the failed write is counted", func() bool {
+		return counterValue(t, n.errs.WithLabelValues("bindings")) > errs
+	})
+
+	startNode(t, srv) // same port, fresh memory store
+	eventually(t, 10*time.Second, "reconnected and buckets recreated", func() bool { return n.Connected() && b.Ready() })
+	b.Routed("after", wB)
+	eventually(t, 5*time.Second, "a new session binds again", func() bool {
+		v, _, err := stored(t, b, "after")
+		return err == nil && v.Worker == wB.Worker
+	})
+	b.SharePin("resp_2", wC)
+	eventually(t, 5*time.Second, "pins shared again", func() bool {
+		got, ok, err := b.LookupPin(context.Background(), "resp_2")
+		return err == nil && ok && got == wC
+	})
+}
+
+// A pin shared by one replica is read by another; an unknown id is a miss, not an error.
+func TestBindingsPins(t *testing.T) {
+	srv := embeddedConfig(t, "srv")
+	startNode(t, srv)
+	b1 := startBindings(t, startNode(t, replicaConfig(srv, "r1", time.Minute)), BindingsOptions{})
+	b2 := startBindings(t, startNode(t, replicaConfig(srv, "r2", time.Minute)), BindingsOptions{})
+	b1.SharePin("resp_abc", wB)
+	eventually(t, 5*time.Second, "r2 reads the pin", func() bool {
+		got, ok, err := b2.LookupPin(context.Background(), "resp_abc")
+		return err == nil && ok && got == wB
+	})
+	if _, ok, err := b2.LookupPin(context.Background(), "resp_unknown"); ok || err != nil {
+		t.Fatalf("unknown pin: ok %v err %v, want a plain miss", ok, err)
+	}
+}
+
+// Keys never carry the raw id and are valid for any id a client may send.
+func TestBindingKeys(t *testing.T) {
+	for _, id := range []string{"", "a:b/c", "séance 42", "..", "x.y.z"} {
+		k := key("s", id)
+		if len(k) != 2+32 || k[:2] != "s." {
+			t.Fatalf("key(%q) = %q", id, k)
+		}
+	}
+	if key("s", "a") == key("p", "a") || key("s", "a") == key("s", "b") {
+		t.Fatal("keys collide")
+	}
+}
+
+// The cache is bounded: the least recently updated binding goes first.
+func TestBindingsCacheBound(t *testing.T) {
+	srv := embeddedConfig(t, "srv")
+	startNode(t, srv)
+	b := startBindings(t, startNode(t, replicaConfig(srv, "r1", time.Minute)), BindingsOptions{MaxEntries: 3})
+	for i := range 5 {
+		b.put(key("s", fmt.Sprint(i)), bindValue{Worker: "http://w"}, uint64(i+1))
+	}
+	if b.Len() != 3 {
+		t.Fatalf("cache holds %d, want 3", b.Len())
+	}
+	if _, ok := b.Lookup("0"); ok {
+		t.Fatal("the oldest binding was kept")
+	}
+	if _, ok := b.Lookup("4"); !ok {
+		t.Fatal("the newest binding was dropped")
+	}
+}
