@@ -136,28 +136,37 @@ func (p *pinTable) put(id string, t kvkey.Target, source string) bool {
 	return true
 }
 
-// get returns id's target, refreshing its use; an expired pin is dropped.
+// get returns id's target, refreshing its use (and the fleet's copy, every reshareEvery, after
+// releasing the lock); an expired pin is dropped.
 func (p *pinTable) get(id string) (kvkey.Target, bool) {
+	t, ok, reshare := p.getLocked(id)
+	if reshare {
+		p.shared.SharePin(id, t) // keeps the fleet's copy alive while the pin is in use here
+	}
+	return t, ok
+}
+
+func (p *pinTable) getLocked(id string) (t kvkey.Target, ok, reshare bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	el, ok := p.ids[id]
 	if !ok {
-		return kvkey.Target{}, false
+		return kvkey.Target{}, false, false
 	}
 	e := el.Value.(*pinEntry)
 	now := p.now()
 	if p.cfg.TTL > 0 && now.Sub(e.used) > p.cfg.TTL {
 		p.lru.Remove(el)
 		delete(p.ids, id)
-		return kvkey.Target{}, false
+		return kvkey.Target{}, false, false
 	}
 	e.used = now
 	p.lru.MoveToFront(el)
 	if p.shared != nil && !e.shared.IsZero() && now.Sub(e.shared) > p.reshareEvery() {
 		e.shared = now
-		p.shared.SharePin(id, e.t) // non-blocking: keeps the fleet's copy alive while in use
+		reshare = true
 	}
-	return e.t, true
+	return e.t, true, reshare
 }
 
 // lookup is get, falling back on a local miss to the fleet's shared pins (bounded by their
