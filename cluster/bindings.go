@@ -197,6 +197,21 @@ func (b *Bindings) Len() int {
 	return len(b.cache)
 }
 
+// BindingsStatus is the shared bindings' state as /health and /debug/workers show it.
+type BindingsStatus struct {
+	// Ready: both buckets exist and the watch feeds the cache; false while NATS is
+	// unreachable or the buckets are being recreated (bindings are then this replica's own).
+	Ready        bool `json:"ready"`
+	CacheEntries int  `json:"cache_entries"`
+}
+
+// HealthDetail reports the bindings for the server's /health and /debug/workers
+// (server.HealthDetail); not ready is degraded.
+func (b *Bindings) HealthDetail() (name string, detail any, degraded bool) {
+	st := BindingsStatus{Ready: b.Ready() && b.node.Connected(), CacheEntries: b.Len()}
+	return "cluster_bindings", st, !st.Ready
+}
+
 func (b *Bindings) requestEnsure() {
 	select {
 	case b.ensure <- struct{}{}:

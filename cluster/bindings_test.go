@@ -205,6 +205,9 @@ func TestBindingsNATSDownAndBack(t *testing.T) {
 
 	server.Close()
 	eventually(t, 5*time.Second, "disconnected", func() bool { return !n.Connected() })
+	if _, _, degraded := b.HealthDetail(); !degraded {
+		t.Error("bindings not reported degraded with NATS down")
+	}
 	errs := counterValue(t, n.errs.WithLabelValues("bindings"))
 	start := time.Now()
 	b.Routed("during", wC)
@@ -223,6 +226,9 @@ func TestBindingsNATSDownAndBack(t *testing.T) {
 
 	startNode(t, srv) // same port, fresh memory store
 	eventually(t, 10*time.Second, "reconnected and buckets recreated", func() bool { return n.Connected() && b.Ready() })
+	if name, _, degraded := b.HealthDetail(); degraded || name != "cluster_bindings" {
+		t.Errorf("health detail %q degraded %v after NATS is back", name, degraded)
+	}
 	b.Routed("after", wB)
 	eventually(t, 5*time.Second, "a new session binds again", func() bool {
 		v, _, err := stored(t, b, "after")
@@ -280,5 +286,24 @@ func TestBindingsCacheBound(t *testing.T) {
 	}
 	if _, ok := b.Lookup("4"); !ok {
 		t.Fatal("the newest binding was dropped")
+	}
+}
+
+// BenchmarkBindingsLookup is the cost a clustered replica adds to a routing decision's hints:
+// one cache read per session id (hit or miss), no network.
+func BenchmarkBindingsLookup(b *testing.B) {
+	bs, err := NewBindings(&Node{cfg: clusterconfig.Default(), id: "r"}, BindingsOptions{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	for i := range 10_000 {
+		bs.put(key("s", fmt.Sprint("sess-", i)), bindValue{Worker: "http://w"}, uint64(i+1))
+	}
+	for _, tc := range []struct{ name, id string }{{"hit", "sess-42"}, {"miss", "unknown-session"}} {
+		b.Run(tc.name, func(b *testing.B) {
+			for b.Loop() {
+				bs.Lookup(tc.id)
+			}
+		})
 	}
 }

@@ -119,7 +119,7 @@ func (f *replicaFleet) startReplica(args []string, log *slog.Logger) *replica {
 		t.Fatal(err)
 	}
 	s, err := server.New(server.Options{Config: cfg, Registry: reg, Router: rt.dispatcher, Enricher: rt.enricher,
-		Metrics: prom, Logger: log, Details: []server.HealthDetail{node}})
+		Metrics: prom, Logger: log, Details: []server.HealthDetail{node, rt.bindings}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -355,7 +355,8 @@ func (f *replicaFleet) natsDownAndBack(t *testing.T) {
 	}
 	health, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK || !strings.Contains(string(health), `"degraded"`) || !strings.Contains(string(health), `"cluster"`) {
+	if resp.StatusCode != http.StatusOK || !strings.Contains(string(health), `"degraded"`) || !strings.Contains(string(health), `"cluster"`) ||
+		!strings.Contains(string(health), `"cluster_bindings"`) {
 		t.Errorf("/health with NATS down: %d %s, want 200 listing the cluster as degraded", resp.StatusCode, health)
 	}
 	f.startNATS()
