@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sort"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -28,6 +29,8 @@ const (
 	pinsMaxBytes     = 32 << 20
 	maxValueSize     = 512
 	opQueue          = 4096
+	// maxGroupTargets bounds the targets a shared sibling group remembers.
+	maxGroupTargets = 8
 )
 
 // errNotReady is counted when a write or read finds the buckets not (re)created yet.
@@ -80,9 +83,11 @@ type Bindings struct {
 	kv     atomic.Pointer[buckets]
 	ready  atomic.Bool
 
-	mu    sync.RWMutex
-	cache map[string]*list.Element // key → *bindEntry
-	order *list.List               // by last update, most recent at the front
+	mu     sync.RWMutex
+	cache  map[string]*list.Element // key → *bindEntry
+	order  *list.List               // by last update, most recent at the front
+	groups map[string]*list.Element // parent's key → *groupRec
+	gorder *list.List               // groups by last update, most recent at the front
 
 	opsTotal *prometheus.CounterVec
 	stopOnce sync.Once
@@ -91,6 +96,14 @@ type Bindings struct {
 }
 
 type buckets struct{ sessions, pins jetstream.KeyValue }
+
+// groupRec is a shared sibling group: where the children of one parent landed, as this
+// replica learned their bindings.
+type groupRec struct {
+	key     string
+	members []sessions.GroupMember
+	seen    time.Time
+}
 
 // bindEntry is one cached binding.
 type bindEntry struct {
@@ -113,6 +126,7 @@ const (
 type bindOp struct {
 	kind   opKind
 	key    string
+	parent string // the parent session's key ("" without one)
 	target kvkey.Target
 	known  uint64 // the cached revision when the turn was routed (0: none known)
 }
@@ -124,6 +138,8 @@ type bindValue struct {
 	Rank   int    `json:"r"`
 	Writer string `json:"by"`
 	AtMs   int64  `json:"at"`
+	// Parent is the parent session's key, for the shared sibling groups.
+	Parent string `json:"p,omitempty"`
 }
 
 // NewBindings returns the bindings of node's fleet. Start runs them.
@@ -141,7 +157,8 @@ func NewBindings(node *Node, o BindingsOptions) (*Bindings, error) {
 	b := &Bindings{node: node, log: o.Log.With("component", "cluster-bindings"), ttl: cfg.SessionTTL.D(),
 		pinTTL: o.PinTTL, deadline: cfg.KVDeadline.D(), max: o.MaxEntries, now: time.Now,
 		ops: make(chan bindOp, opQueue), ensure: make(chan struct{}, 1),
-		cache: map[string]*list.Element{}, order: list.New(), done: make(chan struct{})}
+		cache: map[string]*list.Element{}, order: list.New(), groups: map[string]*list.Element{}, gorder: list.New(),
+		done: make(chan struct{})}
 	if b.pinTTL <= 0 {
 		b.pinTTL = b.ttl
 	}
@@ -285,6 +302,8 @@ func (b *Bindings) setup(ctx context.Context) (stopWatch func(), err error) {
 	b.mu.Lock()
 	clear(b.cache)
 	b.order.Init()
+	clear(b.groups)
+	b.gorder.Init()
 	b.mu.Unlock()
 	done := make(chan struct{})
 	go func() {
@@ -335,9 +354,28 @@ func (b *Bindings) Lookup(sessionID string) (sessions.SharedBinding, bool) {
 	return sessions.SharedBinding{Target: e.target, Writer: e.writer, Seen: e.seen}, true
 }
 
+// Group implements sessions.SharedBindings: the targets where children of parentID landed
+// across the fleet (from their bindings), most members first.
+func (b *Bindings) Group(parentID string) []sessions.GroupMember {
+	k := key("s", parentID)
+	b.mu.RLock()
+	defer b.mu.RUnlock()
+	el, ok := b.groups[k]
+	if !ok {
+		return nil
+	}
+	g := el.Value.(*groupRec)
+	if b.now().Sub(g.seen) > b.ttl {
+		return nil
+	}
+	out := append([]sessions.GroupMember(nil), g.members...)
+	sort.SliceStable(out, func(i, j int) bool { return out[i].Members > out[j].Members })
+	return out
+}
+
 // Routed implements sessions.SharedBindings: it queues the write a routed turn needs (none
 // when the binding already names t and was written less than TTL/8 ago).
-func (b *Bindings) Routed(sessionID string, t kvkey.Target) {
+func (b *Bindings) Routed(sessionID, parentID string, t kvkey.Target) {
 	k := key("s", sessionID)
 	b.mu.RLock()
 	el, ok := b.cache[k]
@@ -362,6 +400,9 @@ func (b *Bindings) Routed(sessionID string, t kvkey.Target) {
 		return
 	}
 	op := bindOp{kind: opBind, key: k, target: t}
+	if parentID != "" {
+		op.parent = key("s", parentID)
+	}
 	if ok {
 		op.known = e.rev
 	}
@@ -467,7 +508,7 @@ func (b *Bindings) apply(ctx context.Context, op bindOp) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, b.deadline)
 	defer cancel()
-	val := b.encode(op.target)
+	val := b.encode(op.target, op.parent)
 	var err error
 	switch op.kind {
 	case opPin:
@@ -499,7 +540,7 @@ func (b *Bindings) bind(ctx context.Context, kv jetstream.KeyValue, op bindOp, v
 		rev, err = kv.Update(ctx, op.key, val, op.known)
 	}
 	if err == nil {
-		b.put(op.key, bindValue{Worker: op.target.Worker, Rank: op.target.DPRank, Writer: b.node.ReplicaID()}, rev)
+		b.put(op.key, bindValue{Worker: op.target.Worker, Rank: op.target.DPRank, Writer: b.node.ReplicaID(), Parent: op.parent}, rev)
 		b.opsTotal.WithLabelValues(name, "ok").Inc()
 		return nil
 	}
@@ -514,7 +555,7 @@ func (b *Bindings) bind(ctx context.Context, kv jetstream.KeyValue, op bindOp, v
 		if err != nil {
 			return err
 		}
-		b.put(op.key, bindValue{Worker: op.target.Worker, Rank: op.target.DPRank, Writer: b.node.ReplicaID()}, rev)
+		b.put(op.key, bindValue{Worker: op.target.Worker, Rank: op.target.DPRank, Writer: b.node.ReplicaID(), Parent: op.parent}, rev)
 		b.opsTotal.WithLabelValues(name, "ok").Inc()
 		return nil
 	case gerr != nil:
@@ -529,8 +570,9 @@ func (b *Bindings) bind(ctx context.Context, kv jetstream.KeyValue, op bindOp, v
 	return nil
 }
 
-func (b *Bindings) encode(t kvkey.Target) []byte {
-	v, _ := json.Marshal(bindValue{V: 1, Worker: t.Worker, Rank: t.DPRank, Writer: b.node.ReplicaID(), AtMs: b.now().UnixMilli()})
+func (b *Bindings) encode(t kvkey.Target, parent string) []byte {
+	v, _ := json.Marshal(bindValue{V: 1, Worker: t.Worker, Rank: t.DPRank, Writer: b.node.ReplicaID(),
+		AtMs: b.now().UnixMilli(), Parent: parent})
 	return v
 }
 
@@ -563,11 +605,51 @@ func (b *Bindings) put(k string, v bindValue, rev uint64) {
 		return
 	}
 	b.cache[k] = b.order.PushFront(&bindEntry{key: k, target: t, writer: v.Writer, rev: rev, seen: now})
+	if v.Parent != "" {
+		b.joinGroupLocked(v.Parent, t, now) // a child's first binding this replica learned
+	}
 	for b.order.Len() > b.max {
 		old := b.order.Back()
 		b.order.Remove(old)
 		delete(b.cache, old.Value.(*bindEntry).key)
 	}
+}
+
+// joinGroupLocked counts a child of the parent keyed pk on t; b.mu must be held.
+func (b *Bindings) joinGroupLocked(pk string, t kvkey.Target, now time.Time) {
+	var g *groupRec
+	if el, ok := b.groups[pk]; ok {
+		g = el.Value.(*groupRec)
+		if now.Sub(g.seen) > b.ttl {
+			g.members = g.members[:0]
+		}
+		b.gorder.MoveToFront(el)
+	} else {
+		g = &groupRec{key: pk}
+		b.groups[pk] = b.gorder.PushFront(g)
+		for b.gorder.Len() > b.max {
+			old := b.gorder.Back()
+			b.gorder.Remove(old)
+			delete(b.groups, old.Value.(*groupRec).key)
+		}
+	}
+	g.seen = now
+	for i := range g.members {
+		if g.members[i].Target == t {
+			g.members[i].Members++
+			return
+		}
+	}
+	if len(g.members) >= maxGroupTargets {
+		fewest := 0
+		for i := range g.members {
+			if g.members[i].Members < g.members[fewest].Members {
+				fewest = i
+			}
+		}
+		g.members = append(g.members[:fewest], g.members[fewest+1:]...)
+	}
+	g.members = append(g.members, sessions.GroupMember{Target: t, Members: 1})
 }
 
 // refresh marks the cached binding k as learned at now.

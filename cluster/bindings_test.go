@@ -98,7 +98,7 @@ func TestBindingsCreateRaceOneWinner(t *testing.T) {
 	for i, b := range bs {
 		wg.Go(func() {
 			for s := range sessions {
-				b.Routed(fmt.Sprintf("sess-%d", s), targets[i])
+				b.Routed(fmt.Sprintf("sess-%d", s), "", targets[i])
 			}
 		})
 	}
@@ -134,25 +134,25 @@ func TestBindingsTouchAndCAS(t *testing.T) {
 	b1 := startBindings(t, startNode(t, replicaConfig(srv, "r1", 2*time.Second)), BindingsOptions{})
 	b2 := startBindings(t, startNode(t, replicaConfig(srv, "r2", 2*time.Second)), BindingsOptions{})
 
-	b1.Routed("s", wA)
+	b1.Routed("s", "", wA)
 	eventually(t, 5*time.Second, "r2 sees the binding", lookupIs(b2, "s", wA))
 	_, rev1, err := stored(t, b1, "s")
 	if err != nil {
 		t.Fatal(err)
 	}
-	b1.Routed("s", wA) // within TTL/8 of the create: no write
+	b1.Routed("s", "", wA) // within TTL/8 of the create: no write
 	time.Sleep(300 * time.Millisecond)
 	if _, rev, _ := stored(t, b1, "s"); rev != rev1 {
 		t.Fatalf("a turn within TTL/8 rewrote the binding (rev %d → %d)", rev1, rev)
 	}
-	b1.Routed("s", wA) // past TTL/8 (250ms): a touch
+	b1.Routed("s", "", wA) // past TTL/8 (250ms): a touch
 	eventually(t, 5*time.Second, "touch", func() bool { _, rev, _ := stored(t, b1, "s"); return rev > rev1 })
 	if n := counterValue(t, b1.opsTotal.WithLabelValues("touch", "ok")); n != 1 {
 		t.Fatalf("touches %v, want 1", n)
 	}
 
 	time.Sleep(100 * time.Millisecond) // past the race window of the touch r2 just saw
-	b2.Routed("s", wB)                 // r2 sent a turn elsewhere: it rebinds, r1 follows
+	b2.Routed("s", "", wB)             // r2 sent a turn elsewhere: it rebinds, r1 follows
 	eventually(t, 5*time.Second, "r1 follows the rebind", lookupIs(b1, "s", wB))
 
 	// A write at a stale revision loses the CAS and adopts what the bucket holds.
@@ -180,14 +180,14 @@ func TestBindingsTTLExpiry(t *testing.T) {
 	srv := embeddedConfig(t, "srv")
 	startNode(t, srv)
 	b := startBindings(t, startNode(t, replicaConfig(srv, "r1", time.Second)), BindingsOptions{})
-	b.Routed("s", wA)
+	b.Routed("s", "", wA)
 	eventually(t, 5*time.Second, "bound", lookupIs(b, "s", wA))
 	eventually(t, 5*time.Second, "expired in the bucket", func() bool {
 		_, _, err := stored(t, b, "s")
 		return errors.Is(err, jetstream.ErrKeyNotFound)
 	})
 	eventually(t, 2*time.Second, "expired in the cache", func() bool { _, ok := b.Lookup("s"); return !ok })
-	b.Routed("s", wB)
+	b.Routed("s", "", wB)
 	eventually(t, 5*time.Second, "bound again", lookupIs(b, "s", wB))
 }
 
@@ -199,7 +199,7 @@ func TestBindingsNATSDownAndBack(t *testing.T) {
 	server := startNode(t, srv)
 	n := startNode(t, replicaConfig(srv, "r1", time.Minute))
 	b := startBindings(t, n, BindingsOptions{})
-	b.Routed("before", wA)
+	b.Routed("before", "", wA)
 	b.SharePin("resp_1", wB)
 	eventually(t, 5*time.Second, "bound", lookupIs(b, "before", wA))
 
@@ -210,7 +210,7 @@ func TestBindingsNATSDownAndBack(t *testing.T) {
 	}
 	errs := counterValue(t, n.errs.WithLabelValues("bindings"))
 	start := time.Now()
-	b.Routed("during", wC)
+	b.Routed("during", "", wC)
 	if _, ok := b.Lookup("before"); !ok {
 		t.Fatal("the cache forgot a binding while NATS is down")
 	}
@@ -229,7 +229,7 @@ func TestBindingsNATSDownAndBack(t *testing.T) {
 	if name, _, degraded := b.HealthDetail(); degraded || name != "cluster_bindings" {
 		t.Errorf("health detail %q degraded %v after NATS is back", name, degraded)
 	}
-	b.Routed("after", wB)
+	b.Routed("after", "", wB)
 	eventually(t, 5*time.Second, "a new session binds again", func() bool {
 		v, _, err := stored(t, b, "after")
 		return err == nil && v.Worker == wB.Worker
@@ -305,5 +305,30 @@ func BenchmarkBindingsLookup(b *testing.B) {
 				bs.Lookup(tc.id)
 			}
 		})
+	}
+}
+
+// Children bound by different replicas form one sibling group that every replica sees.
+func TestBindingsSharedSiblingGroup(t *testing.T) {
+	srv := embeddedConfig(t, "srv")
+	startNode(t, srv)
+	b1 := startBindings(t, startNode(t, replicaConfig(srv, "r1", time.Minute)), BindingsOptions{})
+	b2 := startBindings(t, startNode(t, replicaConfig(srv, "r2", time.Minute)), BindingsOptions{})
+	b3 := startBindings(t, startNode(t, replicaConfig(srv, "r3", time.Minute)), BindingsOptions{})
+	b1.Routed("root", "", wA)
+	b1.Routed("kid1", "root", wB)
+	b2.Routed("kid2", "root", wB)
+	b2.Routed("kid3", "root", wC)
+	b2.Routed("other", "", wC) // no parent: in no group
+	want := []string{"http://b#1×2", "http://c#0×1"}
+	eventually(t, 5*time.Second, "r3 sees the fleet's sibling group", func() bool {
+		var got []string
+		for _, g := range b3.Group("root") {
+			got = append(got, fmt.Sprintf("%s×%d", g.Target, g.Members))
+		}
+		return fmt.Sprint(got) == fmt.Sprint(want)
+	})
+	if g := b3.Group("other"); g != nil {
+		t.Fatalf("a session without children has a group: %v", g)
 	}
 }

@@ -97,7 +97,7 @@ func (m *Tracker) hintsLocked(sessionID, parentID string) []Hint {
 		// The parent was routed by another replica: its fleet binding places the child, next to
 		// the siblings this replica saw land.
 		if b, ok := m.sharedLookup(parentID); ok {
-			return m.sharedParentHints(parent, b.Target)
+			return m.sharedParentHints(parent, parentID, b.Target)
 		}
 		if parent == nil {
 			return nil
@@ -115,24 +115,27 @@ func (m *Tracker) hintsLocked(sessionID, parentID string) []Hint {
 	switch m.cfg.ParentMode {
 	case PlaceSiblingGroup:
 		groupTargets(parent, add)
+		m.sharedGroup(parentID, add)
 		if len(hints) == 0 { // first sibling: follow the parent
 			sessionTargets(parent, RuleParent, add)
 		}
 	case PlaceLineageRoot:
 		sessionTargets(m.hintRoot(parent), RuleLineageRoot, add)
 		groupTargets(parent, add)
+		m.sharedGroup(parentID, add)
 	default:
 		sessionTargets(parent, RuleParent, add)
 		groupTargets(parent, add)
+		m.sharedGroup(parentID, add)
 	}
 	return hints
 }
 
 // sharedParentHints are the parent-aware hints for a child whose parent this replica never
 // routed (parent may be nil): the parent's fleet binding pt (Rule "shared_parent") and the
-// targets where siblings landed here; in sibling-group mode the siblings alone once there are
-// any, as for a locally routed parent.
-func (m *Tracker) sharedParentHints(parent *hintRec, pt kvkey.Target) []Hint {
+// targets where siblings landed, here and across the fleet; in sibling-group mode the siblings
+// alone once there are any, as for a locally routed parent.
+func (m *Tracker) sharedParentHints(parent *hintRec, parentID string, pt kvkey.Target) []Hint {
 	var hints []Hint
 	add := func(t kvkey.Target, rule string) {
 		for _, h := range hints {
@@ -145,6 +148,7 @@ func (m *Tracker) sharedParentHints(parent *hintRec, pt kvkey.Target) []Hint {
 	if parent != nil {
 		groupTargets(parent, add)
 	}
+	m.sharedGroup(parentID, add)
 	if len(hints) == 0 || m.cfg.ParentMode != PlaceSiblingGroup {
 		add(pt, RuleSharedParent)
 	}

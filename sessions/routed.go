@@ -16,7 +16,7 @@ func (m *Tracker) OnRouted(sessionID string, target kvkey.Target, hashes []kvkey
 		return
 	}
 	if m.shared != nil {
-		defer m.shared.Routed(sessionID, target) // after mu is released: it must never wait on it
+		defer m.reportRouted(sessionID, target) // after mu is released: it must never wait on it
 	}
 	if m.idx == nil || len(hashes) == 0 {
 		m.mu.Lock()
@@ -47,6 +47,17 @@ func (m *Tracker) OnRouted(sessionID string, target kvkey.Target, hashes []kvkey
 		m.mu.Unlock()
 		return
 	}
+}
+
+// reportRouted tells the shared bindings where sessionID (and its parent, if any) went.
+func (m *Tracker) reportRouted(sessionID string, target kvkey.Target) {
+	m.hints.mu.RLock()
+	parent := ""
+	if r := m.hints.byID[sessionID]; r != nil {
+		parent = r.parent
+	}
+	m.hints.mu.RUnlock()
+	m.shared.Routed(sessionID, parent, target)
 }
 
 // routedLocked applies a routing result with n verified G1 blocks.

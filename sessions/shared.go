@@ -15,8 +15,12 @@ import (
 type SharedBindings interface {
 	// Lookup returns the fleet's binding of sessionID, if this replica knows one.
 	Lookup(sessionID string) (SharedBinding, bool)
-	// Routed reports that this replica sent a turn of sessionID to t.
-	Routed(sessionID string, t kvkey.Target)
+	// Routed reports that this replica sent a turn of sessionID (a child of parentID, or "")
+	// to t.
+	Routed(sessionID, parentID string, t kvkey.Target)
+	// Group returns where the children of parentID landed across the fleet (the shared
+	// sibling group), most members first.
+	Group(parentID string) []GroupMember
 	// Ended reports that sessionID ended (its binding is dropped fleet-wide).
 	Ended(sessionID string)
 }
@@ -40,10 +44,22 @@ const (
 	// RuleSharedParent is parent-aware placement from the parent's fleet binding (the parent
 	// was routed by another replica).
 	RuleSharedParent = "shared_parent"
+	// RuleSharedSiblingGroup prefers where the parent's children landed across the fleet.
+	RuleSharedSiblingGroup = "shared_sibling_group"
 )
 
 // SetShared connects the tracker to the fleet's bindings. Call it before the tracker is used.
 func (m *Tracker) SetShared(s SharedBindings) { m.shared = s }
+
+// sharedGroup adds the fleet's sibling group of parentID, if any, to add.
+func (m *Tracker) sharedGroup(parentID string, add func(kvkey.Target, string)) {
+	if m.shared == nil || parentID == "" {
+		return
+	}
+	for _, g := range m.shared.Group(parentID) {
+		add(g.Target, RuleSharedSiblingGroup)
+	}
+}
 
 // sharedLookup is Lookup on the shared bindings, if any.
 func (m *Tracker) sharedLookup(sessionID string) (SharedBinding, bool) {

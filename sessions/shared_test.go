@@ -13,11 +13,14 @@ import (
 type fakeShared struct {
 	mu     sync.Mutex
 	b      map[string]SharedBinding
-	routed []string // "id→worker"
+	groups map[string][]GroupMember
+	routed []string // "id(parent)→worker"
 	ended  []string
 }
 
-func newFakeShared() *fakeShared { return &fakeShared{b: map[string]SharedBinding{}} }
+func newFakeShared() *fakeShared {
+	return &fakeShared{b: map[string]SharedBinding{}, groups: map[string][]GroupMember{}}
+}
 
 func (f *fakeShared) Lookup(id string) (SharedBinding, bool) {
 	f.mu.Lock()
@@ -26,10 +29,16 @@ func (f *fakeShared) Lookup(id string) (SharedBinding, bool) {
 	return b, ok
 }
 
-func (f *fakeShared) Routed(id string, t kvkey.Target) {
+func (f *fakeShared) Routed(id, parent string, t kvkey.Target) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.routed = append(f.routed, id+"→"+t.Worker)
+	f.routed = append(f.routed, id+"("+parent+")→"+t.Worker)
+}
+
+func (f *fakeShared) Group(parent string) []GroupMember {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.groups[parent]
 }
 
 func (f *fakeShared) Ended(id string) {
@@ -87,6 +96,25 @@ func TestSharedHints(t *testing.T) {
 				sh.set("root", tB, clk.t)
 			},
 			"kid2", "root", []hintWant{{tC, RuleSiblingGroup}}},
+		{"siblings routed by other replicas: the fleet's sibling group", nil,
+			func(_ *Tracker, _ *fakeIndex, sh *fakeShared, clk *fakeClock) {
+				sh.set("root", tB, clk.t)
+				sh.groups["root"] = []GroupMember{{Target: tC, Members: 2}}
+			},
+			"kid3", "root", []hintWant{{tC, RuleSharedSiblingGroup}, {tB, RuleSharedParent}}},
+		{"sibling-group mode, siblings elsewhere in the fleet: the group alone",
+			func(c *Config) { c.ParentMode = PlaceSiblingGroup },
+			func(_ *Tracker, _ *fakeIndex, sh *fakeShared, clk *fakeClock) {
+				sh.set("root", tB, clk.t)
+				sh.groups["root"] = []GroupMember{{Target: tC, Members: 2}}
+			},
+			"kid3", "root", []hintWant{{tC, RuleSharedSiblingGroup}}},
+		{"parent routed here, a sibling landed through another replica", nil,
+			func(m *Tracker, idx *fakeIndex, sh *fakeShared, clk *fakeClock) {
+				route(m, idx, "root", "", tA, sys)
+				sh.groups["root"] = []GroupMember{{Target: tC, Members: 1}}
+			},
+			"kid", "root", []hintWant{{tA, RuleParent}, {tC, RuleSharedSiblingGroup}}},
 		{"parent routed here: local placement as before", nil,
 			func(m *Tracker, idx *fakeIndex, sh *fakeShared, clk *fakeClock) {
 				route(m, idx, "root", "", tA, sys)
@@ -132,8 +160,9 @@ func TestSharedReports(t *testing.T) {
 	if !ok || v.Shared == nil || v.Shared.Target != tB {
 		t.Fatalf("debug view shared = %+v (ok %v), want the fleet binding on %v", v.Shared, ok, tB)
 	}
+	route(m, idx, "kid", "s", tC, chain(900, 2))
 	m.End("s")
-	want := []string{"s→http://a", "s→http://b"}
+	want := []string{"s()→http://a", "s()→http://b", "kid(s)→http://c"}
 	if !reflect.DeepEqual(sh.routed, want) || !reflect.DeepEqual(sh.ended, []string{"s"}) {
 		t.Fatalf("routed %v ended %v, want %v and [s]", sh.routed, sh.ended, want)
 	}
