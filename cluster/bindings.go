@@ -247,6 +247,7 @@ func (b *Bindings) maintain(ctx context.Context) {
 	}()
 	retry := time.NewTimer(time.Hour)
 	retry.Stop()
+	failures := 0
 	for {
 		select {
 		case <-ctx.Done():
@@ -262,10 +263,16 @@ func (b *Bindings) maintain(ctx context.Context) {
 		sw, err := b.setup(ctx)
 		if err != nil {
 			b.node.CountError("bindings", err)
-			b.log.Debug("session buckets not ready; retrying", "err", err)
+			if failures++; failures == 1 || failures%60 == 0 {
+				b.log.Warn("session buckets not ready; bindings stay local, retrying every second", "err", err, "attempts", failures)
+			}
 			retry.Reset(time.Second)
 			continue
 		}
+		if failures > 0 {
+			b.log.Info("session buckets ready", "after_attempts", failures+1)
+		}
+		failures = 0
 		stopWatch = sw
 		b.ready.Store(true)
 	}
