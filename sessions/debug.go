@@ -29,22 +29,22 @@ type GroupMember struct {
 
 // SessionView is the JSON body of GET /debug/sessions/{id}.
 type SessionView struct {
-	ID       string        `json:"id"`
-	ParentID string        `json:"parent_session_id,omitempty"`
-	RootID   string        `json:"root_session_id,omitempty"`
-	Implicit bool          `json:"implicit,omitempty"`
-	Affinity *kvkey.Target `json:"affinity,omitempty"`
-	// Shared is the fleet's binding of the session (several replicas, cluster section).
-	Shared    *SharedBinding `json:"shared,omitempty"`
-	Routed    uint64         `json:"routed_requests"`
-	Created   time.Time      `json:"created"`
-	LastSeen  time.Time      `json:"last_seen"`
-	Frontiers []Frontier     `json:"frontiers"`
-	Children  []string       `json:"children,omitempty"`
-	Group     []GroupMember  `json:"sibling_group,omitempty"`
-	Pending   *Frontier      `json:"in_flight_prompt,omitempty"`
+	ID        string        `json:"id"`
+	ParentID  string        `json:"parent_session_id,omitempty"`
+	RootID    string        `json:"root_session_id,omitempty"`
+	Implicit  bool          `json:"implicit,omitempty"`
+	Affinity  *kvkey.Target `json:"affinity,omitempty"`
+	Routed    uint64        `json:"routed_requests"`
+	Created   time.Time     `json:"created"`
+	LastSeen  time.Time     `json:"last_seen"`
+	Frontiers []Frontier    `json:"frontiers"`
+	Children  []string      `json:"children,omitempty"`
+	Group     []GroupMember `json:"sibling_group,omitempty"`
+	Pending   *Frontier     `json:"in_flight_prompt,omitempty"`
 	// Hints is what the router would be told for this session's next request.
 	Hints []HintView `json:"hints"`
+	// Shared is the fleet's binding of the session (several replicas, cluster section).
+	Shared *SharedBinding `json:"shared,omitempty"`
 }
 
 // HintView is a Hint as the debug view shows it (snake_case keys like the rest of the API).

@@ -53,9 +53,10 @@ type Tracker struct {
 
 	// hints is the hint side: what Hints reads, under its own lock (see hinttable.go).
 	hints hintTable
-	// shared is the fleet's session bindings (nil: one replica); never called under mu.
+	stats counters
+	// shared is the fleet's session bindings (nil: one replica). Only its Lookup, which takes
+	// a leaf lock, is called under mu or the hint table's lock.
 	shared SharedBindings
-	stats  counters
 }
 
 // New returns a Tracker. idx may be nil (no KV events): then only affinity and parent placement
