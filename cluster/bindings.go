@@ -61,8 +61,9 @@ type BindingsOptions struct {
 //     A WatchAll feeds the local cache Lookup reads, so hints never wait on the network; writes
 //     are done behind the routing by one goroutine, each bounded by cluster.kv_deadline.
 //   - bucket node.Bucket("pins"): key "p.<hash(response id)>", value the target storing it,
-//     written behind when a worker produces a stored response and read (direct get, bounded by
-//     the deadline) when a previous_response_id is unknown locally.
+//     written (within the deadline) when a worker produces a stored response, before the
+//     client sees the id, rewritten behind while in use, and read (direct get, bounded by the
+//     deadline) when a previous_response_id is unknown locally.
 //
 // Any NATS failure is counted (node.CountError "bindings" / "pins") and leaves this replica on
 // its own state. After a reconnect the buckets are recreated (a memory bucket is gone if its
@@ -424,9 +425,30 @@ func (b *Bindings) Ended(sessionID string) {
 	b.enqueue(bindOp{kind: opEnd, key: k})
 }
 
-// SharePin implements router.SharedPins: the response id is pinned to t fleet-wide (written
-// behind).
-func (b *Bindings) SharePin(responseID string, t kvkey.Target) {
+// SharePin implements router.SharedPins: the response id is pinned to t fleet-wide before it
+// returns, within cluster.kv_deadline (the client learns the id only afterwards, so its
+// follow-up finds the pin on any replica). A failure is counted and returned.
+func (b *Bindings) SharePin(ctx context.Context, responseID string, t kvkey.Target) error {
+	kv := b.kv.Load()
+	if kv == nil || !b.node.Connected() {
+		b.opsTotal.WithLabelValues("pin", "error").Inc()
+		b.node.CountError("pins", errNotReady)
+		return errNotReady
+	}
+	ctx, cancel := context.WithTimeout(ctx, b.deadline)
+	defer cancel()
+	if _, err := kv.pins.Put(ctx, key("p", responseID), b.encode(t, "")); err != nil {
+		b.opsTotal.WithLabelValues("pin", "error").Inc()
+		b.node.CountError("pins", err)
+		return fmt.Errorf("share pin: %w", err)
+	}
+	b.opsTotal.WithLabelValues("pin", "ok").Inc()
+	return nil
+}
+
+// TouchPin implements router.SharedPins: a pin still in use is rewritten behind, restarting
+// the bucket's TTL.
+func (b *Bindings) TouchPin(responseID string, t kvkey.Target) {
 	b.enqueue(bindOp{kind: opPin, key: key("p", responseID), target: t})
 }
 

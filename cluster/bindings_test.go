@@ -200,7 +200,9 @@ func TestBindingsNATSDownAndBack(t *testing.T) {
 	n := startNode(t, replicaConfig(srv, "r1", time.Minute))
 	b := startBindings(t, n, BindingsOptions{})
 	b.Routed("before", "", wA)
-	b.SharePin("resp_1", wB)
+	if err := b.SharePin(context.Background(), "resp_1", wB); err != nil {
+		t.Fatal(err)
+	}
 	eventually(t, 5*time.Second, "bound", lookupIs(b, "before", wA))
 
 	server.Close()
@@ -213,6 +215,9 @@ func TestBindingsNATSDownAndBack(t *testing.T) {
 	b.Routed("during", "", wC)
 	if _, ok := b.Lookup("before"); !ok {
 		t.Fatal("the cache forgot a binding while NATS is down")
+	}
+	if err := b.SharePin(context.Background(), "resp_down", wA); err == nil {
+		t.Fatal("sharing a pin with NATS down reported success")
 	}
 	if _, ok, err := b.LookupPin(context.Background(), "resp_1"); ok || err == nil {
 		t.Fatalf("pin read with NATS down: ok %v err %v, want an error", ok, err)
@@ -234,23 +239,32 @@ func TestBindingsNATSDownAndBack(t *testing.T) {
 		v, _, err := stored(t, b, "after")
 		return err == nil && v.Worker == wB.Worker
 	})
-	b.SharePin("resp_2", wC)
-	eventually(t, 5*time.Second, "pins shared again", func() bool {
-		got, ok, err := b.LookupPin(context.Background(), "resp_2")
-		return err == nil && ok && got == wC
-	})
+	if err := b.SharePin(context.Background(), "resp_2", wC); err != nil {
+		t.Fatalf("pins shared again: %v", err)
+	}
+	if got, ok, err := b.LookupPin(context.Background(), "resp_2"); err != nil || !ok || got != wC {
+		t.Fatalf("pin read back: %v %v %v", got, ok, err)
+	}
 }
 
-// A pin shared by one replica is read by another; an unknown id is a miss, not an error.
+// A pin shared by one replica is read by another at once; an unknown id is a miss, not an
+// error.
 func TestBindingsPins(t *testing.T) {
 	srv := embeddedConfig(t, "srv")
 	startNode(t, srv)
 	b1 := startBindings(t, startNode(t, replicaConfig(srv, "r1", time.Minute)), BindingsOptions{})
 	b2 := startBindings(t, startNode(t, replicaConfig(srv, "r2", time.Minute)), BindingsOptions{})
-	b1.SharePin("resp_abc", wB)
-	eventually(t, 5*time.Second, "r2 reads the pin", func() bool {
+	if err := b1.SharePin(context.Background(), "resp_abc", wB); err != nil {
+		t.Fatal(err)
+	}
+	// Shared before SharePin returned: r2 reads it at once, no waiting.
+	if got, ok, err := b2.LookupPin(context.Background(), "resp_abc"); err != nil || !ok || got != wB {
+		t.Fatalf("r2 reads the pin: %v %v %v", got, ok, err)
+	}
+	b1.TouchPin("resp_abc", wC) // a rewrite behind (as a pin in use is)
+	eventually(t, 5*time.Second, "the touch lands", func() bool {
 		got, ok, err := b2.LookupPin(context.Background(), "resp_abc")
-		return err == nil && ok && got == wB
+		return err == nil && ok && got == wC
 	})
 	if _, ok, err := b2.LookupPin(context.Background(), "resp_unknown"); ok || err != nil {
 		t.Fatalf("unknown pin: ok %v err %v, want a plain miss", ok, err)

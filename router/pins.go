@@ -46,8 +46,13 @@ type PinConfig struct {
 // (cluster.Bindings implements it over a NATS JetStream key-value bucket): a follow-up naming a
 // response another replica produced reaches the worker that stores it.
 type SharedPins interface {
-	// SharePin pins responseID to t fleet-wide. It must not block (the write is done behind).
-	SharePin(responseID string, t kvkey.Target)
+	// SharePin pins responseID to t fleet-wide before it returns, bounded by the store's own
+	// deadline: the client learns the id only after it, so its follow-up finds the pin on any
+	// replica. A failure (counted by the store) leaves the pin this replica's alone.
+	SharePin(ctx context.Context, responseID string, t kvkey.Target) error
+	// TouchPin rewrites a pin still in use, so the store's TTL does not drop it. It must not
+	// block (the write is done behind).
+	TouchPin(responseID string, t kvkey.Target)
 	// LookupPin reads the fleet's pin of responseID, bounded by the store's own deadline; ok
 	// is false with a nil error when no replica pinned it.
 	LookupPin(ctx context.Context, responseID string) (t kvkey.Target, ok bool, err error)
@@ -102,10 +107,12 @@ func (p *pinTable) reshareEvery() time.Duration {
 }
 
 // produced pins id to t as a response the worker of t produced through this replica, and
-// shares it with the fleet.
+// shares it with the fleet before the client can see the id.
 func (p *pinTable) produced(id string, t kvkey.Target) {
 	if p.put(id, t, PinLocal) && p.shared != nil {
-		p.shared.SharePin(id, t)
+		// The store bounds the call by its deadline and counts a failure; the pin then stays
+		// local, as on a single replica.
+		_ = p.shared.SharePin(context.Background(), id, t)
 	}
 }
 
@@ -141,7 +148,7 @@ func (p *pinTable) put(id string, t kvkey.Target, source string) bool {
 func (p *pinTable) get(id string) (kvkey.Target, bool) {
 	t, ok, reshare := p.getLocked(id)
 	if reshare {
-		p.shared.SharePin(id, t) // keeps the fleet's copy alive while the pin is in use here
+		p.shared.TouchPin(id, t) // keeps the fleet's copy alive while the pin is in use here
 	}
 	return t, ok
 }

@@ -78,13 +78,20 @@ func TestPinnedRoute(t *testing.T) {
 type fakeSharedPins struct {
 	pins    map[string]kvkey.Target
 	shared  []string
+	touched []string
 	lookups int
 	err     error
 }
 
-func (f *fakeSharedPins) SharePin(id string, t kvkey.Target) {
+func (f *fakeSharedPins) SharePin(_ context.Context, id string, t kvkey.Target) error {
 	f.pins[id] = t
 	f.shared = append(f.shared, id)
+	return nil
+}
+
+func (f *fakeSharedPins) TouchPin(id string, t kvkey.Target) {
+	f.pins[id] = t
+	f.touched = append(f.touched, id)
 }
 
 func (f *fakeSharedPins) LookupPin(_ context.Context, id string) (kvkey.Target, bool, error) {
@@ -148,8 +155,8 @@ func TestSharedPins(t *testing.T) {
 	}
 }
 
-// TestPinsShareProducedAndReshareInUse: every produced pin is shared; a pin in use is shared
-// again once TTL/8 passed since its last share (the bucket's TTL counts from writes).
+// TestPinsShareProducedAndReshareInUse: every produced pin is shared (synchronously); a pin in
+// use is touched once TTL/8 passed since its last write (the bucket's TTL counts from writes).
 func TestPinsShareProducedAndReshareInUse(t *testing.T) {
 	b := kvkey.Target{Worker: "b"}
 	sp := &fakeSharedPins{pins: map[string]kvkey.Target{}}
@@ -169,17 +176,17 @@ func TestPinsShareProducedAndReshareInUse(t *testing.T) {
 		t.Fatalf("produced pin not shared: %v", sp.shared)
 	}
 	for _, step := range []struct {
-		after  time.Duration
-		shares int
-	}{{30 * time.Second, 1}, {45 * time.Second, 2}, {10 * time.Second, 2}} {
+		after   time.Duration
+		touches int
+	}{{30 * time.Second, 0}, {45 * time.Second, 1}, {10 * time.Second, 1}} {
 		now = now.Add(step.after)
 		_, life, err := e.Route(context.Background(), &Request{PinResponseID: "r1"}, []Candidate{{Target: b}})
 		if err != nil {
 			t.Fatal(err)
 		}
 		life.Done()
-		if len(sp.shared) != step.shares {
-			t.Fatalf("after %s: %d shares, want %d", step.after, len(sp.shared), step.shares)
+		if len(sp.touched) != step.touches || len(sp.shared) != 1 {
+			t.Fatalf("after %s: %d shares and %d touches, want 1 and %d", step.after, len(sp.shared), len(sp.touched), step.touches)
 		}
 	}
 	if v := e.DebugPins(1); v[0].Source != PinLocal {
