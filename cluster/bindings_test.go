@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"sync"
 	"testing"
 	"time"
@@ -345,4 +346,45 @@ func TestBindingsSharedSiblingGroup(t *testing.T) {
 	if g := b3.Group("other"); g != nil {
 		t.Fatalf("a session without children has a group: %v", g)
 	}
+}
+
+// BenchmarkSharePin is the write a stored Responses response adds to its request's path.
+func BenchmarkSharePin(b *testing.B) {
+	srv := clusterconfig.Default()
+	srv.ReplicaID = "srv"
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	srv.EmbeddedNATS.Listen = l.Addr().String()
+	l.Close()
+	srv.EmbeddedNATS.StoreDir = b.TempDir()
+	startNodeB(b, srv)
+	n := startNodeB(b, replicaConfig(srv, "r1", time.Minute))
+	bs, err := NewBindings(n, BindingsOptions{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	bs.Start(context.Background())
+	b.Cleanup(bs.Close)
+	for !bs.Ready() {
+		time.Sleep(10 * time.Millisecond)
+	}
+	i := 0
+	for b.Loop() {
+		i++
+		if err := bs.SharePin(context.Background(), fmt.Sprint("resp_", i), wA); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func startNodeB(b *testing.B, c clusterconfig.Config) *Node {
+	b.Helper()
+	n, err := Start(context.Background(), c, Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(n.Close)
+	return n
 }
