@@ -281,7 +281,7 @@ func (b *Bindings) maintain(ctx context.Context) {
 
 // setup creates (or updates) both buckets and starts the watch of the sessions bucket.
 func (b *Bindings) setup(ctx context.Context) (stopWatch func(), err error) {
-	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	cctx, cancel := context.WithTimeout(ctx, 2*time.Second) // retried every second (maintain)
 	defer cancel()
 	js, cfg := b.node.JetStream(), b.node.Config()
 	sess, err := js.CreateOrUpdateKeyValue(cctx, jetstream.KeyValueConfig{

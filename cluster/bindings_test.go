@@ -388,3 +388,83 @@ func startNodeB(b *testing.B, c clusterconfig.Config) *Node {
 	b.Cleanup(n.Close)
 	return n
 }
+
+// On a 3-node NATS cluster of embedded servers with an R3 bucket (cluster.kv_replicas 3),
+// losing the server that leads the bucket's stream loses no binding, and new sessions bind
+// again once a new leader is elected.
+func TestBindingsR3SurviveLeaderLoss(t *testing.T) {
+	if testing.Short() {
+		t.Skip("forms a 3-node JetStream cluster (about 9 s)")
+	}
+	routes := []string{hostPort(freePort(t)), hostPort(freePort(t)), hostPort(freePort(t))}
+	var nodes []*Node
+	var bs []*Bindings
+	for i := range 3 {
+		c := embeddedConfig(t, fmt.Sprintf("n%d", i))
+		c.EmbeddedNATS.ClusterListen = routes[i]
+		c.EmbeddedNATS.Routes = routes
+		c.KVReplicas = 3
+		c.KVDeadline = confval.Duration(time.Second)
+		n := startNode(t, c)
+		b, err := NewBindings(n, BindingsOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		b.Start(context.Background())
+		t.Cleanup(b.Close)
+		nodes, bs = append(nodes, n), append(bs, b)
+	}
+	start := time.Now()
+	for i, b := range bs {
+		if !waitFor(15*time.Second, b.Ready) {
+			t.Fatalf("n%d: R3 buckets not ready: %+v", i, nodes[i].Status())
+		}
+	}
+	bs[0].Routed("before", "", wA)
+	for i, b := range bs {
+		eventually(t, 5*time.Second, fmt.Sprintf("n%d sees the binding", i), lookupIs(b, "before", wA))
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	st, err := nodes[0].JetStream().Stream(ctx, "KV_"+nodes[0].Bucket("sessions"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	leader := st.CachedInfo().Cluster.Leader
+	t.Logf("ready and bound after %s; stream leader %s", time.Since(start), leader)
+	var survivors []*Bindings
+	for i, n := range nodes {
+		if n.ReplicaID() == leader {
+			bs[i].Close()
+			n.Close()
+		} else {
+			survivors = append(survivors, bs[i])
+		}
+	}
+	if len(survivors) != 2 {
+		t.Fatalf("stream leader %q is none of the nodes", leader)
+	}
+	s := survivors[0]
+	eventually(t, 10*time.Second, "writes resume under a new leader", func() bool {
+		s.Routed("after", "", wB)
+		v, _, err := stored(t, s, "after")
+		return err == nil && v.Worker == wB.Worker
+	})
+	if v, _, err := stored(t, survivors[1], "before"); err != nil || v.Worker != wA.Worker {
+		t.Fatalf("the binding from before the leader loss: %+v %v", v, err)
+	}
+	// The other survivor's watch may take ~10s to resume (its ordered consumer lived on the
+	// lost server and is reset after missed heartbeats); the bucket itself already has it.
+	if v, _, err := stored(t, survivors[1], "after"); err != nil || v.Worker != wB.Worker {
+		t.Fatalf("the binding made after the leader loss, read by the other survivor: %+v %v", v, err)
+	}
+}
+
+func waitFor(d time.Duration, cond func() bool) bool {
+	for end := time.Now().Add(d); !cond(); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(end) {
+			return false
+		}
+	}
+	return true
+}
