@@ -72,6 +72,9 @@ type DispatcherOptions struct {
 	// Pins bounds the Responses API pins (response id → target; router.responses.*). The zero
 	// value keeps none.
 	Pins PinConfig
+	// SharedPins, when set, shares every pin with the fleet's other replicas and answers a
+	// local miss (several replicas, the cluster section).
+	SharedPins SharedPins
 }
 
 // NewDispatcher builds a dispatcher around a policy.
@@ -84,7 +87,7 @@ func NewDispatcher(o DispatcherOptions) (*Dispatcher, error) {
 		log = slog.Default()
 	}
 	e := &Dispatcher{policy: o.Policy, load: o.Load, approx: o.Approx, sessions: o.Sessions, events: o.Events,
-		sweep: time.Second, log: log, pins: newPinTable(o.Pins)}
+		sweep: time.Second, log: log, pins: newPinTable(o.Pins, o.SharedPins)}
 	interval := o.MetricsInterval
 	if kv := o.KV; kv != nil {
 		e.policy, e.kv = kv, kv
@@ -158,7 +161,7 @@ func (e *Dispatcher) Start(req *Request) (end func()) {
 // with a prefill in flight may wait here, on ctx, until that prefix is computed (routeKV).
 func (e *Dispatcher) Route(ctx context.Context, req *Request, cands []Candidate) (Decision, Lifecycle, error) {
 	if req.PinResponseID != "" {
-		return e.routePinned(req, cands)
+		return e.routePinned(ctx, req, cands)
 	}
 	if e.holds != nil {
 		return e.routeKV(ctx, req, cands)

@@ -2,6 +2,7 @@ package router
 
 import (
 	"container/list"
+	"context"
 	"errors"
 	"fmt"
 	"sync"
@@ -41,10 +42,33 @@ type PinConfig struct {
 	TTL time.Duration
 }
 
+// SharedPins is the fleet's Responses API pins when several gateway replicas act as one
+// (cluster.Bindings implements it over a NATS JetStream key-value bucket): a follow-up naming a
+// response another replica produced reaches the worker that stores it.
+type SharedPins interface {
+	// SharePin pins responseID to t fleet-wide before it returns, bounded by the store's own
+	// deadline: the client learns the id only after it, so its follow-up finds the pin on any
+	// replica. A failure (counted by the store) leaves the pin this replica's alone.
+	SharePin(ctx context.Context, responseID string, t kvkey.Target) error
+	// TouchPin rewrites a pin still in use, so the store's TTL does not drop it. It must not
+	// block (the write is done behind).
+	TouchPin(responseID string, t kvkey.Target)
+	// LookupPin reads the fleet's pin of responseID, bounded by the store's own deadline; ok
+	// is false with a nil error when no replica pinned it.
+	LookupPin(ctx context.Context, responseID string) (t kvkey.Target, ok bool, err error)
+}
+
+// Where a pin came from, as PinView.Source reports it.
+const (
+	PinLocal  = "local"  // this replica saw the worker produce the response
+	PinShared = "shared" // read from the fleet's shared pins on a local miss
+)
+
 // pinTable is a bounded LRU map of response id → target, with a TTL since last use.
 type pinTable struct {
-	cfg PinConfig
-	now func() time.Time
+	cfg    PinConfig
+	now    func() time.Time
+	shared SharedPins // nil: pins are this replica's alone
 
 	mu  sync.Mutex
 	lru *list.List // of *pinEntry, most recent at the front
@@ -52,9 +76,11 @@ type pinTable struct {
 }
 
 type pinEntry struct {
-	id   string
-	t    kvkey.Target
-	used time.Time
+	id     string
+	t      kvkey.Target
+	used   time.Time
+	source string
+	shared time.Time // when the pin was last written to the shared pins (zero: never)
 }
 
 // PinView is one pin in the debug view.
@@ -62,51 +88,112 @@ type PinView struct {
 	ResponseID string       `json:"response_id"`
 	Target     kvkey.Target `json:"target"`
 	AgeSeconds float64      `json:"idle_seconds"`
+	// Source is where the pin came from: "local" (produced through this replica) or "shared"
+	// (read from the fleet's pins).
+	Source string `json:"source"`
 }
 
-func newPinTable(cfg PinConfig) *pinTable {
-	return &pinTable{cfg: cfg, now: time.Now, lru: list.New(), ids: map[string]*list.Element{}}
+func newPinTable(cfg PinConfig, shared SharedPins) *pinTable {
+	return &pinTable{cfg: cfg, now: time.Now, shared: shared, lru: list.New(), ids: map[string]*list.Element{}}
 }
 
-// put pins id to t (a response id seen again moves to t).
-func (p *pinTable) put(id string, t kvkey.Target) {
+// reshareEvery is how often a pin in use is written to the shared pins again, so that the
+// bucket's TTL (counted from the last write) does not drop a pin still in use here.
+func (p *pinTable) reshareEvery() time.Duration {
+	if p.cfg.TTL > 0 {
+		return p.cfg.TTL / 8
+	}
+	return time.Minute
+}
+
+// produced pins id to t as a response the worker of t produced through this replica, and
+// shares it with the fleet before the client can see the id.
+func (p *pinTable) produced(id string, t kvkey.Target) {
+	if p.put(id, t, PinLocal) && p.shared != nil {
+		// The store bounds the call by its deadline and counts a failure; the pin then stays
+		// local, as on a single replica.
+		_ = p.shared.SharePin(context.Background(), id, t)
+	}
+}
+
+// put pins id to t (a response id seen again moves to t); it reports whether it kept the pin.
+func (p *pinTable) put(id string, t kvkey.Target, source string) bool {
 	if id == "" || p.cfg.MaxPins <= 0 {
-		return
+		return false
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	now := p.now()
+	var shared time.Time
+	if source == PinLocal && p.shared != nil {
+		shared = now
+	}
 	if el, ok := p.ids[id]; ok {
 		e := el.Value.(*pinEntry)
-		e.t, e.used = t, p.now()
+		e.t, e.used, e.source, e.shared = t, now, source, shared
 		p.lru.MoveToFront(el)
-		return
+		return true
 	}
-	p.ids[id] = p.lru.PushFront(&pinEntry{id: id, t: t, used: p.now()})
+	p.ids[id] = p.lru.PushFront(&pinEntry{id: id, t: t, used: now, source: source, shared: shared})
 	for p.lru.Len() > p.cfg.MaxPins {
 		old := p.lru.Back()
 		p.lru.Remove(old)
 		delete(p.ids, old.Value.(*pinEntry).id)
 	}
+	return true
 }
 
-// get returns id's target, refreshing its use; an expired pin is dropped.
+// get returns id's target, refreshing its use (and the fleet's copy, every reshareEvery, after
+// releasing the lock); an expired pin is dropped.
 func (p *pinTable) get(id string) (kvkey.Target, bool) {
+	t, ok, reshare := p.getLocked(id)
+	if reshare {
+		p.shared.TouchPin(id, t) // keeps the fleet's copy alive while the pin is in use here
+	}
+	return t, ok
+}
+
+func (p *pinTable) getLocked(id string) (t kvkey.Target, ok, reshare bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	el, ok := p.ids[id]
 	if !ok {
-		return kvkey.Target{}, false
+		return kvkey.Target{}, false, false
 	}
 	e := el.Value.(*pinEntry)
 	now := p.now()
 	if p.cfg.TTL > 0 && now.Sub(e.used) > p.cfg.TTL {
 		p.lru.Remove(el)
 		delete(p.ids, id)
-		return kvkey.Target{}, false
+		return kvkey.Target{}, false, false
 	}
 	e.used = now
 	p.lru.MoveToFront(el)
-	return e.t, true
+	if p.shared != nil && !e.shared.IsZero() && now.Sub(e.shared) > p.reshareEvery() {
+		e.shared = now
+		reshare = true
+	}
+	return e.t, true, reshare
+}
+
+// lookup is get, falling back on a local miss to the fleet's shared pins (bounded by their
+// deadline); a pin found there is kept locally, marked "shared".
+func (p *pinTable) lookup(ctx context.Context, id string) (kvkey.Target, string, error) {
+	if t, ok := p.get(id); ok {
+		return t, "", nil
+	}
+	if p.shared == nil || p.cfg.MaxPins <= 0 {
+		return kvkey.Target{}, "no worker is known to store it (never seen by this gateway, expired or evicted)", nil
+	}
+	t, ok, err := p.shared.LookupPin(ctx, id)
+	if err != nil {
+		return kvkey.Target{}, "unknown here and the fleet's shared pins could not be read", err
+	}
+	if !ok {
+		return kvkey.Target{}, "no replica of the fleet knows a worker storing it (never seen, expired or evicted)", nil
+	}
+	p.put(id, t, PinShared)
+	return t, "", nil
 }
 
 // view lists the live pins, most recently used first, at most limit of them.
@@ -120,18 +207,22 @@ func (p *pinTable) view(limit int) []PinView {
 		if p.cfg.TTL > 0 && now.Sub(e.used) > p.cfg.TTL {
 			continue
 		}
-		out = append(out, PinView{ResponseID: e.id, Target: e.t, AgeSeconds: now.Sub(e.used).Seconds()})
+		out = append(out, PinView{ResponseID: e.id, Target: e.t, AgeSeconds: now.Sub(e.used).Seconds(), Source: e.source})
 	}
 	return out
 }
 
 // routePinned is Route for a request pinned to a stored response: the pinned target is the
-// only candidate; without a live pin on a routable candidate the request fails (hard pin).
-func (e *Dispatcher) routePinned(req *Request, cands []Candidate) (Decision, Lifecycle, error) {
+// only candidate; without a live pin (here, or in the fleet's shared pins) on a routable
+// candidate the request fails (hard pin).
+func (e *Dispatcher) routePinned(ctx context.Context, req *Request, cands []Candidate) (Decision, Lifecycle, error) {
 	id := req.PinResponseID
-	t, ok := e.pins.get(id)
-	if !ok {
-		return Decision{}, nil, &UnknownResponseError{ID: id, Reason: "no worker is known to store it (never seen by this gateway, expired or evicted)"}
+	t, reason, err := e.pins.lookup(ctx, id)
+	if reason != "" {
+		if err != nil {
+			e.log.Debug("shared pin lookup failed", "response_id", id, "err", err)
+		}
+		return Decision{}, nil, &UnknownResponseError{ID: id, Reason: reason}
 	}
 	for _, c := range cands {
 		if c.Target == t {

@@ -43,6 +43,8 @@ type SessionView struct {
 	Pending   *Frontier     `json:"in_flight_prompt,omitempty"`
 	// Hints is what the router would be told for this session's next request.
 	Hints []HintView `json:"hints"`
+	// Shared is the fleet's binding of the session (several replicas, cluster section).
+	Shared *SharedBinding `json:"shared,omitempty"`
 }
 
 // HintView is a Hint as the debug view shows it (snake_case keys like the rest of the API).
@@ -113,6 +115,9 @@ func (m *Tracker) Debug(sessionID string, withLineage bool) (SessionView, bool) 
 	if s.hasAffinity {
 		t := s.affinity
 		v.Affinity = &t
+	}
+	if b, ok := m.sharedLookup(s.id); ok {
+		v.Shared = &b
 	}
 	for _, c := range s.children {
 		if cs, ok := m.resolveSess(c); ok {

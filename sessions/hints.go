@@ -57,6 +57,9 @@ func (m *Tracker) wantsPrefixLocked(sessionID, parentID string) bool {
 	if s != nil && s.hasAffinity {
 		return false
 	}
+	if _, ok := m.sharedLookup(sessionID); ok {
+		return false // the fleet has routed it before: affinity applies, not a first request
+	}
 	if parentID == "" && s != nil {
 		parentID = s.parent
 	}
@@ -68,6 +71,14 @@ func (m *Tracker) hintsLocked(sessionID, parentID string) []Hint {
 	var s *hintRec
 	if sessionID != "" {
 		s = m.hints.byID[sessionID]
+	}
+	// The fleet's binding wins over this replica's affinity unless this replica routed the
+	// session after it learned the binding (e.g. while the store was unreachable).
+	if b, ok := m.sharedLookup(sessionID); ok && (s == nil || !s.hasAffinity || b.Seen.After(s.affAt)) {
+		if m.cfg.AffinityBlocks > 0 {
+			return []Hint{{Target: b.Target, Rule: RuleSharedAffinity, Blocks: m.cfg.AffinityBlocks}}
+		}
+		return nil
 	}
 	if s != nil && s.hasAffinity {
 		if m.cfg.AffinityBlocks > 0 {
@@ -82,8 +93,15 @@ func (m *Tracker) hintsLocked(sessionID, parentID string) []Hint {
 		return nil
 	}
 	parent := m.hints.byID[parentID]
-	if parent == nil {
-		return nil
+	if parent == nil || !parent.hasAffinity && len(parent.frontiers) == 0 {
+		// The parent was routed by another replica: its fleet binding places the child, next to
+		// the siblings this replica saw land.
+		if b, ok := m.sharedLookup(parentID); ok {
+			return m.sharedParentHints(parent, parentID, b.Target)
+		}
+		if parent == nil {
+			return nil
+		}
 	}
 	var hints []Hint
 	add := func(t kvkey.Target, rule string) {
@@ -97,15 +115,42 @@ func (m *Tracker) hintsLocked(sessionID, parentID string) []Hint {
 	switch m.cfg.ParentMode {
 	case PlaceSiblingGroup:
 		groupTargets(parent, add)
+		m.sharedGroup(parentID, add)
 		if len(hints) == 0 { // first sibling: follow the parent
 			sessionTargets(parent, RuleParent, add)
 		}
 	case PlaceLineageRoot:
 		sessionTargets(m.hintRoot(parent), RuleLineageRoot, add)
 		groupTargets(parent, add)
+		m.sharedGroup(parentID, add)
 	default:
 		sessionTargets(parent, RuleParent, add)
 		groupTargets(parent, add)
+		m.sharedGroup(parentID, add)
+	}
+	return hints
+}
+
+// sharedParentHints are the parent-aware hints for a child whose parent this replica never
+// routed (parent may be nil): the parent's fleet binding pt (Rule "shared_parent") and the
+// targets where siblings landed, here and across the fleet; in sibling-group mode the siblings
+// alone once there are any, as for a locally routed parent.
+func (m *Tracker) sharedParentHints(parent *hintRec, parentID string, pt kvkey.Target) []Hint {
+	var hints []Hint
+	add := func(t kvkey.Target, rule string) {
+		for _, h := range hints {
+			if h.Target == t {
+				return
+			}
+		}
+		hints = append(hints, Hint{Target: t, Rule: rule, Blocks: m.cfg.ParentBlocks})
+	}
+	if parent != nil {
+		groupTargets(parent, add)
+	}
+	m.sharedGroup(parentID, add)
+	if len(hints) == 0 || m.cfg.ParentMode != PlaceSiblingGroup {
+		add(pt, RuleSharedParent)
 	}
 	return hints
 }

@@ -2,6 +2,7 @@ package sessions
 
 import (
 	"sync"
+	"time"
 
 	"github.com/kvgate/kvgate/kvkey"
 )
@@ -22,6 +23,7 @@ type hintRec struct {
 	parent      string
 	hasAffinity bool
 	affinity    kvkey.Target
+	affAt       time.Time
 	frontiers   []targetTick // the session's frontiers' targets with their last update
 	group       []groupTarget
 }
@@ -63,7 +65,7 @@ func (m *Tracker) publish() {
 			rec = &hintRec{}
 			t.byID[s.id] = rec
 		}
-		rec.parent, rec.hasAffinity, rec.affinity = s.parent, s.hasAffinity, s.affinity
+		rec.parent, rec.hasAffinity, rec.affinity, rec.affAt = s.parent, s.hasAffinity, s.affinity, s.affAt
 		rec.frontiers = rec.frontiers[:0]
 		for _, fr := range s.frontiers {
 			rec.frontiers = append(rec.frontiers, targetTick{target: fr.target, tick: fr.tick})

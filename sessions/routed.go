@@ -15,6 +15,9 @@ func (m *Tracker) OnRouted(sessionID string, target kvkey.Target, hashes []kvkey
 	if sessionID == "" {
 		return
 	}
+	if m.shared != nil {
+		defer m.reportRouted(sessionID, target) // after mu is released: it must never wait on it
+	}
 	if m.idx == nil || len(hashes) == 0 {
 		m.mu.Lock()
 		m.routedLocked(sessionID, target, hashes, 0)
@@ -46,12 +49,23 @@ func (m *Tracker) OnRouted(sessionID string, target kvkey.Target, hashes []kvkey
 	}
 }
 
+// reportRouted tells the shared bindings where sessionID (and its parent, if any) went.
+func (m *Tracker) reportRouted(sessionID string, target kvkey.Target) {
+	m.hints.mu.RLock()
+	parent := ""
+	if r := m.hints.byID[sessionID]; r != nil {
+		parent = r.parent
+	}
+	m.hints.mu.RUnlock()
+	m.shared.Routed(sessionID, parent, target)
+}
+
 // routedLocked applies a routing result with n verified G1 blocks.
 func (m *Tracker) routedLocked(sessionID string, target kvkey.Target, hashes []kvkey.BlockHash, n int) {
 	matched := hashes[:n]
 	s, r := m.getOrCreate(sessionID, false, sessRef{slot: nilSlot})
 	first := !s.hasAffinity
-	s.hasAffinity, s.affinity = true, target
+	s.hasAffinity, s.affinity, s.affAt = true, target, m.now()
 	m.markDirty(r)
 	s.routed++
 	if first && s.parent != "" {

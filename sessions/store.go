@@ -55,6 +55,7 @@ type session struct {
 
 	hasAffinity bool
 	affinity    kvkey.Target
+	affAt       time.Time // when affinity was last set (weighed against a shared binding's Seen)
 	frontiers   []frontier
 	group       []groupTarget
 	children    []sessRef

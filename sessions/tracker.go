@@ -54,6 +54,9 @@ type Tracker struct {
 	// hints is the hint side: what Hints reads, under its own lock (see hinttable.go).
 	hints hintTable
 	stats counters
+	// shared is the fleet's session bindings (nil: one replica). Only its Lookup, which takes
+	// a leaf lock, is called under mu or the hint table's lock.
+	shared SharedBindings
 }
 
 // New returns a Tracker. idx may be nil (no KV events): then only affinity and parent placement
@@ -97,6 +100,9 @@ func (m *Tracker) Observe(id Identity) {
 
 // End releases a session's state (end of session). Unknown ids are ignored.
 func (m *Tracker) End(sessionID string) {
+	if m.shared != nil && sessionID != "" {
+		m.shared.Ended(sessionID)
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	defer m.publish()

@@ -32,6 +32,7 @@ type routing struct {
 	enricher   server.RequestEnricher
 	sessions   *sessions.Tracker
 	events     *indexers.Subscribers
+	bindings   *cluster.Bindings // the fleet's shared bindings and pins (nil: one replica)
 	close      func()
 }
 
@@ -59,6 +60,19 @@ func buildRouting(ctx context.Context, cfg configs.Config, reg *workers.Registry
 	opts := router.Options{Seed: cfg.Router.Seed, KV: kvcfg}
 	dispOpts := router.DispatcherOptions{Registerer: prom, Log: log,
 		Pins: router.PinConfig{MaxPins: cfg.Router.Responses.MaxPins, TTL: cfg.Router.Responses.PinTTL.D()}}
+	// Several replicas: session bindings and Responses pins are shared through the fleet's
+	// JetStream buckets (cluster.Bindings), read from a local cache and written behind.
+	var bindings *cluster.Bindings
+	if node != nil {
+		if bindings, err = cluster.NewBindings(node, cluster.BindingsOptions{MaxEntries: cfg.Sessions.MaxSessions,
+			PinTTL: cfg.Router.Responses.PinTTL.D(), Registerer: prom, Log: log}); err != nil {
+			return nil, err
+		}
+		bindings.Start(bg)
+		closers = append(closers, bindings.Close)
+		rt.bindings = bindings
+		dispOpts.SharedPins = bindings
+	}
 	if configs.KVAware(cfg.Router.Policy) {
 		k, err := buildKV(bg, cfg, kvcfg, reg, prom, log, node)
 		if err != nil {
@@ -70,6 +84,9 @@ func buildRouting(ctx context.Context, cfg configs.Config, reg *workers.Registry
 		dispOpts.Targets = func() []kvkey.Target { return allTargets(reg) }
 		dispOpts.MetricsClient = scrapeClient(cfg, reg)
 		dispOpts.MetricsInterval = kvcfg.MetricsInterval.D()
+	}
+	if bindings != nil && rt.sessions != nil {
+		rt.sessions.SetShared(bindings)
 	}
 	dispOpts.Sessions, dispOpts.Events = rt.sessions, rt.events
 	disp, err := router.Build(cfg.Router.Policy, opts, dispOpts)

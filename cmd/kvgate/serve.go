@@ -51,6 +51,9 @@ func runServe(ctx context.Context, args []string, stderr io.Writer) error {
 		return fmt.Errorf("invalid configuration:\n  %w", err)
 	}
 	defer rt.close()
+	if rt.bindings != nil {
+		details = append(details, rt.bindings)
+	}
 	srv, err := server.New(server.Options{Config: cfg, Registry: reg, Router: rt.dispatcher, Enricher: rt.enricher,
 		Logger: log, Metrics: prom, Details: details})
 	if err != nil {
