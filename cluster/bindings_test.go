@@ -379,16 +379,6 @@ func BenchmarkSharePin(b *testing.B) {
 	}
 }
 
-func startNodeB(b *testing.B, c clusterconfig.Config) *Node {
-	b.Helper()
-	n, err := Start(context.Background(), c, Options{})
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(n.Close)
-	return n
-}
-
 // On a 3-node NATS cluster of embedded servers with an R3 bucket (cluster.kv_replicas 3),
 // losing the server that leads the bucket's stream loses no binding, and new sessions bind
 // again once a new leader is elected.
