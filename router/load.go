@@ -63,11 +63,21 @@ type WorkerTiming struct {
 	PrefillSum, PrefillCount float64 // vllm:request_prefill_time_seconds (first scheduled to first token; at finish)
 	IterTokensSum            float64 // vllm:iteration_tokens_total: tokens per engine step
 	Iterations               float64
+	// ITLSum, ITLCount: vllm:inter_token_latency_seconds, one observation per output token
+	// after the first (the time of the step that produced it).
+	ITLSum, ITLCount float64
+	// TPOTSum, TPOTCount: vllm:time_per_output_token_seconds, the same observations under
+	// their deprecated name (older vLLM, or shown with --show-hidden-metrics-for-version).
+	TPOTSum, TPOTCount float64
+	// ComputedSum, ComputedCount: vllm:request_prefill_kv_computed_tokens, each finished
+	// request's prefill tokens not found in the prefix cache (observed with the prefill time).
+	ComputedSum, ComputedCount float64
 }
 
 // scaled is t with every figure times f (a worker total split over its ranks).
 func (t WorkerTiming) scaled(f float64) WorkerTiming {
-	return WorkerTiming{t.TTFTSum * f, t.TTFTCount * f, t.PrefillSum * f, t.PrefillCount * f, t.IterTokensSum * f, t.Iterations * f}
+	return WorkerTiming{t.TTFTSum * f, t.TTFTCount * f, t.PrefillSum * f, t.PrefillCount * f, t.IterTokensSum * f, t.Iterations * f,
+		t.ITLSum * f, t.ITLCount * f, t.TPOTSum * f, t.TPOTCount * f, t.ComputedSum * f, t.ComputedCount * f}
 }
 
 // metricsMark is a target's released-blocks and finished-requests counters at one moment.
