@@ -200,6 +200,9 @@ func (e *Dispatcher) Forget(t kvkey.Target) {
 	if e.approx != nil {
 		e.approx.Forget(t)
 	}
+	if e.kv != nil && e.kv.recent != nil {
+		e.kv.recent.forget(t)
+	}
 	if e.kv != nil && e.kv.timed != nil {
 		e.kv.timed.reset(t)
 	}
@@ -219,9 +222,6 @@ func (e *Dispatcher) Run(ctx context.Context) {
 		case <-tick.C:
 			if e.kv != nil {
 				e.kv.checkRestarts()
-				if e.kv.timed != nil {
-					e.kv.timed.expire(e.kv.now().Add(-e.kv.cfg.LoadExpiry.D()))
-				}
 				e.holds.expire(e.kv.now().Add(-e.kv.cfg.LoadExpiry.D()))
 			}
 			if n := e.load.Expire(); n > 0 {

@@ -48,11 +48,10 @@ type targetTime struct {
 	routedU, routedPairs atomic.Int64
 	doneN, doneU, doneC  atomic.Int64
 
-	mu     sync.Mutex // guards fitter, worker, srcErr, live
+	mu     sync.Mutex // guards fitter, worker, srcErr
 	fitter *latency.Fitter
 	worker workerWindow
 	srcErr [latency.NumSources]float64 // smoothed |relative error| of each source's samples
-	live   map[*timeObs]struct{}       // attempts not ended, for expire
 }
 
 // srcErrRate is the smoothing rate of the per-source prediction errors in the debug view.
@@ -292,7 +291,7 @@ func (tm *timeModel) getOrCreate(t kvkey.Target) *targetTime {
 	if err != nil { // the config was validated in newTimeModel
 		return nil
 	}
-	tt := &targetTime{fitter: f, live: make(map[*timeObs]struct{})}
+	tt := &targetTime{fitter: f}
 	th := tm.prior
 	tt.theta.Store(&th)
 	tm.targets[t] = tt
@@ -491,9 +490,6 @@ func (p *KVPolicy) beginTime(d Decision, req *Request) *timeObs {
 	tt.aheadPairs.Add(o.pairs)
 	tt.routedU.Add(o.accountU)
 	tt.routedPairs.Add(o.pairs)
-	tt.mu.Lock()
-	tt.live[o] = struct{}{}
-	tt.mu.Unlock()
 	p.timed.metrics.predicted(o.worker, o.predMs)
 	return o
 }
@@ -557,38 +553,11 @@ func (o *timeObs) end(completed bool) {
 		o.tt.decodeKV.Add(-int64(o.prompt))
 	}
 	o.stage = stageDone
-	o.tt.mu.Lock()
-	delete(o.tt.live, o)
-	o.tt.mu.Unlock()
 }
 
-// expire ends, without feeding the fit, every attempt that began before cutoff and is still
-// open (a safety net like LoadTracker.Expire: a caller that never ends its Lifecycle must not
-// keep a target looking queued); it returns how many it ended.
-func (tm *timeModel) expire(cutoff time.Time) int {
-	tm.mu.RLock()
-	tts := make([]*targetTime, 0, len(tm.targets))
-	for _, tt := range tm.targets {
-		tts = append(tts, tt)
-	}
-	tm.mu.RUnlock()
-	n := 0
-	for _, tt := range tts {
-		var stale []*timeObs
-		tt.mu.Lock()
-		for o := range tt.live {
-			if o.start.Before(cutoff) {
-				stale = append(stale, o)
-			}
-		}
-		tt.mu.Unlock()
-		for _, o := range stale {
-			o.end(false)
-			n++
-		}
-	}
-	return n
-}
+// expired ends the attempt without feeding the fit when LoadTracker.Expire force-releases its
+// load handle (a caller that never ends its Lifecycle must not keep a target looking queued).
+func (o *timeObs) expired() { o.end(false) }
 
 // feed gives the fit one sample, once, if a TTFT was measured on a streamed response (a
 // non-stream body's first byte comes after the whole generation). Samples taken while the

@@ -386,7 +386,7 @@ func TestKVTimeExpire(t *testing.T) {
 	}
 	lc.FirstToken()
 	clk.advance(p.cfg.LoadExpiry.D()/2 + time.Second)
-	if n := p.timed.expire(clk.now().Add(-p.cfg.LoadExpiry.D())); n != 1 {
+	if n := e.load.Expire(); n != 1 {
 		t.Fatalf("expired %d attempts, want 1", n)
 	}
 	if st, _ := p.timed.state(tgt(0)); st.AheadTokens != 0 || st.DecodeRequests != 1 || st.DecodeKVTokens != 512 {
