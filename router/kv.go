@@ -84,6 +84,7 @@ type kvRow struct {
 	prefill   float64 // uncached prompt blocks after credits (hints included)
 	noHint    float64 // the same without hints, to tell whether a hint decided
 	load      float64
+	evict     float64 // kv: the eviction term, ms
 	busy      bool
 	busyWhy   string
 	cost      float64
@@ -167,6 +168,9 @@ func (p *KVPolicy) begin(d Decision, req *Request) *Handle {
 		if p.recent == nil || p.Mode(t) == ModeApproximate || !p.recent.add(t, req.BlockHashes, p.now()) {
 			p.approx.Record(t, req.BlockHashes)
 		}
+	}
+	if p.timed != nil && p.timed.workset != nil {
+		p.timed.workset.record(t, req.BlockHashes, p.now())
 	}
 	if p.routed != nil && len(req.BlockHashes) > 0 && len(req.LocalHashes) == len(req.BlockHashes) {
 		p.routed.NoteRouted(d.Chosen.Target, req.LocalHashes, req.BlockHashes)

@@ -28,7 +28,10 @@ type timeModel struct {
 	fit         latency.FitConfig
 	learn       bool
 	fleetWeight float64
-	metrics     *timeMetrics // nil: no metrics registered
+	evictWeight float64
+	// workset is each target's working set for the eviction term (nil when it is off).
+	workset *workingSets
+	metrics *timeMetrics // nil: no metrics registered
 
 	mu      sync.RWMutex
 	targets map[kvkey.Target]*targetTime
@@ -258,11 +261,14 @@ func newTimeModel(c routerconfig.Latency) (*timeModel, error) {
 		params: latency.Params{MaxBatchedTokens: c.MaxNumBatchedTokens, KVPressureStart: c.KVPressureStart,
 			KVPressureWeight: c.KVPressureWeight},
 		prior: latency.Theta{c.FrontendMs, c.PrefillMsPerToken, c.AttentionMsPerPair, c.StepMs, c.StepMsPerKVToken},
-		fit:   fc, learn: c.Learn, fleetWeight: c.FleetWeight,
+		fit:   fc, learn: c.Learn, fleetWeight: c.FleetWeight, evictWeight: c.EvictWeight,
 		targets: make(map[kvkey.Target]*targetTime),
 	}
 	if !tm.prior.Valid() {
 		return nil, fmt.Errorf("latency: prior profile %v must be finite and nonnegative", tm.prior)
+	}
+	if tm.evictWeight > 0 {
+		tm.workset = newWorkingSets()
 	}
 	return tm, nil
 }
@@ -370,6 +376,7 @@ type timeRow struct {
 	pred      latency.Prediction
 	ownNoHint float64 // own prefill ms without the sibling-prefix credit
 	decodes   float64
+	evictMs   float64 // the eviction term
 }
 
 // timeOf scores one candidate by predicted TTFT: the gateway's queue and decode accounting
@@ -403,10 +410,24 @@ func (p *KVPolicy) timeOf(r *kvRow, tr *timeRow, c Candidate, promptTokens, bs f
 	if r.prefHint > 0 {
 		hintMs = latency.PrefillMs(th, r.prefHint*bs, math.Max(promptTokens-u, 0))
 	}
-	*tr = timeRow{pred: pred, ownNoHint: predNo.OwnMs, decodes: st.DecodeRequests}
+	evictMs := 0.0
+	if fresh && p.timed.workset != nil {
+		evictMs = p.evictOf(th, c.Target, r.prefill, float64(m.NumGPUBlocks), promptTokens, bs)
+	}
+	*tr = timeRow{pred: pred, ownNoHint: predNo.OwnMs, decodes: st.DecodeRequests, evictMs: evictMs}
 	r.load = pred.QueuedMs + pred.DecodeMs + pred.PressureMs
-	r.cost = pred.TotalMs - hintMs
-	r.costNoHnt = predNo.TotalMs
+	r.evict = evictMs
+	r.cost = pred.TotalMs - hintMs + evictMs
+	r.costNoHnt = predNo.TotalMs + evictMs
+}
+
+// evictOf is the eviction term of a prefill of newBlocks on t: the blocks of t's working set
+// (what was routed there within approximate.ttl, this request's cached prefix included) it
+// pushes out of a cache of capacity blocks (latency.EvictBlocks), priced as their prefill
+// when they are asked for again (latency.EvictMs, after the rest of a prompt this long).
+func (p *KVPolicy) evictOf(th latency.Theta, t kvkey.Target, newBlocks, capacity, promptTokens, bs float64) float64 {
+	ev := latency.EvictBlocks(newBlocks, p.timed.workset.blocks(t), capacity) * bs
+	return latency.EvictMs(th, ev, math.Max(promptTokens-ev, 0), p.timed.evictWeight)
 }
 
 // addFleet adds the fleet term to every row: the request's own prefill on a target stretches

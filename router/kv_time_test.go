@@ -11,6 +11,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/kvgate/kvgate/indexers"
 	"github.com/kvgate/kvgate/kvkey"
 	"github.com/kvgate/kvgate/router/latency"
 )
@@ -575,6 +576,76 @@ func TestKVGatewayITLSample(t *testing.T) {
 			}
 			if !(s.Error > 0) || math.IsInf(s.Error, 0) {
 				t.Fatalf("gateway_itl error %v, want a finite positive error", s.Error)
+			}
+		})
+	}
+}
+
+// TestKVEvictionTerm: a prefill that would push blocks routed to a target within the
+// approximate TTL out of its full KV cache pays their prefill; a target with room, a prompt
+// mostly cached there, an expired working set or the term turned off pay nothing.
+func TestKVEvictionTerm(t *testing.T) {
+	const capacity = 1000
+	for _, tc := range []struct {
+		name      string
+		weight    float64
+		other     int          // blocks of another prompt routed to target 0
+		cached    int          // blocks of the request cached on target 0
+		expire    bool         // the working set's window passed before the request
+		wantEvict float64      // blocks evicted on target 0
+		want      kvkey.Target // chosen
+	}{
+		// 896 other blocks + 300 new in 1,000: 196 evicted.
+		{"overflow on the full target", 1, 896, 0, false, 196, tgt(1)},
+		// 640 + the cached 250 (240 of them counted: the set keys every 16th block beyond
+		// the first 64) + 50 new fit.
+		{"mostly cached: fits", 1, 640, 250, false, 0, tgt(0)},
+		{"working set expired", 1, 896, 0, true, 0, kvkey.Target{}},
+		{"term off", 0, 896, 0, false, 0, kvkey.Target{}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			clk := &fakeClock{t: time.Unix(1000, 0)}
+			cfg := DefaultKVConfig()
+			cfg.Latency.EvictWeight = tc.weight
+			prompt := chain(1, 300)
+			m := fixedMatcher{}
+			if tc.cached > 0 {
+				m[tgt(0)] = indexers.TierMatch{G1: tc.cached}
+			}
+			p := newTestKV(t, PolicyKV, cfg, KVDeps{Matcher: m}, clk)
+			e, err := NewDispatcher(DispatcherOptions{KV: p})
+			if err != nil {
+				t.Fatal(err)
+			}
+			// Target 0's working set: another prompt (and the request's cached prefix) routed
+			// there just now.
+			d0 := Decision{Chosen: Choice{Target: tgt(0)}}
+			e.kv.begin(d0, request(chain(9, tc.other))).Done()
+			if tc.cached > 0 {
+				e.kv.begin(d0, request(prompt[:tc.cached])).Done()
+			}
+			if tc.expire {
+				clk.advance(cfg.Approximate.TTL.D() + time.Second)
+				p.timed.workset.expire(clk.now().Add(-cfg.Approximate.TTL.D()))
+			}
+			for i := range 2 {
+				p.load.UpdateMetrics(tgt(i), WorkerMetrics{NumGPUBlocks: capacity, At: clk.now()})
+			}
+			d, err := p.Pick(context.Background(), request(prompt), kvCands(2))
+			if err != nil {
+				t.Fatal(err)
+			}
+			th := p.timed.prior
+			ev := tc.wantEvict * 16
+			want := tc.weight * latency.PrefillMs(th, ev, 300*16-ev)
+			if got := d.Candidates[0].EvictMs; math.Abs(got-want) > 1e-9 {
+				t.Fatalf("evict_ms on target 0 = %v, want %v (%v blocks): %s", got, want, tc.wantEvict, js(d))
+			}
+			if got := d.Candidates[1].EvictMs; got != 0 {
+				t.Fatalf("evict_ms on the empty target = %v", got)
+			}
+			if tc.want != (kvkey.Target{}) && d.Chosen.Target != tc.want {
+				t.Fatalf("chose %v, want %v: %s", d.Chosen.Target, tc.want, js(d))
 			}
 		})
 	}
