@@ -339,18 +339,23 @@ func (p *KVPolicy) checkRestarts() {
 	if p.timed == nil {
 		return
 	}
-	p.timed.mu.RLock()
-	ts := make([]kvkey.Target, 0, len(p.timed.targets))
-	for t := range p.timed.targets {
+	// Every target with a scrape, routed to or not: a worker's own histograms are learned
+	// from even when this gateway sends it nothing (other gateways, or not yet).
+	p.load.mu.RLock()
+	ts := make([]kvkey.Target, 0, len(p.load.targets))
+	for t := range p.load.targets {
 		ts = append(ts, t)
 	}
-	p.timed.mu.RUnlock()
+	p.load.mu.RUnlock()
 	for _, t := range ts {
 		m, ok := p.load.Metrics(t, p.cfg.MetricsMaxAge.D())
 		if !ok {
 			continue
 		}
-		tt := p.timed.get(t)
+		tt := p.timed.getOrCreate(t)
+		if tt == nil {
+			continue
+		}
 		if m.StartTime > 0 {
 			if old := math.Float64frombits(tt.started.Swap(math.Float64bits(m.StartTime))); old != 0 && old != m.StartTime {
 				p.timed.reset(t)

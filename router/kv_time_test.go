@@ -457,7 +457,6 @@ func (w *slowWorker) page() string {
 func TestKVLearnsSlowWorkerFromItsHistograms(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	_, p, clk := timedEngine(t, DefaultKVConfig(), reg)
-	p.timed.getOrCreate(tgt(0))
 	var slow latency.Theta
 	for i, v := range p.timed.prior {
 		slow[i] = 3 * v
