@@ -649,3 +649,37 @@ func TestKVEvictionTerm(t *testing.T) {
 		})
 	}
 }
+
+// TestWorkingSets: a conversation's next turn, which extends the last prompt, adds only its new
+// blocks (to within the stride kept out at its end); an unrelated prompt adds its own; keys
+// older than the window leave, and the count follows them.
+func TestWorkingSets(t *testing.T) {
+	now := time.Unix(1000, 0)
+	ws := newWorkingSets()
+	turn := chain(1, 64+16*40) // 704 blocks: every block a key or a stride's end
+	for _, tc := range []struct {
+		name   string
+		hashes []kvkey.BlockHash
+		at     time.Duration
+		want   float64
+	}{
+		{"first turn", turn[:64+16*20], 0, 64 + 16*20},
+		{"same turn again", turn[:64+16*20], time.Second, 64 + 16*20},
+		{"next turn extends it", turn, 2 * time.Second, 64 + 16*40},
+		{"tail short of a stride is left out", append(append([]kvkey.BlockHash{}, turn...), chain(2, 15)...), 3 * time.Second, 64 + 16*40},
+		{"unrelated prompt", chain(3, 100), 4 * time.Second, 64 + 16*40 + 64 + 32},
+	} {
+		ws.record(tgt(0), tc.hashes, now.Add(tc.at))
+		if got := ws.blocks(tgt(0)); got != tc.want {
+			t.Fatalf("%s: %v blocks, want %v", tc.name, got, tc.want)
+		}
+	}
+	ws.expire(now.Add(3*time.Second + 1)) // only the unrelated prompt was routed since
+	if got := ws.blocks(tgt(0)); got != 64+32 {
+		t.Fatalf("after expiry: %v blocks, want 96", got)
+	}
+	ws.forget(tgt(0))
+	if got := ws.blocks(tgt(0)); got != 0 {
+		t.Fatalf("after forget: %v", got)
+	}
+}
