@@ -69,6 +69,7 @@ func Fields() []Field {
 		field("router.latency.kv_pressure_start", "kv: KV cache usage fraction above which preemption risk is added to the predicted TTFT", func(c *Config) flag.Value { return floatValue{&c.Router.Latency.KVPressureStart} }),
 		field("router.latency.kv_pressure_weight", "kv: fraction of queued and own prefill time added at full KV cache (0 = off)", func(c *Config) flag.Value { return floatValue{&c.Router.Latency.KVPressureWeight} }),
 		field("router.latency.fleet_weight", "kv: price of a request's prefill time per running decode on the worker it stalls (0 = off)", func(c *Config) flag.Value { return floatValue{&c.Router.Latency.FleetWeight} }),
+		field("router.latency.evict_weight", "kv: price of the prefill time of the working-set blocks a prefill evicts from a full KV cache (0 = off)", func(c *Config) flag.Value { return floatValue{&c.Router.Latency.EvictWeight} }),
 		field("router.latency.learn", "kv: fit each worker's TTFT model online from observed TTFTs (false: prior only)", func(c *Config) flag.Value { return boolValue{&c.Router.Latency.Learn} }),
 		field("router.latency.forgetting", "kv: forgetting factor of the online fit, (0, 1]", func(c *Config) flag.Value { return floatValue{&c.Router.Latency.Forgetting} }),
 		field("router.latency.ready_samples", "kv: observed requests a worker's fit needs before it replaces the prior", func(c *Config) flag.Value { return intValue{&c.Router.Latency.ReadySamples} }),

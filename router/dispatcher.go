@@ -234,6 +234,12 @@ func (e *Dispatcher) Forget(t kvkey.Target) {
 	if e.approx != nil {
 		e.approx.Forget(t)
 	}
+	if e.kv != nil && e.kv.recent != nil {
+		e.kv.recent.forget(t)
+	}
+	if e.kv != nil && e.kv.timed != nil && e.kv.timed.workset != nil {
+		e.kv.timed.workset.forget(t)
+	}
 	if e.kv != nil && e.kv.timed != nil {
 		e.kv.timed.reset(t)
 	}
@@ -253,8 +259,8 @@ func (e *Dispatcher) Run(ctx context.Context) {
 		case <-tick.C:
 			if e.kv != nil {
 				e.kv.checkRestarts()
-				if e.kv.timed != nil {
-					e.kv.timed.expire(e.kv.now().Add(-e.kv.cfg.LoadExpiry.D()))
+				if e.kv.timed != nil && e.kv.timed.workset != nil {
+					e.kv.timed.workset.expire(e.kv.now().Add(-e.kv.cfg.Approximate.TTL.D()))
 				}
 				e.holds.expire(e.kv.now().Add(-e.kv.cfg.LoadExpiry.D()))
 			}

@@ -109,7 +109,9 @@ func (e *Dispatcher) routeKV(ctx context.Context, req *Request, cands []Candidat
 func (e *Dispatcher) commit(d Decision, req *Request, inflight int, reason string) *attempt {
 	a := &attempt{e: e, req: req, d: d, h: e.begin(d, req)}
 	if e.kv != nil {
-		a.obs = e.kv.beginTime(d, req)
+		if a.obs = e.kv.beginTime(d, req); a.obs != nil {
+			a.h.attach(a.obs) // one expiry (LoadTracker.Expire) ends both
+		}
 	}
 	chosen := CachedBlocks(d)
 	best := inflight

@@ -104,12 +104,8 @@ func TestHoldDeadline(t *testing.T) {
 	}
 }
 
-// holdFixture is a kv dispatcher over two targets; the leader is pinned to target 0 by its
-// hashes being cached there (fixed matcher), the followers' own blocks are unknown.
-func holdFixture(t *testing.T, mod func(*KVConfig)) (*Dispatcher, *prometheus.Registry) {
-	return holdFixtureWith(t, mod, KVDeps{})
-}
-
+// holdFixtureWith is a kv dispatcher over deps; with no matcher, the leader is placed by load
+// and the followers' blocks are unknown.
 func holdFixtureWith(t *testing.T, mod func(*KVConfig), deps KVDeps) (*Dispatcher, *prometheus.Registry) {
 	t.Helper()
 	cfg := DefaultKVConfig()
@@ -142,47 +138,132 @@ func routeAsync(ctx context.Context, e *Dispatcher, req *Request, cands []Candid
 	return ch
 }
 
-// TestHoldReleasedAtFirstToken: a follower sharing 64 blocks with a prefill in flight waits
-// for the leader's first token and goes to the leader's target, even though load alone would
-// send it to the idle one.
-func TestHoldReleasedAtFirstToken(t *testing.T) {
-	e, reg := holdFixture(t, func(c *KVConfig) { c.Hold.Margin = confval.Duration(5 * time.Second) })
-	cands := kvCands(2)
-	base := chain(1, 100)
-	ld, lead, err := e.Route(context.Background(), request(base), cands)
-	if err != nil {
+// holdSetup is a kv dispatcher (holdFixtureWith) over n targets with a leader in flight: the
+// 100-block prompt base, routed and before its first token.
+type holdSetup struct {
+	e     *Dispatcher
+	cands []Candidate
+	base  []kvkey.BlockHash
+	ld    Decision
+	lead  Lifecycle
+}
+
+func newHoldSetup(t *testing.T, mod func(*KVConfig), deps KVDeps, n int) *holdSetup {
+	t.Helper()
+	e, _ := holdFixtureWith(t, mod, deps)
+	s := &holdSetup{e: e, cands: kvCands(n), base: chain(1, 100)}
+	var err error
+	if s.ld, s.lead, err = e.Route(context.Background(), request(s.base), s.cands); err != nil {
 		t.Fatal(err)
 	}
-	follower := request(sharedPrompt(base, 64, 2, 8))
-	ch := routeAsync(context.Background(), e, follower, cands)
-	select {
-	case r := <-ch:
-		t.Fatalf("follower routed before the leader's first token: %s", js(r.d))
-	case <-time.After(50 * time.Millisecond):
+	return s
+}
+
+func withMargin(d time.Duration) func(*KVConfig) {
+	return func(c *KVConfig) { c.Hold.Margin = confval.Duration(d) }
+}
+
+// TestHoldFollower: a follower sharing a prefix with a prefill in flight waits, then goes
+// where the leader's fate sends it: onto the leader's target once the prefix is computed there
+// (its first token, or KV events announcing the shared blocks before a non-streamed leader's
+// first byte), even though load alone would send it to the idle target; anew at once when the
+// leader fails; back to its caller with the context's error, leaving no goroutine or timer,
+// when the client leaves.
+func TestHoldFollower(t *testing.T) {
+	cases := []struct {
+		name    string
+		margin  time.Duration
+		events  bool // the matcher reports the leader's blocks once told (residentAfter)
+		shared  int
+		act     func(s *holdSetup, m *residentAfter, cancel context.CancelFunc)
+		outcome string // "" for an error return
+		onto    bool   // routed onto the leader's target
+		minWait float64
+	}{
+		{"released at the leader's first token", 5 * time.Second, false, 64,
+			func(s *holdSetup, _ *residentAfter, _ context.CancelFunc) { s.lead.Sent(); s.lead.FirstToken() },
+			holdReleased, true, 40},
+		{"released by the index's residency", 5 * time.Second, true, 90,
+			func(_ *holdSetup, m *residentAfter, _ context.CancelFunc) { m.set.Store(true) },
+			holdReleased, true, 40},
+		{"leader failed: routed anew", time.Hour, false, 64,
+			func(s *holdSetup, _ *residentAfter, _ context.CancelFunc) { s.lead.Failed(errors.New("worker down")) },
+			holdLeaderFailed, false, 40},
+		{"client left", time.Hour, false, 64,
+			func(_ *holdSetup, _ *residentAfter, cancel context.CancelFunc) { cancel() },
+			"", false, 0},
 	}
-	lead.Sent()
-	lead.FirstToken()
-	r := <-ch
-	if r.err != nil {
-		t.Fatal(r.err)
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			m := &residentAfter{}
+			deps := KVDeps{}
+			if tc.events {
+				deps.Matcher = m
+			}
+			s := newHoldSetup(t, withMargin(tc.margin), deps, 2)
+			m.t = s.ld.Chosen.Target
+			before := runtime.NumGoroutine()
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			ch := routeAsync(ctx, s.e, request(sharedPrompt(s.base, tc.shared, 2, 8)), s.cands)
+			select {
+			case r := <-ch:
+				t.Fatalf("follower routed while the leader prefills: %s", js(r.d))
+			case <-time.After(50 * time.Millisecond):
+			}
+			tc.act(s, m, cancel)
+			var r routed
+			select {
+			case r = <-ch:
+			case <-time.After(2 * time.Second):
+				t.Fatal("the follower did not return")
+			}
+			defer s.lead.Done()
+			if tc.outcome == "" {
+				if !errors.Is(r.err, context.Canceled) || r.lc != nil {
+					t.Fatalf("cancelled hold: %v %v", r.err, r.lc)
+				}
+				deadline := time.Now().Add(time.Second)
+				for runtime.NumGoroutine() > before && time.Now().Before(deadline) {
+					time.Sleep(5 * time.Millisecond)
+				}
+				if n := runtime.NumGoroutine(); n > before {
+					t.Errorf("%d goroutines after the cancelled hold, %d before", n, before)
+				}
+				if got := counterOf(t, s.e.metrics.holds, holdCancelled); got != 1 {
+					t.Errorf("holds cancelled = %v, want 1", got)
+				}
+				return
+			}
+			if r.err != nil || r.d.Hold == nil || r.d.Hold.Outcome != tc.outcome {
+				t.Fatalf("follower: %v %s, want outcome %s", r.err, js(r.d), tc.outcome)
+			}
+			if r.d.Hold.WaitedMs < tc.minWait {
+				t.Errorf("held %.1f ms, want at least %v", r.d.Hold.WaitedMs, tc.minWait)
+			}
+			if got := counterOf(t, s.e.metrics.holds, tc.outcome); got != 1 {
+				t.Errorf("holds{%s} = %v, want 1", tc.outcome, got)
+			}
+			if tc.onto {
+				if r.d.Chosen.Target != s.ld.Chosen.Target || r.d.Hold.SharedBlocks != tc.shared {
+					t.Fatalf("follower: %s, want released onto %s sharing %d blocks", js(r.d), s.ld.Chosen.Target, tc.shared)
+				}
+				if !strings.Contains(r.d.Chosen.Reason, "sibling hold") {
+					t.Errorf("reason %q does not name the hold", r.d.Chosen.Reason)
+				}
+				for _, reason := range []string{"no_hold", holdBusy, "hold_expired"} {
+					if got := counterOf(t, s.e.metrics.dup, reason); got != 0 {
+						t.Errorf("duplicate prefill{%s} = %v on a released hold", reason, got)
+					}
+				}
+			}
+			r.lc.Done()
+			s.lead.Done()
+			if n := s.e.holds.len(); n != 0 {
+				t.Errorf("%d prefills tracked after both ended", n)
+			}
+		})
 	}
-	if r.d.Chosen.Target != ld.Chosen.Target || r.d.Hold == nil || r.d.Hold.Outcome != holdReleased || r.d.Hold.SharedBlocks != 64 {
-		t.Fatalf("follower: %s, want released onto %s", js(r.d), ld.Chosen.Target)
-	}
-	if !strings.Contains(r.d.Chosen.Reason, "sibling hold") {
-		t.Errorf("reason %q does not name the hold", r.d.Chosen.Reason)
-	}
-	r.lc.Done()
-	lead.Done()
-	if got := counterOf(t, e.metrics.holds, holdReleased); got != 1 {
-		t.Errorf("holds released = %v, want 1", got)
-	}
-	for _, reason := range []string{"no_hold", holdBusy, "hold_expired"} {
-		if got := counterOf(t, e.metrics.dup, reason); got != 0 {
-			t.Errorf("duplicate prefill{%s} = %v on a released hold", reason, got)
-		}
-	}
-	_ = reg
 }
 
 // TestHoldFallbacks: the hold never applies to a busy target, is off when disabled, and ends
@@ -210,16 +291,11 @@ func TestHoldFallbacks(t *testing.T) {
 			if tc.match != nil {
 				deps.Matcher = tc.match
 			}
-			e, _ := holdFixtureWith(t, tc.mod, deps)
-			cands := kvCands(2)
-			base := chain(1, 100)
-			_, lead, err := e.Route(context.Background(), request(base), cands)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer lead.Done()
+			s := newHoldSetup(t, tc.mod, deps, 2)
+			e := s.e
+			defer s.lead.Done()
 			start := time.Now()
-			d, lc, err := e.Route(context.Background(), request(sharedPrompt(base, 70, 2, 8)), cands)
+			d, lc, err := e.Route(context.Background(), request(sharedPrompt(s.base, 70, 2, 8)), s.cands)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -239,65 +315,6 @@ func TestHoldFallbacks(t *testing.T) {
 				t.Errorf("duplicate prefill{%s} = %v tokens, want %v", tc.dup, got, tc.dupToks)
 			}
 		})
-	}
-}
-
-// TestHoldCancelled: a held request whose client leaves returns at once with the context's
-// error, and leaves no goroutine or timer behind.
-func TestHoldCancelled(t *testing.T) {
-	e, _ := holdFixture(t, func(c *KVConfig) { c.Hold.Margin = confval.Duration(time.Hour) })
-	cands := kvCands(2)
-	base := chain(1, 100)
-	_, lead, err := e.Route(context.Background(), request(base), cands)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer lead.Done()
-	before := runtime.NumGoroutine()
-	ctx, cancel := context.WithCancel(context.Background())
-	ch := routeAsync(ctx, e, request(sharedPrompt(base, 64, 2, 8)), cands)
-	time.Sleep(20 * time.Millisecond)
-	cancel()
-	select {
-	case r := <-ch:
-		if !errors.Is(r.err, context.Canceled) || r.lc != nil {
-			t.Fatalf("cancelled hold: %v %v", r.err, r.lc)
-		}
-	case <-time.After(2 * time.Second):
-		t.Fatal("a cancelled hold did not return")
-	}
-	deadline := time.Now().Add(time.Second)
-	for runtime.NumGoroutine() > before && time.Now().Before(deadline) {
-		time.Sleep(5 * time.Millisecond)
-	}
-	if n := runtime.NumGoroutine(); n > before {
-		t.Errorf("%d goroutines after the cancelled hold, %d before", n, before)
-	}
-	if got := counterOf(t, e.metrics.holds, holdCancelled); got != 1 {
-		t.Errorf("holds cancelled = %v, want 1", got)
-	}
-}
-
-// TestHoldLeaderFailed: when the leader fails before its first token the follower is routed
-// anew at once, and the next request with the prefix leads.
-func TestHoldLeaderFailed(t *testing.T) {
-	e, _ := holdFixture(t, func(c *KVConfig) { c.Hold.Margin = confval.Duration(time.Hour) })
-	cands := kvCands(2)
-	base := chain(1, 100)
-	_, lead, err := e.Route(context.Background(), request(base), cands)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ch := routeAsync(context.Background(), e, request(sharedPrompt(base, 64, 2, 8)), cands)
-	time.Sleep(20 * time.Millisecond)
-	lead.Failed(errors.New("worker down"))
-	r := <-ch
-	if r.err != nil || r.d.Hold == nil || r.d.Hold.Outcome != holdLeaderFailed {
-		t.Fatalf("follower: %v %s", r.err, js(r.d))
-	}
-	r.lc.Done()
-	if e.holds.len() != 0 {
-		t.Errorf("%d prefills tracked after both ended", e.holds.len())
 	}
 }
 
@@ -368,54 +385,11 @@ func (m *residentAfter) MatchTiers(hashes []kvkey.BlockHash, targets []kvkey.Tar
 	}
 }
 
-// TestHoldReleasedByEvents: the index holding the shared blocks on the leader's target
-// releases the follower before the leader's first byte (a non-streamed leader sends it only
-// after its whole generation).
-func TestHoldReleasedByEvents(t *testing.T) {
-	cfg := DefaultKVConfig()
-	cfg.Hold.Margin = confval.Duration(5 * time.Second)
-	m := &residentAfter{}
-	p := newTestKV(t, PolicyKV, cfg, KVDeps{Matcher: m}, nil)
-	p.float = rand.Float64
-	e, err := NewDispatcher(DispatcherOptions{KV: p, Registerer: prometheus.NewPedanticRegistry()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	cands := kvCands(2)
-	base := chain(1, 100)
-	ld, lead, err := e.Route(context.Background(), request(base), cands)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer lead.Done()
-	m.t = ld.Chosen.Target
-	ch := routeAsync(context.Background(), e, request(sharedPrompt(base, 90, 2, 8)), cands)
-	time.Sleep(30 * time.Millisecond)
-	m.set.Store(true)
-	select {
-	case r := <-ch:
-		if r.err != nil || r.d.Chosen.Target != ld.Chosen.Target || r.d.Hold == nil || r.d.Hold.Outcome != holdReleased {
-			t.Fatalf("follower: %v %s", r.err, js(r.d))
-		}
-		if r.d.Hold.WaitedMs < 25 {
-			t.Errorf("released after %.1f ms, before the events came", r.d.Hold.WaitedMs)
-		}
-		r.lc.Done()
-	case <-time.After(2 * time.Second):
-		t.Fatal("the index's residency did not release the hold")
-	}
-}
-
 // TestHoldManyFollowers: of many requests with one prefix routed at once, exactly one leads;
 // every other one is released onto its target after its first token.
 func TestHoldManyFollowers(t *testing.T) {
-	e, _ := holdFixture(t, func(c *KVConfig) { c.Hold.Margin = confval.Duration(5 * time.Second) })
-	cands := kvCands(4)
-	base := chain(1, 100)
-	ld, lead, err := e.Route(context.Background(), request(base), cands)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := newHoldSetup(t, withMargin(5*time.Second), KVDeps{}, 4)
+	e, cands, base, ld, lead := s.e, s.cands, s.base, s.ld, s.lead
 	var chs []chan routed
 	for i := range 8 {
 		chs = append(chs, routeAsync(context.Background(), e, request(sharedPrompt(base, 64+i, uint64(10+i), 4)), cands))

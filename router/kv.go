@@ -58,6 +58,7 @@ type KVPolicy struct {
 	routed  RoutedRecorder   // the matcher, when it records routed prompts
 	events  EventHealth
 	approx  *indexers.ApproxIndex // approximate: read for the others
+	recent  *recentRoutes         // prompts routed to healthy targets, for approx (kv_recent.go)
 	load    *LoadTracker
 	fleet   atomic.Pointer[Fleet] // the peers' load and the publishers, when clustered (SetFleet)
 	hints   HintSource
@@ -85,6 +86,7 @@ type kvRow struct {
 	prefill   float64 // uncached prompt blocks after credits (hints included)
 	noHint    float64 // the same without hints, to tell whether a hint decided
 	load      float64
+	evict     float64 // kv: the eviction term, ms
 	busy      bool
 	busyWhy   string
 	cost      float64
@@ -132,6 +134,9 @@ func newKV(name string, noLoad bool, cfg KVConfig, deps KVDeps) (*KVPolicy, erro
 		p.timed = tm
 	}
 	p.routed, _ = deps.Matcher.(RoutedRecorder)
+	if p.approx != nil && p.matcher != nil {
+		p.recent = newRecentRoutes()
+	}
 	p.scratch.New = func() any { return &kvScratch{} }
 	return p, nil
 }
@@ -151,18 +156,26 @@ func (p *KVPolicy) Approx() *indexers.ApproxIndex { return p.approx }
 // Begin accounts the request's load on the chosen target and, in
 // predict-on-route fashion, records its blocks there in the approximate index (the chosen
 // worker is about to compute them; this also covers the burst of identical prompts that
-// arrives before the worker's KV events do). When the matcher is a RoutedRecorder it also hands
-// it the prompt's hashes, so the event index can place the worker's coming stores even if it
-// lost their parents.
+// arrives before the worker's KV events do) when that target is scored approximately; for a
+// target whose events are healthy it only keeps the prompt, to record if they stop being
+// healthy (kv_recent.go). When the matcher is a RoutedRecorder it also hands it the prompt's
+// hashes, so the event index can place the worker's coming stores even if it lost their
+// parents.
 func (p *KVPolicy) Begin(d Decision, req *Request) *Handle { return p.begin(d, req) }
 
 func (p *KVPolicy) begin(d Decision, req *Request) *Handle {
-	h := p.load.Begin(d.Chosen.Target, req, CachedBlocks(d))
+	t := d.Chosen.Target
+	h := p.load.Begin(t, req, CachedBlocks(d))
 	if p.approx != nil && len(req.BlockHashes) > 0 {
-		p.approx.Record(d.Chosen.Target, req.BlockHashes)
-		if f := p.fleet.Load(); f != nil && f.Approx != nil && p.Mode(d.Chosen.Target) == ModeApproximate {
-			f.Approx.RoutedApprox(d.Chosen.Target, req.BlockHashes)
+		if p.recent == nil || p.Mode(t) == ModeApproximate || !p.recent.add(t, req.BlockHashes, p.now()) {
+			p.approx.Record(t, req.BlockHashes)
 		}
+		if f := p.fleet.Load(); f != nil && f.Approx != nil && p.Mode(t) == ModeApproximate {
+			f.Approx.RoutedApprox(t, req.BlockHashes)
+		}
+	}
+	if p.timed != nil && p.timed.workset != nil {
+		p.timed.workset.record(t, req.BlockHashes, p.now())
 	}
 	if p.routed != nil && len(req.BlockHashes) > 0 && len(req.LocalHashes) == len(req.BlockHashes) {
 		p.routed.NoteRouted(d.Chosen.Target, req.LocalHashes, req.BlockHashes)
@@ -207,6 +220,11 @@ func (p *KVPolicy) evaluate(req *Request, cands []Candidate, s *kvScratch) {
 		mode := p.Mode(t)
 		anyApprox = anyApprox || mode == ModeApproximate
 		s.rows[i] = kvRow{mode: mode}
+		if mode == ModeApproximate && p.recent != nil && p.recent.pending(t) {
+			// Its events stopped being healthy: what was routed there meanwhile becomes the
+			// approximate index's view (once; from now on begin records it directly).
+			p.recent.flush(t, p.approx, p.now().Add(-p.cfg.Approximate.TTL.D()))
+		}
 	}
 	if p.matcher != nil && len(hashes) > 0 {
 		p.matcher.MatchTiers(hashes, s.targets, s.matches)

@@ -170,6 +170,10 @@ func BenchmarkKVDecision(b *testing.B) {
 	b.Run("policy-only", func(b *testing.B) { run(b, KVDeps{Matcher: fixedMatcher{}}, false) })
 	// With Begin and Done: the load accounting and NoteRouted that a routed request adds.
 	b.Run("indexers/match+score+pick+begin", func(b *testing.B) { run(b, KVDeps{Matcher: realIx}, true) })
+	// As deployed (cmd/kvgate): the approximate index beside the event index, every target's
+	// events healthy, so every target is scored from the event index.
+	b.Run("indexers+approx/match+score+pick", func(b *testing.B) { run(b, KVDeps{Matcher: realIx, Approx: approx}, false) })
+	b.Run("indexers+approx/match+score+pick+begin", func(b *testing.B) { run(b, KVDeps{Matcher: realIx, Approx: approx}, true) })
 	// Through the Dispatcher: Route (with the hold table's claim) and the Lifecycle to Done.
 	b.Run("indexers/dispatcher-route+lifecycle", func(b *testing.B) { route(b, KVDeps{Matcher: realIx}) })
 }

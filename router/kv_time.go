@@ -28,8 +28,11 @@ type timeModel struct {
 	fit         latency.FitConfig
 	learn       bool
 	fleetWeight float64
-	metrics     *timeMetrics            // nil: no metrics registered
-	pub         atomic.Pointer[loadPub] // the fleet's load sync, when clustered
+	evictWeight float64
+	// workset is each target's working set for the eviction term (nil when it is off).
+	workset *workingSets
+	metrics *timeMetrics            // nil: no metrics registered
+	pub     atomic.Pointer[loadPub] // the fleet's load sync, when clustered
 
 	mu      sync.RWMutex
 	targets map[kvkey.Target]*targetTime
@@ -43,35 +46,139 @@ type targetTime struct {
 	decodeKV    atomic.Int64 // those requests' prompt tokens
 	theta       atomic.Pointer[latency.Theta]
 	started     atomic.Uint64 // float64 bits of the worker's last seen process start time
+	// Cumulative tallies, never decreasing, that the worker window takes differences of:
+	// uncached tokens and pairs of every attempt routed here, and the count, uncached and
+	// cached tokens of the completed attempts that had a first token.
+	routedU, routedPairs atomic.Int64
+	doneN, doneU, doneC  atomic.Int64
 
-	mu     sync.Mutex // guards fitter, worker, live
+	mu     sync.Mutex // guards fitter, worker, srcErr
 	fitter *latency.Fitter
 	worker workerWindow
-	live   map[*timeObs]struct{} // attempts not ended, for expire
+	srcErr [latency.NumSources]float64 // smoothed |relative error| of each source's samples
 }
 
+// srcErrRate is the smoothing rate of the per-source prediction errors in the debug view.
+const srcErrRate = 0.1
+
+// observe feeds one sample to the fit, keeps the source's error and counts it in metrics;
+// the caller holds tt.mu and publishes the Theta afterwards.
+func (tt *targetTime) observe(m *timeMetrics, worker string, src latency.Source, x [latency.NumFeatures]float64, yMs float64) {
+	relErr, err := tt.fitter.ObserveFrom(src, x, yMs)
+	if err != nil {
+		return
+	}
+	if tt.fitter.SamplesBySource()[src] == 1 {
+		tt.srcErr[src] = math.Abs(relErr)
+	} else {
+		tt.srcErr[src] += srcErrRate * (math.Abs(relErr) - tt.srcErr[src])
+	}
+	m.fitted(worker, src, relErr)
+}
+
+// publish stores the fit's current Theta for scoring; the caller holds tt.mu.
+func (tt *targetTime) publish() {
+	th := tt.fitter.Theta()
+	tt.theta.Store(&th)
+}
+
+// gatewayTally is a reading of a target's cumulative tallies (targetTime).
+type gatewayTally struct {
+	routedU, routedPairs float64
+	doneN, doneU, doneC  float64
+}
+
+func (tt *targetTime) tally() gatewayTally {
+	return gatewayTally{float64(tt.routedU.Load()), float64(tt.routedPairs.Load()),
+		float64(tt.doneN.Load()), float64(tt.doneU.Load()), float64(tt.doneC.Load())}
+}
+
+// windowReading is what one sweep reads for a target: the worker's last scrape and the
+// gateway's own tallies and decode accounting at that moment.
+type windowReading struct {
+	timing            WorkerTiming
+	running, kvUsage  float64
+	start             float64 // process_start_time_seconds (0: not exposed)
+	gw                gatewayTally
+	decodes, decodeKV float64
+}
+
+// fitSample is one sample for a target's fit.
+type fitSample struct {
+	src latency.Source
+	x   [latency.NumFeatures]float64
+	yMs float64
+}
+
+// windowSamples are the at most two samples one window gives (prefill and step).
+type windowSamples struct {
+	s [2]fitSample
+	n int
+}
+
+func (w *windowSamples) add(s fitSample) { w.s[w.n] = s; w.n++ }
+
 // workerWindow follows what the worker's own timing histograms say, window by window (between
-// two sweeps): mean TTFT and prefill time, and tokens per engine step, each smoothed. It is
-// shown beside the fit as a cross-check of the gateway's own measurements (vLLM's TTFT starts
-// at tokenization, the gateway's at routing), and is not fitted.
+// two sweeps that saw different scrapes). Each window gives the fit at most one prefill sample
+// (mean vllm:request_prefill_time_seconds against the mean prefill computed) and one step
+// sample (mean vllm:inter_token_latency_seconds against the mean prefill per step and the
+// decode batch), whatever the number of requests in it, so a busy window weighs no more than
+// a quiet one. Smoothed means of TTFT, prefill time, ITL and tokens per step are shown beside
+// the fit (vLLM's TTFT starts at tokenization, the gateway's at routing).
 type workerWindow struct {
-	last               WorkerTiming
-	seen               bool
-	ttftMs, prefillMs  float64
-	tokensPerStep      float64
-	hasTTFT, hasPrefil bool
-	hasSteps           bool
+	last                         WorkerTiming
+	lastRunning, lastStart       float64
+	lastGW                       gatewayTally
+	seen                         bool
+	ttftMs, prefillMs, itlMs     float64
+	tokensPerStep                float64
+	hasTTFT, hasPrefil, hasSteps bool
+	hasITL                       bool
+}
+
+// delta is the difference of two cumulative histogram readings (sum and count); ok only when
+// the count moved and neither went down.
+func delta(prevSum, sum, prevCount, count float64) (dSum, dCount float64, ok bool) {
+	dSum, dCount = sum-prevSum, count-prevCount
+	return dSum, dCount, dCount > 0 && dSum >= 0
+}
+
+// restarted reports whether t cannot follow prev: some cumulative figure went down (the
+// worker restarted and its counters began again).
+func (t WorkerTiming) restarted(prev WorkerTiming) bool {
+	cur := [...]float64{t.TTFTSum, t.TTFTCount, t.PrefillSum, t.PrefillCount, t.IterTokensSum, t.Iterations,
+		t.ITLSum, t.ITLCount, t.TPOTSum, t.TPOTCount, t.ComputedSum, t.ComputedCount}
+	old := [...]float64{prev.TTFTSum, prev.TTFTCount, prev.PrefillSum, prev.PrefillCount, prev.IterTokensSum, prev.Iterations,
+		prev.ITLSum, prev.ITLCount, prev.TPOTSum, prev.TPOTCount, prev.ComputedSum, prev.ComputedCount}
+	for i := range cur {
+		if cur[i] < old[i] {
+			return true
+		}
+	}
+	return false
+}
+
+// itl returns the inter-token latency histogram: vllm:inter_token_latency_seconds, or its
+// deprecated name when only that one moves.
+func (t WorkerTiming) itl() (sum, count float64) {
+	if t.ITLCount > 0 {
+		return t.ITLSum, t.ITLCount
+	}
+	return t.TPOTSum, t.TPOTCount
 }
 
 // workerWindowRate is the smoothing rate of the worker window means.
 const workerWindowRate = 0.3
 
-// add folds a new cumulative reading into the window means; a reading whose counts went down
-// (the worker restarted) starts over.
-func (w *workerWindow) add(t WorkerTiming) {
-	if !w.seen || t.TTFTCount < w.last.TTFTCount || t.PrefillCount < w.last.PrefillCount || t.Iterations < w.last.Iterations {
-		w.last, w.seen = t, true
-		return
+// add folds a new cumulative reading into the window means and returns the window's fit
+// samples. A reading that cannot follow the last one (a figure went down, or a new process
+// start time: the worker restarted) only starts a new window; so does the first.
+func (w *workerWindow) add(r windowReading, p latency.Params) windowSamples {
+	t, prev, prevRunning, prevGW := r.timing, w.last, w.lastRunning, w.lastGW
+	fresh := !w.seen || r.start != w.lastStart || t.restarted(prev)
+	w.last, w.lastRunning, w.lastStart, w.lastGW, w.seen = t, r.running, r.start, r.gw, true
+	if fresh {
+		return windowSamples{}
 	}
 	ewma := func(v *float64, has *bool, x float64) {
 		if !*has {
@@ -80,16 +187,69 @@ func (w *workerWindow) add(t WorkerTiming) {
 		}
 		*v += workerWindowRate * (x - *v)
 	}
-	if dc := t.TTFTCount - w.last.TTFTCount; dc > 0 {
-		ewma(&w.ttftMs, &w.hasTTFT, 1000*(t.TTFTSum-w.last.TTFTSum)/dc)
+	if dc := t.TTFTCount - prev.TTFTCount; dc > 0 {
+		ewma(&w.ttftMs, &w.hasTTFT, 1000*(t.TTFTSum-prev.TTFTSum)/dc)
 	}
-	if dc := t.PrefillCount - w.last.PrefillCount; dc > 0 {
-		ewma(&w.prefillMs, &w.hasPrefil, 1000*(t.PrefillSum-w.last.PrefillSum)/dc)
+	if dc := t.PrefillCount - prev.PrefillCount; dc > 0 {
+		ewma(&w.prefillMs, &w.hasPrefil, 1000*(t.PrefillSum-prev.PrefillSum)/dc)
 	}
-	if dc := t.Iterations - w.last.Iterations; dc > 0 {
-		ewma(&w.tokensPerStep, &w.hasSteps, (t.IterTokensSum-w.last.IterTokensSum)/dc)
+	if dc := t.Iterations - prev.Iterations; dc > 0 {
+		ewma(&w.tokensPerStep, &w.hasSteps, (t.IterTokensSum-prev.IterTokensSum)/dc)
 	}
-	w.last = t
+	prevITLSum, prevITLN := prev.itl()
+	itlSum, itlN := t.itl()
+	dITL, nITL, okITL := delta(prevITLSum, itlSum, prevITLN, itlN)
+	if okITL {
+		ewma(&w.itlMs, &w.hasITL, 1000*dITL/nITL)
+	}
+
+	var out windowSamples
+	// The decode batch over the window: the mean of the worker's running count at both ends,
+	// at least the gateway's decodes, each with the mean KV length of the gateway's decodes
+	// (0 when it has none: then only the per-step constant is learned from steps).
+	bDec := math.Max((r.running+prevRunning)/2, r.decodes)
+	kDec := 0.0
+	if r.decodes > 0 {
+		kDec = r.decodeKV / r.decodes * bDec
+	}
+	// The window's prefills: their mean uncached tokens from the worker's own histogram when
+	// it counts the same requests as the prefill time, else the gateway's completed attempts;
+	// their mean cached context from the gateway's completed attempts (0 without any).
+	u, c, haveU := 0.0, 0.0, false
+	dPre, nPre, okPre := delta(prev.PrefillSum, t.PrefillSum, prev.PrefillCount, t.PrefillCount)
+	dComp, nComp, okComp := delta(prev.ComputedSum, t.ComputedSum, prev.ComputedCount, t.ComputedCount)
+	if okComp {
+		u, haveU = dComp/nComp, true
+	}
+	if n := r.gw.doneN - prevGW.doneN; n > 0 {
+		if !haveU {
+			u, haveU = (r.gw.doneU-prevGW.doneU)/n, true
+		}
+		c = (r.gw.doneC - prevGW.doneC) / n
+	}
+	if okPre && haveU && u >= 1 && (!okComp || math.Abs(nComp-nPre) <= 0.1*nPre) {
+		out.add(fitSample{latency.SourceWorkerPrefill, latency.PrefillFeatures(u, c, bDec, kDec, p), 1000 * dPre / nPre})
+	}
+	// The window's steps: the prefill tokens computed per step (the worker's, else the
+	// gateway's routed ones) beside the decodes. A decode's inter-token latency is one step.
+	if steps := t.Iterations - prev.Iterations; okITL && steps > 0 {
+		tok, pairs := 0.0, 0.0
+		switch {
+		case okComp:
+			tok = dComp / steps
+			if haveU && u > 0 {
+				pairs = tok * (c + u/2) // Pairs(u, c)/u per computed token
+			}
+		default:
+			tok = (r.gw.routedU - prevGW.routedU) / steps
+			pairs = (r.gw.routedPairs - prevGW.routedPairs) / steps
+		}
+		out.add(fitSample{latency.SourceWorkerStep, latency.StepFeatures(tok, pairs, kDec), 1000 * dITL / nITL})
+	}
+	if p.KVPressureWeight > 0 && r.kvUsage > p.KVPressureStart {
+		return windowSamples{} // preemption and admission stalls: not what the model describes
+	}
+	return out
 }
 
 func newTimeModel(c routerconfig.Latency) (*timeModel, error) {
@@ -102,11 +262,14 @@ func newTimeModel(c routerconfig.Latency) (*timeModel, error) {
 		params: latency.Params{MaxBatchedTokens: c.MaxNumBatchedTokens, KVPressureStart: c.KVPressureStart,
 			KVPressureWeight: c.KVPressureWeight},
 		prior: latency.Theta{c.FrontendMs, c.PrefillMsPerToken, c.AttentionMsPerPair, c.StepMs, c.StepMsPerKVToken},
-		fit:   fc, learn: c.Learn, fleetWeight: c.FleetWeight,
+		fit:   fc, learn: c.Learn, fleetWeight: c.FleetWeight, evictWeight: c.EvictWeight,
 		targets: make(map[kvkey.Target]*targetTime),
 	}
 	if !tm.prior.Valid() {
 		return nil, fmt.Errorf("latency: prior profile %v must be finite and nonnegative", tm.prior)
+	}
+	if tm.evictWeight > 0 {
+		tm.workset = newWorkingSets()
 	}
 	return tm, nil
 }
@@ -135,7 +298,7 @@ func (tm *timeModel) getOrCreate(t kvkey.Target) *targetTime {
 	if err != nil { // the config was validated in newTimeModel
 		return nil
 	}
-	tt := &targetTime{fitter: f, live: make(map[*timeObs]struct{})}
+	tt := &targetTime{fitter: f}
 	th := tm.prior
 	tt.theta.Store(&th)
 	tm.targets[t] = tt
@@ -181,40 +344,53 @@ func (tm *timeModel) reset(t kvkey.Target) {
 	}
 	tt.mu.Lock()
 	tt.fitter.Reset()
-	th := tt.fitter.Theta()
+	tt.srcErr = [latency.NumSources]float64{}
+	tt.publish()
 	tt.mu.Unlock()
-	tt.theta.Store(&th)
 }
 
 // checkRestarts resets the fit of every target whose worker reported a new
 // process_start_time_seconds since the last check (a restarted worker may run another build,
-// model or GPU, and its queue is gone), and folds the worker's timing histograms into its
-// window means.
+// model or GPU, and its queue is gone), folds the worker's timing histograms into its window
+// means and feeds the fit the window's samples (workerWindow.add).
 func (p *KVPolicy) checkRestarts() {
 	if p.timed == nil {
 		return
 	}
-	p.timed.mu.RLock()
-	ts := make([]kvkey.Target, 0, len(p.timed.targets))
-	for t := range p.timed.targets {
+	// Every target with a scrape, routed to or not: a worker's own histograms are learned
+	// from even when this gateway sends it nothing (other gateways, or not yet).
+	p.load.mu.RLock()
+	ts := make([]kvkey.Target, 0, len(p.load.targets))
+	for t := range p.load.targets {
 		ts = append(ts, t)
 	}
-	p.timed.mu.RUnlock()
+	p.load.mu.RUnlock()
 	for _, t := range ts {
 		m, ok := p.load.Metrics(t, p.cfg.MetricsMaxAge.D())
 		if !ok {
 			continue
 		}
-		tt := p.timed.get(t)
-		tt.mu.Lock()
-		tt.worker.add(m.Timing)
-		tt.mu.Unlock()
-		if m.StartTime <= 0 {
+		tt := p.timed.getOrCreate(t)
+		if tt == nil {
 			continue
 		}
-		if old := math.Float64frombits(tt.started.Swap(math.Float64bits(m.StartTime))); old != 0 && old != m.StartTime {
-			p.timed.reset(t)
+		if m.StartTime > 0 {
+			if old := math.Float64frombits(tt.started.Swap(math.Float64bits(m.StartTime))); old != 0 && old != m.StartTime {
+				p.timed.reset(t)
+			}
 		}
+		r := windowReading{timing: m.Timing, running: m.Running, kvUsage: m.KVUsage, start: m.StartTime, gw: tt.tally(),
+			decodes: float64(max(tt.decodes.Load(), 0)), decodeKV: float64(max(tt.decodeKV.Load(), 0))}
+		tt.mu.Lock()
+		samples := tt.worker.add(r, p.timed.params)
+		if p.timed.learn && samples.n > 0 {
+			w := t.String()
+			for _, s := range samples.s[:samples.n] {
+				tt.observe(p.timed.metrics, w, s.src, s.x, s.yMs)
+			}
+			tt.publish()
+		}
+		tt.mu.Unlock()
 	}
 }
 
@@ -223,6 +399,7 @@ type timeRow struct {
 	pred      latency.Prediction
 	ownNoHint float64 // own prefill ms without the sibling-prefix credit
 	decodes   float64
+	evictMs   float64 // the eviction term
 }
 
 // timeOf scores one candidate by predicted TTFT: the gateway's queue and decode accounting
@@ -258,10 +435,24 @@ func (p *KVPolicy) timeOf(r *kvRow, tr *timeRow, c Candidate, promptTokens, bs f
 	if r.prefHint > 0 {
 		hintMs = latency.PrefillMs(th, r.prefHint*bs, math.Max(promptTokens-u, 0))
 	}
-	*tr = timeRow{pred: pred, ownNoHint: predNo.OwnMs, decodes: st.DecodeRequests}
+	evictMs := 0.0
+	if fresh && p.timed.workset != nil {
+		evictMs = p.evictOf(th, c.Target, r.prefill, float64(m.NumGPUBlocks), promptTokens, bs)
+	}
+	*tr = timeRow{pred: pred, ownNoHint: predNo.OwnMs, decodes: st.DecodeRequests, evictMs: evictMs}
 	r.load = pred.QueuedMs + pred.DecodeMs + pred.PressureMs
-	r.cost = pred.TotalMs - hintMs
-	r.costNoHnt = predNo.TotalMs
+	r.evict = evictMs
+	r.cost = pred.TotalMs - hintMs + evictMs
+	r.costNoHnt = predNo.TotalMs + evictMs
+}
+
+// evictOf is the eviction term of a prefill of newBlocks on t: the blocks of t's working set
+// (what was routed there within approximate.ttl, this request's cached prefix included) it
+// pushes out of a cache of capacity blocks (latency.EvictBlocks), priced as their prefill
+// when they are asked for again (latency.EvictMs, after the rest of a prompt this long).
+func (p *KVPolicy) evictOf(th latency.Theta, t kvkey.Target, newBlocks, capacity, promptTokens, bs float64) float64 {
+	ev := latency.EvictBlocks(newBlocks, p.timed.workset.blocks(t), capacity) * bs
+	return latency.EvictMs(th, ev, math.Max(promptTokens-ev, 0), p.timed.evictWeight)
 }
 
 // addFleet adds the fleet term to every row: the request's own prefill on a target stretches
@@ -294,11 +485,31 @@ type timeObs struct {
 	predMs float64
 	stream bool // only a streamed response's first byte is its first token
 
+	// events counts the response's events relayed after its first token and lastEvent is when
+	// the last one was (ns after start); both lock-free (Lifecycle.Chunk, once per event).
+	events    atomic.Int64
+	lastEvent atomic.Int64
+
 	mu       sync.Mutex
 	stage    int32 // stagePrefill → stageDecode → stageDone
 	ttftMs   float64
 	fed      bool
 	accountU int64
+	// at the first token: the target's decode KV tokens and routed tallies, for the ITL sample
+	firstKV, firstRoutedU, firstRoutedPairs int64
+}
+
+// minITLEvents is how many relayed events a streamed response needs after its first token
+// before its mean inter-event time is taken as a step-time sample: vLLM streams one event per
+// engine step that produced a token (vllm/entrypoints/openai/serving_chat.py,
+// chat_completion_stream_generator), plus a few without one (the role, the finish reason,
+// usage), whose share must stay small.
+const minITLEvents = 32
+
+// chunk counts one event relayed to the client.
+func (o *timeObs) chunk() {
+	o.events.Add(1)
+	o.lastEvent.Store(int64(o.now().Sub(o.start)))
 }
 
 // beginTime starts the time accounting of an attempt routed by d (nil when the policy does
@@ -324,10 +535,9 @@ func (p *KVPolicy) beginTime(d Decision, req *Request) *timeObs {
 		predMs: latency.PredictTTFT(th, p.timed.params, st, latency.Req{Uncached: u, Cached: c}).TotalMs}
 	tt.aheadTokens.Add(o.accountU)
 	tt.aheadPairs.Add(o.pairs)
+	tt.routedU.Add(o.accountU)
+	tt.routedPairs.Add(o.pairs)
 	p.timed.publish(o.target, LoadVector{AheadTokens: o.accountU, AheadPairs: o.pairs})
-	tt.mu.Lock()
-	tt.live[o] = struct{}{}
-	tt.mu.Unlock()
 	p.timed.metrics.predicted(o.worker, o.predMs)
 	return o
 }
@@ -350,7 +560,9 @@ func (o *timeObs) firstTokenLocked() (LoadVector, bool) {
 	o.tt.aheadTokens.Add(-o.accountU)
 	o.tt.aheadPairs.Add(-o.pairs)
 	o.tt.decodes.Add(1)
-	o.tt.decodeKV.Add(int64(o.prompt))
+	o.firstKV = o.tt.decodeKV.Add(int64(o.prompt))
+	o.firstRoutedU, o.firstRoutedPairs = o.tt.routedU.Load(), o.tt.routedPairs.Load()
+	o.events.Store(0) // events before the first token are not steps
 	if o.stream {
 		o.tm.metrics.observed(o.worker, o.ttftMs, o.predMs)
 	}
@@ -395,45 +607,22 @@ func (o *timeObs) endLocked(completed bool) LoadVector {
 	case stageDecode:
 		if completed {
 			o.feed()
+			o.feedITL()
+			o.tt.doneN.Add(1)
+			o.tt.doneU.Add(int64(o.u))
+			o.tt.doneC.Add(int64(o.c))
 		}
 		o.tt.decodes.Add(-1)
 		o.tt.decodeKV.Add(-int64(o.prompt))
 		d = LoadVector{Decodes: -1, DecodeKV: -int64(o.prompt)}
 	}
 	o.stage = stageDone
-	o.tt.mu.Lock()
-	delete(o.tt.live, o)
-	o.tt.mu.Unlock()
 	return d
 }
 
-// expire ends, without feeding the fit, every attempt that began before cutoff and is still
-// open (a safety net like LoadTracker.Expire: a caller that never ends its Lifecycle must not
-// keep a target looking queued); it returns how many it ended.
-func (tm *timeModel) expire(cutoff time.Time) int {
-	tm.mu.RLock()
-	tts := make([]*targetTime, 0, len(tm.targets))
-	for _, tt := range tm.targets {
-		tts = append(tts, tt)
-	}
-	tm.mu.RUnlock()
-	n := 0
-	for _, tt := range tts {
-		var stale []*timeObs
-		tt.mu.Lock()
-		for o := range tt.live {
-			if o.start.Before(cutoff) {
-				stale = append(stale, o)
-			}
-		}
-		tt.mu.Unlock()
-		for _, o := range stale {
-			o.end(false)
-			n++
-		}
-	}
-	return n
-}
+// expired ends the attempt without feeding the fit when LoadTracker.Expire force-releases its
+// load handle (a caller that never ends its Lifecycle must not keep a target looking queued).
+func (o *timeObs) expired() { o.end(false) }
 
 // feed gives the fit one sample, once, if a TTFT was measured on a streamed response (a
 // non-stream body's first byte comes after the whole generation). Samples taken while the
@@ -449,17 +638,43 @@ func (o *timeObs) feed() {
 	}
 	x := latency.Features(o.state, latency.Req{Uncached: o.u, Cached: o.c}, o.tm.params)
 	o.tt.mu.Lock()
-	_, err := o.tt.fitter.Observe(x, o.ttftMs)
-	th := o.tt.fitter.Theta()
+	o.tt.observe(o.tm.metrics, o.worker, latency.SourceTTFT, x, o.ttftMs)
+	o.tt.publish()
 	o.tt.mu.Unlock()
-	if err == nil {
-		o.tt.theta.Store(&th)
+}
+
+// feedITL gives the fit one step-time sample from a completed streamed response: the mean
+// time between the events relayed after its first token, against the prefill routed to the
+// target per step meanwhile and the mean of the decode KV tokens there at its first token and
+// now. Skipped with fewer than minITLEvents events and, like feed, under KV pressure.
+func (o *timeObs) feedITL() {
+	n := o.events.Load()
+	if !o.tm.learn || !o.stream || n < minITLEvents {
+		return
 	}
+	if o.tm.params.KVPressureWeight > 0 && o.state.KVUsage > o.tm.params.KVPressureStart {
+		return
+	}
+	spanMs := float64(o.lastEvent.Load())/float64(time.Millisecond) - o.ttftMs
+	steps := float64(n - 1)
+	if !(spanMs > 0) {
+		return
+	}
+	tok := float64(o.tt.routedU.Load()-o.firstRoutedU) / steps
+	pairs := float64(o.tt.routedPairs.Load()-o.firstRoutedPairs) / steps
+	kDec := float64(o.firstKV+o.tt.decodeKV.Load()) / 2
+	x := latency.StepFeatures(tok, pairs, kDec)
+	o.tt.mu.Lock()
+	o.tt.observe(o.tm.metrics, o.worker, latency.SourceGatewayITL, x, spanMs/steps)
+	o.tt.publish()
+	o.tt.mu.Unlock()
 }
 
 // timeMetrics are the time model's histograms, by worker (worker URL#rank).
 type timeMetrics struct {
 	pred, obs, errs *prometheus.HistogramVec
+	samples         *prometheus.CounterVec   // by worker and source
+	fitErrs         *prometheus.HistogramVec // by source
 }
 
 func newTimeMetrics(reg prometheus.Registerer) (*timeMetrics, error) {
@@ -481,7 +696,16 @@ func newTimeMetrics(reg prometheus.Registerer) (*timeMetrics, error) {
 			Buckets: []float64{-0.9, -0.5, -0.25, -0.1, 0, 0.1, 0.25, 0.5, 1, 2, 5},
 		}, []string{"worker"}),
 	}
-	for _, c := range []prometheus.Collector{m.pred, m.obs, m.errs} {
+	m.samples = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "kvgate_router_latency_fit_samples_total",
+		Help: "Samples the kv policy's per-worker latency fit took, by source (gateway_ttft, worker_prefill, worker_step, gateway_itl).",
+	}, []string{"worker", "source"})
+	m.fitErrs = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "kvgate_router_latency_fit_error_ratio",
+		Help:    "(predicted − measured) / measured of each latency fit sample before the fit took it, by source.",
+		Buckets: []float64{-0.9, -0.5, -0.25, -0.1, 0, 0.1, 0.25, 0.5, 1, 2, 5},
+	}, []string{"source"})
+	for _, c := range []prometheus.Collector{m.pred, m.obs, m.errs, m.samples, m.fitErrs} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("register router latency metrics: %w", err)
 		}
@@ -493,6 +717,14 @@ func (m *timeMetrics) predicted(worker string, ms float64) {
 	if m != nil {
 		m.pred.WithLabelValues(worker).Observe(ms / 1000)
 	}
+}
+
+func (m *timeMetrics) fitted(worker string, src latency.Source, relErr float64) {
+	if m == nil {
+		return
+	}
+	m.samples.WithLabelValues(worker, src.String()).Inc()
+	m.fitErrs.WithLabelValues(src.String()).Observe(relErr)
 }
 
 func (m *timeMetrics) observed(worker string, ms, predMs float64) {
@@ -510,10 +742,14 @@ type LatencyView struct {
 	Theta  map[string]float64 `json:"theta"`
 	Fitted map[string]float64 `json:"fitted"`
 	Prior  map[string]float64 `json:"prior"`
-	// Samples is how many observed TTFTs the fit took since its last reset; Ready whether it
+	// Samples is how many samples the fit took since its last reset; Ready whether it
 	// replaced the prior.
 	Samples int  `json:"samples"`
 	Ready   bool `json:"ready"`
+	// Sources are the samples by source since the last reset (gateway_ttft, worker_prefill,
+	// worker_step, gateway_itl), each with the smoothed absolute relative error of its
+	// predictions before the fit took them.
+	Sources map[string]SourceView `json:"sources"`
 	// ResidualMAD is the median absolute relative prediction error of the recent samples;
 	// MeanBias their mean relative error (positive: predicted too long).
 	ResidualMAD float64 `json:"residual_mad"`
@@ -529,10 +765,18 @@ type LatencyView struct {
 	WorkerTTFTMs        *float64 `json:"worker_ttft_ms,omitempty"`
 	WorkerPrefillMs     *float64 `json:"worker_prefill_ms,omitempty"`
 	WorkerTokensPerStep *float64 `json:"worker_tokens_per_step,omitempty"`
+	// WorkerITLMs is the worker's mean vllm:inter_token_latency_seconds over recent windows.
+	WorkerITLMs *float64 `json:"worker_itl_ms,omitempty"`
 	// The gateway's queue and decode accounting for the target.
 	AheadTokens    float64 `json:"ahead_tokens"`
 	DecodeRequests float64 `json:"decode_requests"`
 	DecodeKVTokens float64 `json:"decode_kv_tokens"`
+}
+
+// SourceView is one source of a latency fit's samples (LatencyView.Sources).
+type SourceView struct {
+	Samples int     `json:"samples"`
+	Error   float64 `json:"error"`
 }
 
 func thetaMap(th latency.Theta) map[string]float64 {
@@ -558,6 +802,10 @@ func (p *KVPolicy) latencyView(t kvkey.Target) *LatencyView {
 		v.Samples, v.Ready = tt.fitter.Samples(), tt.fitter.Ready()
 		v.ResidualMAD, v.MeanBias, v.Drifts = tt.fitter.ResidualMAD(), tt.fitter.MeanBias(), tt.fitter.Drifts()
 		v.PriorResidualMAD = tt.fitter.PriorResidualMAD()
+		v.Sources = make(map[string]SourceView, latency.NumSources)
+		for i, n := range tt.fitter.SamplesBySource() {
+			v.Sources[latency.Source(i).String()] = SourceView{Samples: n, Error: tt.srcErr[i]}
+		}
 		w := tt.worker
 		tt.mu.Unlock()
 		if w.hasTTFT {
@@ -568,6 +816,9 @@ func (p *KVPolicy) latencyView(t kvkey.Target) *LatencyView {
 		}
 		if w.hasSteps {
 			v.WorkerTokensPerStep = &w.tokensPerStep
+		}
+		if w.hasITL {
+			v.WorkerITLMs = &w.itlMs
 		}
 	}
 	return v

@@ -11,6 +11,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/kvgate/kvgate/indexers"
 	"github.com/kvgate/kvgate/kvkey"
 	"github.com/kvgate/kvgate/router/latency"
 )
@@ -386,7 +387,7 @@ func TestKVTimeExpire(t *testing.T) {
 	}
 	lc.FirstToken()
 	clk.advance(p.cfg.LoadExpiry.D()/2 + time.Second)
-	if n := p.timed.expire(clk.now().Add(-p.cfg.LoadExpiry.D())); n != 1 {
+	if n := e.load.Expire(); n != 1 {
 		t.Fatalf("expired %d attempts, want 1", n)
 	}
 	if st, _ := p.timed.state(tgt(0)); st.AheadTokens != 0 || st.DecodeRequests != 1 || st.DecodeKVTokens != 512 {
@@ -395,5 +396,290 @@ func TestKVTimeExpire(t *testing.T) {
 	lc.Done()
 	if st, _ := p.timed.state(tgt(0)); st != (latency.State{}) {
 		t.Fatalf("after Done: %+v", st)
+	}
+}
+
+// slowWorker is a fake vLLM worker whose timing histograms follow a profile three times
+// slower than the kv policy's prior: each window it finishes some prefills of a window-specific
+// size and runs decode steps, and its /metrics page carries the cumulative _sum/_count.
+type slowWorker struct {
+	th                             latency.Theta
+	params                         latency.Params
+	prefSum, prefN, compSum, compN float64
+	itlSum, itlN, iterSum, iterN   float64
+	running                        float64
+}
+
+// window runs n prefills of about u uncached tokens each, and steps decode steps with
+// decodes running, and returns the page a scrape then reads.
+func (w *slowWorker) window(r *rand.Rand, n int, u float64, steps, decodes int) string {
+	var computed, pairs float64
+	for i := 0; i < n; i++ {
+		ui := u * (0.8 + 0.4*r.Float64())
+		computed += ui
+		pairs += latency.Pairs(ui, 0)
+		w.prefSum += latency.Dot(w.th, latency.PrefillFeatures(ui, 0, float64(decodes), 0, w.params)) / 1000
+		w.compSum += ui
+	}
+	w.prefN += float64(n)
+	w.compN += float64(n)
+	stepMs := latency.StepMs(w.th, computed/float64(steps), pairs/float64(steps), 0)
+	w.itlSum += float64(steps*decodes) * stepMs / 1000
+	w.itlN += float64(steps * decodes)
+	w.iterSum += computed + float64(steps*decodes)
+	w.iterN += float64(steps)
+	w.running = float64(decodes)
+	return w.page()
+}
+
+func (w *slowWorker) page() string {
+	var b strings.Builder
+	for _, kv := range []struct {
+		name string
+		v    float64
+	}{
+		{"vllm:num_requests_running", w.running},
+		{"vllm:request_prefill_time_seconds_sum", w.prefSum}, {"vllm:request_prefill_time_seconds_count", w.prefN},
+		{"vllm:request_prefill_kv_computed_tokens_sum", w.compSum}, {"vllm:request_prefill_kv_computed_tokens_count", w.compN},
+		{"vllm:inter_token_latency_seconds_sum", w.itlSum}, {"vllm:inter_token_latency_seconds_count", w.itlN},
+		{"vllm:iteration_tokens_total_sum", w.iterSum}, {"vllm:iteration_tokens_total_count", w.iterN},
+	} {
+		fmt.Fprintf(&b, "%s{engine=\"0\",model_name=\"m\"} %g\n", kv.name, kv.v)
+	}
+	return b.String()
+}
+
+// TestKVLearnsSlowWorkerFromItsHistograms: with no request through the gateway at all, a
+// worker three times slower than the prior is learned from its own prefill-time,
+// computed-token and inter-token-latency histograms, scrape by scrape; the debug view names
+// the sources. A counter reset (the worker restarted, no start time exposed) gives no sample,
+// leaves the fit where it was, and the windows after it are learned again.
+func TestKVLearnsSlowWorkerFromItsHistograms(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	_, p, clk := timedEngine(t, DefaultKVConfig(), reg)
+	var slow latency.Theta
+	for i, v := range p.timed.prior {
+		slow[i] = 3 * v
+	}
+	w := &slowWorker{th: slow, params: p.timed.params}
+	r := rand.New(rand.NewPCG(9, 1))
+	scrape := func(page string) {
+		t.Helper()
+		clk.advance(time.Second)
+		if err := p.load.FeedMetrics(tgt(0).Worker, []int{0}, strings.NewReader(page)); err != nil {
+			t.Fatal(err)
+		}
+		p.checkRestarts()
+	}
+	run := func(windows int) {
+		for i := 0; i < windows; i++ {
+			scrape(w.window(r, 1+r.IntN(4), 200+r.Float64()*6000, 20+r.IntN(60), 1+r.IntN(30)))
+		}
+	}
+	probe := latency.PrefillFeatures(3000, 0, 10, 0, p.timed.params)
+	relErr := func() float64 {
+		_, th := p.timed.state(tgt(0))
+		want := latency.Dot(slow, probe)
+		return math.Abs(latency.Dot(th, probe)-want) / want
+	}
+	before := relErr()
+	scrape(w.page()) // the first reading only opens a window
+	run(80)
+	v := p.latencyView(tgt(0))
+	if !v.Ready {
+		t.Fatalf("fit not ready from the worker's histograms: %+v", v.Sources)
+	}
+	if got := relErr(); got > 0.15 {
+		t.Fatalf("prefill of 3,000 tokens off by %.0f%% (prior %.0f%%)", 100*got, 100*before)
+	}
+	if s := v.Sources["worker_prefill"]; s.Samples != 80 || s.Error <= 0 {
+		t.Fatalf("worker_prefill source %+v, want 80 samples with an error", s)
+	}
+	if s := v.Sources["worker_step"]; s.Samples != 80 {
+		t.Fatalf("worker_step source %+v, want 80 samples", s)
+	}
+	if v.Sources["gateway_ttft"].Samples != 0 || v.WorkerITLMs == nil {
+		t.Fatalf("view %+v: want no gateway samples and the worker's ITL", v)
+	}
+	if got := metricValue(t, p.timed.metrics.samples.WithLabelValues(tgt(0).String(), "worker_prefill")); got != 80 {
+		t.Fatalf("kvgate_router_latency_fit_samples_total{source=worker_prefill} = %v, want 80", got)
+	}
+
+	// The worker restarts: its counters begin again. By the next scrape it has finished more
+	// prefills than the old process had (so that count alone went up) but run fewer steps:
+	// differences across the restart are no window.
+	_, thBefore := p.timed.state(tgt(0))
+	samples := v.Samples
+	oldPrefills := int(w.prefN)
+	*w = slowWorker{th: slow, params: p.timed.params}
+	scrape(w.window(r, oldPrefills+50, 3000, 30, 5))
+	if _, th := p.timed.state(tgt(0)); th != thBefore || p.latencyView(tgt(0)).Samples != samples {
+		t.Fatalf("a counter reset moved the fit: theta %v → %v, samples %d → %d", thBefore, th, samples, p.latencyView(tgt(0)).Samples)
+	}
+	scrape(w.page()) // counts did not move: no sample
+	if got := p.latencyView(tgt(0)).Samples; got != samples {
+		t.Fatalf("an unchanged reading gave %d samples", got-samples)
+	}
+	run(20)
+	if got := relErr(); got > 0.15 {
+		t.Fatalf("after the reset, prefill of 3,000 tokens off by %.0f%%", 100*got)
+	}
+	if got := p.latencyView(tgt(0)).Samples; got != samples+40 {
+		t.Fatalf("after the reset: %d samples, want %d", got, samples+40)
+	}
+}
+
+// TestKVGatewayITLSample: a completed streamed response with enough events after its first
+// token gives the fit one step-time sample (the mean time between them); a short one, a
+// failed one or a non-streamed one gives none.
+func TestKVGatewayITLSample(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		stream bool
+		events int
+		fail   bool
+		want   int
+	}{
+		{"long stream", true, 64, false, 1},
+		{"short stream", true, minITLEvents - 1, false, 0},
+		{"failed", true, 64, true, 0},
+		{"not streamed", false, 64, false, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e, p, clk := timedEngine(t, DefaultKVConfig(), nil)
+			req := request(chain(3, 20))
+			if tc.stream {
+				req = streamed(req)
+			}
+			_, lc, err := e.Route(context.Background(), req, kvCands(1))
+			if err != nil {
+				t.Fatal(err)
+			}
+			clk.advance(40 * time.Millisecond)
+			lc.FirstToken()
+			for i := 0; i < tc.events; i++ {
+				clk.advance(12 * time.Millisecond)
+				lc.Chunk()
+			}
+			if tc.fail {
+				lc.Failed(nil)
+			} else {
+				lc.Done()
+			}
+			s := p.latencyView(tgt(0)).Sources["gateway_itl"]
+			if s.Samples != tc.want {
+				t.Fatalf("gateway_itl samples %d, want %d", s.Samples, tc.want)
+			}
+			if tc.want == 0 {
+				return
+			}
+			if !(s.Error > 0) || math.IsInf(s.Error, 0) {
+				t.Fatalf("gateway_itl error %v, want a finite positive error", s.Error)
+			}
+		})
+	}
+}
+
+// TestKVEvictionTerm: a prefill that would push blocks routed to a target within the
+// approximate TTL out of its full KV cache pays their prefill; a target with room, a prompt
+// mostly cached there, an expired working set or the term turned off pay nothing.
+func TestKVEvictionTerm(t *testing.T) {
+	const capacity = 1000
+	for _, tc := range []struct {
+		name      string
+		weight    float64
+		other     int          // blocks of another prompt routed to target 0
+		cached    int          // blocks of the request cached on target 0
+		expire    bool         // the working set's window passed before the request
+		wantEvict float64      // blocks evicted on target 0
+		want      kvkey.Target // chosen
+	}{
+		// 896 other blocks + 300 new in 1,000: 196 evicted.
+		{"overflow on the full target", 1, 896, 0, false, 196, tgt(1)},
+		// 640 + the cached 250 (240 of them counted: the set keys every 16th block beyond
+		// the first 64) + 50 new fit.
+		{"mostly cached: fits", 1, 640, 250, false, 0, tgt(0)},
+		{"working set expired", 1, 896, 0, true, 0, kvkey.Target{}},
+		{"term off", 0, 896, 0, false, 0, kvkey.Target{}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			clk := &fakeClock{t: time.Unix(1000, 0)}
+			cfg := DefaultKVConfig()
+			cfg.Latency.EvictWeight = tc.weight
+			prompt := chain(1, 300)
+			m := fixedMatcher{}
+			if tc.cached > 0 {
+				m[tgt(0)] = indexers.TierMatch{G1: tc.cached}
+			}
+			p := newTestKV(t, PolicyKV, cfg, KVDeps{Matcher: m}, clk)
+			e, err := NewDispatcher(DispatcherOptions{KV: p})
+			if err != nil {
+				t.Fatal(err)
+			}
+			// Target 0's working set: another prompt (and the request's cached prefix) routed
+			// there just now.
+			d0 := Decision{Chosen: Choice{Target: tgt(0)}}
+			e.kv.begin(d0, request(chain(9, tc.other))).Done()
+			if tc.cached > 0 {
+				e.kv.begin(d0, request(prompt[:tc.cached])).Done()
+			}
+			if tc.expire {
+				clk.advance(cfg.Approximate.TTL.D() + time.Second)
+				p.timed.workset.expire(clk.now().Add(-cfg.Approximate.TTL.D()))
+			}
+			for i := range 2 {
+				p.load.UpdateMetrics(tgt(i), WorkerMetrics{NumGPUBlocks: capacity, At: clk.now()})
+			}
+			d, err := p.Pick(context.Background(), request(prompt), kvCands(2))
+			if err != nil {
+				t.Fatal(err)
+			}
+			th := p.timed.prior
+			ev := tc.wantEvict * 16
+			want := tc.weight * latency.PrefillMs(th, ev, 300*16-ev)
+			if got := d.Candidates[0].EvictMs; math.Abs(got-want) > 1e-9 {
+				t.Fatalf("evict_ms on target 0 = %v, want %v (%v blocks): %s", got, want, tc.wantEvict, js(d))
+			}
+			if got := d.Candidates[1].EvictMs; got != 0 {
+				t.Fatalf("evict_ms on the empty target = %v", got)
+			}
+			if tc.want != (kvkey.Target{}) && d.Chosen.Target != tc.want {
+				t.Fatalf("chose %v, want %v: %s", d.Chosen.Target, tc.want, js(d))
+			}
+		})
+	}
+}
+
+// TestWorkingSets: a conversation's next turn, which extends the last prompt, adds only its new
+// blocks (to within the stride kept out at its end); an unrelated prompt adds its own; keys
+// older than the window leave, and the count follows them.
+func TestWorkingSets(t *testing.T) {
+	now := time.Unix(1000, 0)
+	ws := newWorkingSets()
+	turn := chain(1, 64+16*40) // 704 blocks: every block a key or a stride's end
+	for _, tc := range []struct {
+		name   string
+		hashes []kvkey.BlockHash
+		at     time.Duration
+		want   float64
+	}{
+		{"first turn", turn[:64+16*20], 0, 64 + 16*20},
+		{"same turn again", turn[:64+16*20], time.Second, 64 + 16*20},
+		{"next turn extends it", turn, 2 * time.Second, 64 + 16*40},
+		{"tail short of a stride is left out", append(append([]kvkey.BlockHash{}, turn...), chain(2, 15)...), 3 * time.Second, 64 + 16*40},
+		{"unrelated prompt", chain(3, 100), 4 * time.Second, 64 + 16*40 + 64 + 32},
+	} {
+		ws.record(tgt(0), tc.hashes, now.Add(tc.at))
+		if got := ws.blocks(tgt(0)); got != tc.want {
+			t.Fatalf("%s: %v blocks, want %v", tc.name, got, tc.want)
+		}
+	}
+	ws.expire(now.Add(3*time.Second + 1)) // only the unrelated prompt was routed since
+	if got := ws.blocks(tgt(0)); got != 64+32 {
+		t.Fatalf("after expiry: %v blocks, want 96", got)
+	}
+	ws.forget(tgt(0))
+	if got := ws.blocks(tgt(0)); got != 0 {
+		t.Fatalf("after forget: %v", got)
 	}
 }

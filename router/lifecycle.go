@@ -24,13 +24,17 @@ type Router interface {
 }
 
 // Lifecycle is one routed attempt as the proxy sees it. Sent, FirstToken and UsageSeen are
-// reported at most once each, in that order when they happen; then exactly one of Done or
-// Failed (both are idempotent, and the first call wins).
+// reported at most once each, in that order when they happen (Chunk any number of times after
+// FirstToken); then exactly one of Done or Failed (both are idempotent, and the first call
+// wins).
 type Lifecycle interface {
 	// Sent: the request is about to go to the chosen worker.
 	Sent()
 	// FirstToken: the worker's first response byte arrived (the prompt's prefill ended).
 	FirstToken()
+	// Chunk: one more event of a streamed response reached the client (called per SSE event,
+	// after FirstToken; it must stay cheap: a counter and a clock read).
+	Chunk()
 	// UsageSeen: the worker's OpenAI usage object of a successful (200) response.
 	UsageSeen(u Usage)
 	// Produced: the worker's response carries this Responses API id and the worker stores it
@@ -71,6 +75,13 @@ func (a *attempt) FirstToken() {
 	}
 	if a.lead != nil {
 		a.e.holds.finish(a.lead, true)
+	}
+}
+
+// Chunk counts a relayed event for the latency fit's inter-token sample.
+func (a *attempt) Chunk() {
+	if a.obs != nil {
+		a.obs.chunk()
 	}
 }
 

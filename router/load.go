@@ -56,7 +56,7 @@ type targetLoad struct {
 	finished atomic.Int64
 
 	mu     sync.RWMutex
-	blocks map[kvkey.BlockHash]int32 // refcount per sequence hash of the prompts of active requests
+	blocks map[kvkey.BlockHash]int32 // refcount per keyed sequence hash of active prompts (load_blocks.go)
 	live   map[*Handle]struct{}
 }
 
@@ -83,11 +83,21 @@ type WorkerTiming struct {
 	PrefillSum, PrefillCount float64 // vllm:request_prefill_time_seconds (first scheduled to first token; at finish)
 	IterTokensSum            float64 // vllm:iteration_tokens_total: tokens per engine step
 	Iterations               float64
+	// ITLSum, ITLCount: vllm:inter_token_latency_seconds, one observation per output token
+	// after the first (the time of the step that produced it).
+	ITLSum, ITLCount float64
+	// TPOTSum, TPOTCount: vllm:time_per_output_token_seconds, the same observations under
+	// their deprecated name (older vLLM, or shown with --show-hidden-metrics-for-version).
+	TPOTSum, TPOTCount float64
+	// ComputedSum, ComputedCount: vllm:request_prefill_kv_computed_tokens, each finished
+	// request's prefill tokens not found in the prefix cache (observed with the prefill time).
+	ComputedSum, ComputedCount float64
 }
 
 // scaled is t with every figure times f (a worker total split over its ranks).
 func (t WorkerTiming) scaled(f float64) WorkerTiming {
-	return WorkerTiming{t.TTFTSum * f, t.TTFTCount * f, t.PrefillSum * f, t.PrefillCount * f, t.IterTokensSum * f, t.Iterations * f}
+	return WorkerTiming{t.TTFTSum * f, t.TTFTCount * f, t.PrefillSum * f, t.PrefillCount * f, t.IterTokensSum * f, t.Iterations * f,
+		t.ITLSum * f, t.ITLCount * f, t.TPOTSum * f, t.TPOTCount * f, t.ComputedSum * f, t.ComputedCount * f}
 }
 
 // metricsMark is a target's released-blocks and finished-requests counters at one moment.
@@ -122,6 +132,18 @@ type Handle struct {
 	hashes  []kvkey.BlockHash
 	started time.Time
 	stage   atomic.Int32 // stagePrefill → stageDecode → stageDone
+	exp     expirer      // told when Expire force-releases the handle (guarded by tl.mu)
+}
+
+// expirer is state kept beside a handle (the kv policy's TTFT observation) that must end when
+// Expire force-releases it, so that one sweep bounds both.
+type expirer interface{ expired() }
+
+// attach makes x hear if Expire force-releases h.
+func (h *Handle) attach(x expirer) {
+	h.tl.mu.Lock()
+	h.exp = x
+	h.tl.mu.Unlock()
 }
 
 const (
@@ -169,10 +191,13 @@ func (lt *LoadTracker) Begin(t kvkey.Target, req *Request, cachedBlocks int) *Ha
 	h := &Handle{lt: lt, tl: tl, target: t, prefill: prefill, hashes: req.BlockHashes, started: lt.now()}
 	added := int64(0)
 	tl.mu.Lock()
-	for _, b := range h.hashes {
+	for k, n := 0, len(h.hashes); k < heldKeys(n); k++ {
+		p := heldPos(k, n)
+		b := h.hashes[p]
 		if tl.blocks[b]++; tl.blocks[b] == 1 {
-			tl.uniqueBlocks.Add(1)
-			added++
+			w := heldWeight(p)
+			tl.uniqueBlocks.Add(w)
+			added += w
 		}
 	}
 	tl.live[h] = struct{}{}
@@ -198,12 +223,15 @@ func (h *Handle) FirstToken() {
 }
 
 // Done releases everything the request still holds.
-func (h *Handle) Done() {
+func (h *Handle) Done() { h.release() }
+
+// release is Done, reporting whether this call released the handle (false: it was done).
+func (h *Handle) release() bool {
 	var d LoadVector
 	for {
 		s := h.stage.Load()
 		if s == stageDone {
-			return
+			return false
 		}
 		if h.stage.CompareAndSwap(s, stageDone) {
 			if s == stagePrefill {
@@ -216,14 +244,16 @@ func (h *Handle) Done() {
 	}
 	tl := h.tl
 	tl.mu.Lock()
-	for _, b := range h.hashes {
-		if n := tl.blocks[b] - 1; n > 0 {
-			tl.blocks[b] = n
+	for k, n := 0, len(h.hashes); k < heldKeys(n); k++ {
+		p := heldPos(k, n)
+		if b := h.hashes[p]; tl.blocks[b] > 1 {
+			tl.blocks[b]--
 		} else {
 			delete(tl.blocks, b)
-			tl.uniqueBlocks.Add(-1)
-			tl.released.Add(1)
-			d.Blocks--
+			w := heldWeight(p)
+			tl.uniqueBlocks.Add(-w)
+			tl.released.Add(w)
+			d.Blocks -= w
 		}
 	}
 	delete(tl.live, h)
@@ -232,6 +262,7 @@ func (h *Handle) Done() {
 	tl.finished.Add(1)
 	d.Requests = -1
 	h.lt.publish(h.target, d)
+	return true
 }
 
 // Load returns the gateway's accounting of t (zero for a target never seen).
@@ -262,9 +293,10 @@ func (l TargetLoad) withPeers(pv LoadVector) TargetLoad {
 }
 
 // sharedActive returns how many leading blocks of hashes are already held by active requests
-// on the target. The held set is prefix-closed (each request holds its whole chain, and a
-// chained hash names its whole prefix), so membership is monotone along the chain and a binary
-// search needs only log2(len) lookups.
+// on the target (to within heldStride−1 beyond the first heldExact: load_blocks.go). The held
+// set is prefix-closed (each request holds its whole chain, and a chained hash names its whole
+// prefix), so membership is monotone along the chain's keys and a binary search needs only
+// log2(keys) lookups.
 func (tl *targetLoad) sharedActive(hashes []kvkey.BlockHash) int {
 	if tl.uniqueBlocks.Load() == 0 || len(hashes) == 0 {
 		return 0
@@ -272,13 +304,15 @@ func (tl *targetLoad) sharedActive(hashes []kvkey.BlockHash) int {
 	tl.mu.RLock()
 	defer tl.mu.RUnlock()
 	n := len(hashes)
+	keys := heldKeys(n)
 	switch {
 	case tl.blocks[hashes[0]] == 0: // the common unrelated prompt: one lookup
 		return 0
 	case tl.blocks[hashes[n-1]] != 0: // the whole prompt is already held
 		return n
 	}
-	return 1 + sort.Search(n-2, func(i int) bool { return tl.blocks[hashes[i+1]] == 0 })
+	k := 1 + sort.Search(keys-2, func(i int) bool { return tl.blocks[hashes[heldPos(i+1, n)]] == 0 })
+	return heldPos(k-1, n) + 1
 }
 
 // UpdateMetrics records a worker's own report for target t; scoring uses it while it is fresh.
@@ -318,8 +352,9 @@ func (tl *targetLoad) freshMetrics(now time.Time, maxAge time.Duration) (WorkerM
 	return *m, true
 }
 
-// Expire force-releases handles that began more than the tracker's expiry ago and returns how
-// many it released; it bounds the damage of a caller that forgets Done.
+// Expire force-releases handles that began more than the tracker's expiry ago, ending what is
+// attached to them (the kv policy's TTFT observation, without feeding its fit), and returns
+// how many it released; it bounds the damage of a caller that forgets Done.
 func (lt *LoadTracker) Expire() int {
 	cutoff := lt.now().Add(-lt.expiry)
 	lt.mu.RLock()
@@ -331,16 +366,21 @@ func (lt *LoadTracker) Expire() int {
 	n := 0
 	for _, tl := range tls {
 		var stale []*Handle
+		var exps []expirer
 		tl.mu.RLock()
 		for h := range tl.live {
 			if h.started.Before(cutoff) {
-				stale = append(stale, h)
+				stale, exps = append(stale, h), append(exps, h.exp)
 			}
 		}
 		tl.mu.RUnlock()
-		for _, h := range stale {
-			h.Done()
-			n++
+		for i, h := range stale {
+			if h.release() {
+				n++
+				if exps[i] != nil {
+					exps[i].expired()
+				}
+			}
 		}
 	}
 	return n

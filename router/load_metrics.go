@@ -37,7 +37,10 @@ func wantedMetric(name string) bool {
 		"process_start_time_seconds",
 		"vllm:time_to_first_token_seconds_sum", "vllm:time_to_first_token_seconds_count",
 		"vllm:request_prefill_time_seconds_sum", "vllm:request_prefill_time_seconds_count",
-		"vllm:iteration_tokens_total_sum", "vllm:iteration_tokens_total_count":
+		"vllm:iteration_tokens_total_sum", "vllm:iteration_tokens_total_count",
+		"vllm:inter_token_latency_seconds_sum", "vllm:inter_token_latency_seconds_count",
+		"vllm:time_per_output_token_seconds_sum", "vllm:time_per_output_token_seconds_count",
+		"vllm:request_prefill_kv_computed_tokens_sum", "vllm:request_prefill_kv_computed_tokens_count":
 		return true
 	}
 	return false
@@ -48,7 +51,8 @@ func wantedMetric(name string) bool {
 // the same rank under different label sets (e.g. several model names) are summed; KV usage takes
 // the maximum. Both vllm:kv_cache_usage_perc and the older vllm:gpu_cache_usage_perc are read,
 // and process_start_time_seconds (prometheus_client's process collector) to notice restarts,
-// and the _sum/_count of the TTFT, prefill-time and iteration-tokens histograms (Timing).
+// and the _sum/_count of the TTFT, prefill-time, iteration-tokens, inter-token-latency (and its
+// deprecated name time_per_output_token) and prefill-computed-tokens histograms (Timing).
 //
 // Only the sample lines of those families are handed to the Prometheus text parser
 // (github.com/prometheus/common/expfmt), without their HELP and TYPE comments, so the many
@@ -130,6 +134,18 @@ func addMetricFamilies(out map[int]WorkerMetrics, families map[string]*dto.Metri
 				m.Timing.IterTokensSum += value
 			case "vllm:iteration_tokens_total_count":
 				m.Timing.Iterations += value
+			case "vllm:inter_token_latency_seconds_sum":
+				m.Timing.ITLSum += value
+			case "vllm:inter_token_latency_seconds_count":
+				m.Timing.ITLCount += value
+			case "vllm:time_per_output_token_seconds_sum":
+				m.Timing.TPOTSum += value
+			case "vllm:time_per_output_token_seconds_count":
+				m.Timing.TPOTCount += value
+			case "vllm:request_prefill_kv_computed_tokens_sum":
+				m.Timing.ComputedSum += value
+			case "vllm:request_prefill_kv_computed_tokens_count":
+				m.Timing.ComputedCount += value
 			}
 			out[rank] = m
 		}

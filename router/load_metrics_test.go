@@ -142,7 +142,8 @@ func FuzzParseWorkerMetrics(f *testing.F) {
 const vllmSampleFile = "testdata/vllm_metrics_dp2.txt"
 
 // sampleTiming is each engine's timing histograms' _sum/_count in the vLLM sample.
-var sampleTiming = WorkerTiming{TTFTSum: 12.5, TTFTCount: 66, PrefillSum: 12.5, PrefillCount: 66, IterTokensSum: 12.5, Iterations: 42}
+var sampleTiming = WorkerTiming{TTFTSum: 12.5, TTFTCount: 66, PrefillSum: 12.5, PrefillCount: 66, IterTokensSum: 12.5, Iterations: 42,
+	ITLSum: 12.5, ITLCount: 66}
 
 func TestParseWorkerMetricsVLLMSample(t *testing.T) {
 	body, err := os.ReadFile(vllmSampleFile)

@@ -297,3 +297,68 @@ func TestScraperMarksBeforeSending(t *testing.T) {
 		t.Fatalf("since sample: %v blocks, %v requests; want 20, 0", blocks, reqs)
 	}
 }
+
+// TestHeldKeys: the keys of an n-block prompt are increasing positions ending at its last
+// block, and their weights add up to n, so a prompt alone counts exactly its blocks.
+func TestHeldKeys(t *testing.T) {
+	for n := 1; n <= 400; n++ {
+		sum, prev := int64(0), -1
+		for k := 0; k < heldKeys(n); k++ {
+			p := heldPos(k, n)
+			if p <= prev || p >= n {
+				t.Fatalf("n=%d: key %d at position %d after %d", n, k, p, prev)
+			}
+			sum += heldWeight(p)
+			prev = p
+		}
+		if prev != n-1 || sum != int64(n) {
+			t.Fatalf("n=%d: last key at %d, weights sum to %d", n, prev, sum)
+		}
+	}
+}
+
+// TestLoadLongPromptsShareWithinStride: long prompts are held by a sample of their blocks;
+// shared prefixes and distinct blocks are still seen to within heldStride blocks, and
+// everything is released at Done.
+func TestLoadLongPromptsShareWithinStride(t *testing.T) {
+	for _, tc := range []struct {
+		name          string
+		n, shared, m  int
+		wantShared    int // exact value
+		wantActiveMax int
+	}{
+		{"shared prefix inside the exact part", 2048, 40, 2048, 40, 2048 + 2008},
+		{"shared prefix on a stride boundary", 2048, 64 + 16*20, 2048, 64 + 16*20, 2048 + 2048 - 384},
+		{"shared prefix between stride keys", 2048, 1000, 2048, 1000 - (1000-64)%16, 2048 + 1048 + heldStride},
+		{"one prompt inside another", 2048, 700, 700, 700 - (700-64)%16, 2048 + heldStride},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			lt := NewLoadTracker(time.Hour)
+			a := chain(1, tc.n)
+			b := append(append([]kvkey.BlockHash{}, a[:tc.shared]...), chain(2, tc.m-tc.shared)...)
+			if tc.m == tc.shared {
+				b = a[:tc.m]
+			}
+			ha := lt.Begin(tgt(0), request(a), 0)
+			if got := lt.Load(tgt(0)).ActiveBlocks; got != tc.n {
+				t.Fatalf("one prompt: %d active blocks, want %d", got, tc.n)
+			}
+			if got := lt.get(tgt(0)).sharedActive(b); got != tc.wantShared {
+				t.Fatalf("shared %d, want %d", got, tc.wantShared)
+			}
+			hb := lt.Begin(tgt(0), request(b), 0)
+			exact := tc.n + tc.m - tc.shared
+			if got := lt.Load(tgt(0)).ActiveBlocks; got < exact || got > tc.wantActiveMax {
+				t.Fatalf("two prompts: %d active blocks, want %d..%d", got, exact, tc.wantActiveMax)
+			}
+			ha.Done()
+			if got := lt.Load(tgt(0)).ActiveBlocks; got != tc.m {
+				t.Fatalf("after the first ended: %d active blocks, want %d", got, tc.m)
+			}
+			hb.Done()
+			if got := lt.Load(tgt(0)); got != (TargetLoad{}) || len(lt.get(tgt(0)).blocks) != 0 {
+				t.Fatalf("after both ended: %+v, %d keys", got, len(lt.get(tgt(0)).blocks))
+			}
+		})
+	}
+}

@@ -50,6 +50,9 @@ type CandidateScore struct {
 	G3Blocks int     `json:"g3_blocks"`
 	Load     float64 `json:"load"`
 	Cost     float64 `json:"cost"`
+	// EvictMs is the part of Cost that prices the working-set blocks this prefill would evict
+	// from the target's full KV cache (kv).
+	EvictMs float64 `json:"evict_ms,omitempty"`
 	// Busy is set when the target was over a busy threshold (KV-aware policies).
 	Busy bool `json:"busy,omitempty"`
 }

@@ -185,7 +185,7 @@ type spyRouter struct {
 	router.Router
 	started, ended                   atomic.Int32
 	begun, sent, first, done, failed atomic.Int32
-	sawHashes                        atomic.Int32
+	sawHashes, chunks                atomic.Int32
 }
 
 type spyLife struct {
@@ -195,6 +195,7 @@ type spyLife struct {
 
 func (l spyLife) Sent()          { l.p.sent.Add(1); l.Lifecycle.Sent() }
 func (l spyLife) FirstToken()    { l.p.first.Add(1); l.Lifecycle.FirstToken() }
+func (l spyLife) Chunk()         { l.p.chunks.Add(1); l.Lifecycle.Chunk() }
 func (l spyLife) Done()          { l.p.done.Add(1); l.Lifecycle.Done() }
 func (l spyLife) Failed(e error) { l.p.failed.Add(1); l.Lifecycle.Failed(e) }
 
@@ -251,5 +252,35 @@ func TestEnricherAndTrackerHooks(t *testing.T) {
 		p.first.Load() != 4 || p.sawHashes.Load() != 8 || p.started.Load() != 4 || p.ended.Load() != 4 {
 		t.Errorf("lifecycle started=%d ended=%d begun=%d sent=%d failed=%d done=%d first=%d hashes=%d",
 			p.started.Load(), p.ended.Load(), p.begun.Load(), p.sent.Load(), p.failed.Load(), p.done.Load(), p.first.Load(), p.sawHashes.Load())
+	}
+}
+
+// TestStreamReportsChunks: every SSE event of a streamed response that reaches the client is
+// reported as a Lifecycle Chunk (the router's inter-token sample); a non-stream response
+// reports none.
+func TestStreamReportsChunks(t *testing.T) {
+	s := startSim(t, fastSim())
+	p := &spyRouter{Router: routerFor(t, &router.RoundRobin{})}
+	g := startGatewayWith(t, testGatewayConfig(s.srv.URL), p, &spyEnricher{})
+	if _, err := g.client().CreateChatCompletion(context.Background(), chatReq(false, 8)); err != nil {
+		t.Fatal(err)
+	}
+	if n := p.chunks.Load(); n != 0 {
+		t.Fatalf("non-stream response reported %d chunks", n)
+	}
+	st, err := g.client().CreateChatCompletionStream(context.Background(), chatReq(true, 8))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	got := 0
+	for {
+		if _, err := st.Recv(); err != nil {
+			break
+		}
+		got++
+	}
+	if n := int(p.chunks.Load()); got < 8 || n < got {
+		t.Fatalf("client read %d chunks, lifecycle reported %d; want at least 8 and at least the client's", got, n)
 	}
 }

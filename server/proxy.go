@@ -309,7 +309,7 @@ func (s *Server) send(ctx context.Context, c *gin.Context, a *call) (outcome, in
 		uc, ids = nil, nil // error bodies carry no usage and name no stored response
 	}
 	if stream && resp.StatusCode == http.StatusOK {
-		return s.relaySSE(ctx, c, w, string(in.Endpoint), buf[:n], body, rerr, uc, firstToken, ids), resp.StatusCode, nil
+		return s.relaySSE(ctx, c, w, string(in.Endpoint), buf[:n], body, rerr, uc, firstToken, a.life.Chunk, ids), resp.StatusCode, nil
 	}
 	first := buf[:n]
 	if ids != nil && errors.Is(rerr, io.EOF) {
@@ -384,8 +384,9 @@ const maxPendingEvent = 1 << 20
 // timeout) the stream ends with an OpenAI error event and [DONE].
 //
 // firstToken, when set, is called once, on the first Anthropic content_block_delta (or when
-// the stream ends without one).
-func (s *Server) relaySSE(ctx context.Context, c *gin.Context, w *workers.Worker, endpoint string, first []byte, body io.Reader, firstErr error, uc *usageCapture, firstToken func(), ids *responseIDs) outcome {
+// the stream ends without one); chunk after each event that reached the client once the first
+// token was reported (the routing side's inter-token sample).
+func (s *Server) relaySSE(ctx context.Context, c *gin.Context, w *workers.Worker, endpoint string, first []byte, body io.Reader, firstErr error, uc *usageCapture, firstToken, chunk func(), ids *responseIDs) outcome {
 	if firstToken != nil {
 		defer func() {
 			if firstToken != nil {
@@ -420,6 +421,9 @@ func (s *Server) relaySSE(ctx context.Context, c *gin.Context, w *workers.Worker
 			return false
 		}
 		c.Writer.Flush()
+		if firstToken == nil {
+			chunk()
+		}
 		uc.event(event) // after the flush: reading usage never delays an event
 		event = event[:0]
 		return true

@@ -73,9 +73,11 @@ type Fitter struct {
 	seen  [NumFeatures]bool
 	p     [NumFeatures][NumFeatures]float64 // covariance of the standardized coefficients
 	n     int
-	lo    float64 // prefill tokens: smallest and largest accepted
+	lo    float64 // prefill tokens: smallest and largest accepted (TTFT and prefill samples)
 	hi    float64
-	resid [residualWindow]float64 // relative residuals before each update (prediction errors)
+	// spread reports whether lo and hi hold a sample yet.
+	spread bool
+	resid  [residualWindow]float64 // relative residuals before each update (prediction errors)
 	// priorResid are the prior's relative errors on the same samples, for Ready.
 	priorResid [residualWindow]float64
 	rn         int
@@ -84,6 +86,8 @@ type Fitter struct {
 	beats bool
 	// drifts counts covariance reopenings (detectDrift).
 	drifts int
+	// bySource counts the accepted samples per Source since the last Reset.
+	bySource [NumSources]int
 }
 
 // NewFitter returns a fitter at prior. The prior must be Valid and cfg valid.
@@ -103,6 +107,7 @@ func NewFitter(prior Theta, cfg FitConfig) (*Fitter, error) {
 func (f *Fitter) Reset() {
 	f.th = f.prior
 	f.n, f.rn, f.lo, f.hi, f.drifts, f.beats = 0, 0, 0, 0, 0, false
+	f.bySource, f.spread = [NumSources]int{}, false
 	for i := range f.p {
 		f.scale[i], f.ms[i], f.seen[i] = 1, 0, false
 		for j := range f.p[i] {
@@ -114,6 +119,9 @@ func (f *Fitter) Reset() {
 
 // Samples is how many samples the fit accepted since the last Reset.
 func (f *Fitter) Samples() int { return f.n }
+
+// SamplesBySource is how many samples of each Source the fit accepted since the last Reset.
+func (f *Fitter) SamplesBySource() [NumSources]int { return f.bySource }
 
 // minCompare is how many recent samples Ready needs to compare the fit with the prior; with
 // fewer since the last Reset the sample count alone decides, and right after a drift
@@ -153,8 +161,19 @@ var ErrBadSample = errors.New("latency: bad sample")
 // relative prediction error (prediction − y)/max(y, floor) before the update. Samples with a
 // non-finite or negative value, or without the constant feature, are rejected.
 func (f *Fitter) Observe(x [NumFeatures]float64, yMs float64) (float64, error) {
-	if !(yMs >= 0) || math.IsInf(yMs, 0) || x[FFrontend] != 1 {
-		return 0, fmt.Errorf("%w: ttft %v ms, features %v", ErrBadSample, yMs, x)
+	return f.ObserveFrom(SourceTTFT, x, yMs)
+}
+
+// ObserveFrom is Observe for a sample from src: a TTFT (Features, with the constant feature
+// 1), a worker's prefill time (PrefillFeatures) or a step time (StepFeatures), both without
+// it. All sources update the same coefficients; only TTFT and prefill samples count toward
+// the prompt-size spread Ready asks for.
+func (f *Fitter) ObserveFrom(src Source, x [NumFeatures]float64, yMs float64) (float64, error) {
+	if src < 0 || src >= NumSources {
+		return 0, fmt.Errorf("%w: unknown source %d", ErrBadSample, src)
+	}
+	if !(yMs >= 0) || math.IsInf(yMs, 0) || x[FFrontend] != src.constantFeature() {
+		return 0, fmt.Errorf("%w: %s %v ms, features %v", ErrBadSample, src, yMs, x)
 	}
 	for _, v := range x {
 		if !(v >= 0) || math.IsInf(v, 0) {
@@ -215,9 +234,10 @@ func (f *Fitter) Observe(x [NumFeatures]float64, yMs float64) (float64, error) {
 		f.beats = medianAbs(f.resid[:n]) <= medianAbs(f.priorResid[:n])
 	}
 	f.detectDrift()
-	if t := x[FTokens]; f.n == 1 {
-		f.lo, f.hi = t, t
-	} else {
+	f.bySource[src]++
+	if t := x[FTokens]; src.spreads() && !f.spread {
+		f.lo, f.hi, f.spread = t, t, true
+	} else if src.spreads() {
 		f.lo, f.hi = math.Min(f.lo, t), math.Max(f.hi, t)
 	}
 	return relErr, nil

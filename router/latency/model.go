@@ -167,3 +167,27 @@ func (th Theta) Valid() bool {
 	}
 	return true
 }
+
+// EvictBlocks is how many blocks of a working set the target's cache must keep (prefixes that
+// will be asked for again) a prefill of newBlocks pushes out of a KV cache of capacity blocks:
+// the part of its own footprint beyond the room the working set leaves,
+// min(newBlocks, max(0, workingSet + newBlocks − capacity)). vLLM allocates a prefill's
+// blocks from the free queue, whose cached blocks go least recently used first
+// (vllm/v1/core/block_pool.py, BlockPool.get_new_blocks), so once the working set fills the
+// cache every new block costs one of them. No capacity known (≤ 0) is no eviction.
+func EvictBlocks(newBlocks, workingSet, capacity float64) float64 {
+	if capacity <= 0 || newBlocks <= 0 {
+		return 0
+	}
+	return math.Min(newBlocks, math.Max(0, workingSet+newBlocks-capacity))
+}
+
+// EvictMs prices evicting tokens of prefixes that will be asked for again: weight times their
+// prefill when they are, after context tokens each (the evicted blocks are the deep ends of
+// prompts, the last blocks a finished request frees).
+func EvictMs(th Theta, tokens, context, weight float64) float64 {
+	if tokens <= 0 || weight <= 0 {
+		return 0
+	}
+	return weight * PrefillMs(th, tokens, context)
+}

@@ -126,3 +126,29 @@ func TestPredictTTFTMonotone(t *testing.T) {
 		}
 	}
 }
+
+func TestEvictBlocks(t *testing.T) {
+	for _, tc := range []struct {
+		name                 string
+		newBlocks, ws, capac float64
+		want                 float64
+	}{
+		{"room for it", 100, 800, 1000, 0},
+		{"exactly fits", 200, 800, 1000, 0},
+		{"overflows by part", 300, 800, 1000, 100},
+		{"cache already over: all of it", 300, 1200, 1000, 300},
+		{"capacity unknown", 300, 1200, 0, 0},
+		{"nothing new", 0, 1200, 1000, 0},
+	} {
+		if got := EvictBlocks(tc.newBlocks, tc.ws, tc.capac); got != tc.want {
+			t.Errorf("%s: EvictBlocks(%v, %v, %v) = %v, want %v", tc.name, tc.newBlocks, tc.ws, tc.capac, got, tc.want)
+		}
+	}
+	th := Theta{0, 0.01, 1e-6, 0, 0}
+	if got, want := EvictMs(th, 1000, 3000, 0.5), 0.5*PrefillMs(th, 1000, 3000); got != want {
+		t.Errorf("EvictMs = %v, want %v", got, want)
+	}
+	if got := EvictMs(th, 1000, 3000, 0); got != 0 {
+		t.Errorf("EvictMs with weight 0 = %v", got)
+	}
+}

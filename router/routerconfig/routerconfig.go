@@ -129,6 +129,11 @@ type Latency struct {
 	// off). Higher keeps prefill away from busy decoders and sessions on their cache (a hit
 	// shrinks the prefill).
 	FleetWeight float64 `yaml:"fleet_weight"`
+	// EvictWeight prices the evictions a prefill causes on a target whose KV cache
+	// (num_gpu_blocks) is already asked to hold its working set (the blocks routed there within
+	// approximate.ttl): the prefill time of the blocks it pushes out, times this (default 1; 0
+	// turns it off). Higher keeps prompts where they fit, and off workers full of live prefixes.
+	EvictWeight float64 `yaml:"evict_weight"`
 	// Learn turns the online fit on (default true); false scores every worker with the prior.
 	Learn bool `yaml:"learn"`
 	// Forgetting is the fit's forgetting factor λ in (0, 1] (default 0.997: a memory of ~330
@@ -174,7 +179,7 @@ func Default() KV {
 		Latency: Latency{
 			FrontendMs: 10, PrefillMsPerToken: 0.0152, AttentionMsPerPair: 8.4e-7,
 			StepMs: 16.5, StepMsPerKVToken: 2e-4, MaxNumBatchedTokens: 8192,
-			KVPressureStart: 0.9, KVPressureWeight: 1, FleetWeight: 0.05,
+			KVPressureStart: 0.9, KVPressureWeight: 1, FleetWeight: 0.05, EvictWeight: 1,
 			Learn: true, Forgetting: 0.997, ReadySamples: 20,
 		},
 		Hold: Hold{Enabled: true, MinBlocks: 64, Margin: confval.Duration(250 * time.Millisecond)},
@@ -202,6 +207,7 @@ func (c KV) Validate() error {
 		{"latency.step_ms_per_kv_token", c.Latency.StepMsPerKVToken},
 		{"latency.kv_pressure_weight", c.Latency.KVPressureWeight},
 		{"latency.fleet_weight", c.Latency.FleetWeight},
+		{"latency.evict_weight", c.Latency.EvictWeight},
 	}
 	for _, w := range weights {
 		if !(w.v >= 0) || math.IsInf(w.v, 0) {

@@ -1,0 +1,121 @@
+package router
+
+import (
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/kvgate/kvgate/kvkey"
+)
+
+// workingSets is, per target, the prompt blocks routed there within a window (the
+// approximate TTL): the prefixes the requests of the recent past will ask that worker for
+// again, which a prefill that overflows its KV cache evicts. Like the load tracker it keys a
+// prompt by a sample of its chained hashes (load_blocks.go), here only the first heldExact and
+// then every heldStride-th, so a conversation's next turn, which extends the prompt of the
+// last one, counts its blocks once (its last, shorter stretch is left out until it grows).
+// Scoring reads one atomic per target; recording takes the target's lock.
+type workingSets struct {
+	mu      sync.RWMutex
+	targets map[kvkey.Target]*targetSet
+}
+
+// maxSetKeys bounds the keys one target's working set holds (about 16 million blocks).
+const maxSetKeys = 1 << 20
+
+type targetSet struct {
+	blocks atomic.Int64 // Σ weights of the keys seen within the window
+	mu     sync.Mutex
+	seen   map[kvkey.BlockHash]setKey
+}
+
+// setKey is one key of a working set: when it was last routed and the blocks it stands for.
+type setKey struct {
+	at     int64 // unix ns
+	weight int64
+}
+
+func newWorkingSets() *workingSets {
+	return &workingSets{targets: make(map[kvkey.Target]*targetSet)}
+}
+
+func (ws *workingSets) get(t kvkey.Target) *targetSet {
+	ws.mu.RLock()
+	s := ws.targets[t]
+	ws.mu.RUnlock()
+	return s
+}
+
+// blocks is t's working set in blocks (0 for a target never routed to).
+func (ws *workingSets) blocks(t kvkey.Target) float64 {
+	if s := ws.get(t); s != nil {
+		return float64(s.blocks.Load())
+	}
+	return 0
+}
+
+// record notes hashes as routed to t at now.
+func (ws *workingSets) record(t kvkey.Target, hashes []kvkey.BlockHash, now time.Time) {
+	if len(hashes) == 0 {
+		return
+	}
+	s := ws.get(t)
+	if s == nil {
+		ws.mu.Lock()
+		if s = ws.targets[t]; s == nil && len(ws.targets) < maxTimedTargets {
+			s = &targetSet{seen: make(map[kvkey.BlockHash]setKey)}
+			ws.targets[t] = s
+		}
+		ws.mu.Unlock()
+		if s == nil {
+			return
+		}
+	}
+	ns := now.UnixNano()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for p := 0; p < len(hashes); p++ {
+		if p >= heldExact { // jump to the stride keys
+			p = heldExact - 1 + ((p-heldExact)/heldStride+1)*heldStride
+			if p >= len(hashes) {
+				break
+			}
+		}
+		h, w := hashes[p], heldWeight(p)
+		if _, ok := s.seen[h]; !ok {
+			if len(s.seen) >= maxSetKeys {
+				return
+			}
+			s.blocks.Add(w)
+		}
+		s.seen[h] = setKey{at: ns, weight: w}
+	}
+}
+
+// expire drops the keys last routed before cutoff.
+func (ws *workingSets) expire(cutoff time.Time) {
+	ws.mu.RLock()
+	sets := make([]*targetSet, 0, len(ws.targets))
+	for _, s := range ws.targets {
+		sets = append(sets, s)
+	}
+	ws.mu.RUnlock()
+	c := cutoff.UnixNano()
+	for _, s := range sets {
+		s.mu.Lock()
+		for h, k := range s.seen {
+			if k.at < c {
+				delete(s.seen, h)
+				s.blocks.Add(-k.weight)
+			}
+		}
+		s.mu.Unlock()
+	}
+}
+
+// forget drops t's working set (its worker restarted with an empty cache).
+func (ws *workingSets) forget(t kvkey.Target) {
+	ws.mu.Lock()
+	delete(ws.targets, t)
+	ws.mu.Unlock()
+}
