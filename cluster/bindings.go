@@ -84,6 +84,10 @@ type Bindings struct {
 	kv     atomic.Pointer[buckets]
 	ready  atomic.Bool
 
+	// amu guards active (a leaf lock, never held with mu).
+	amu    sync.Mutex
+	active map[string]*activeRec // key → requests in flight through this replica
+
 	mu     sync.RWMutex
 	cache  map[string]*list.Element // key → *bindEntry
 	order  *list.List               // by last update, most recent at the front
@@ -104,6 +108,14 @@ type groupRec struct {
 	key     string
 	members []sessions.GroupMember
 	seen    time.Time
+}
+
+// activeRec is a session with requests in flight through this replica (Routed not yet
+// Released): its binding is kept alive while they run.
+type activeRec struct {
+	n      int
+	target kvkey.Target
+	parent string // the parent session's key ("" without one)
 }
 
 // bindEntry is one cached binding.
@@ -158,7 +170,8 @@ func NewBindings(node *Node, o BindingsOptions) (*Bindings, error) {
 	b := &Bindings{node: node, log: o.Log.With("component", "cluster-bindings"), ttl: cfg.SessionTTL.D(),
 		pinTTL: o.PinTTL, deadline: cfg.KVDeadline.D(), max: o.MaxEntries, now: time.Now,
 		ops: make(chan bindOp, opQueue), ensure: make(chan struct{}, 1),
-		cache: map[string]*list.Element{}, order: list.New(), groups: map[string]*list.Element{}, gorder: list.New(),
+		active: map[string]*activeRec{},
+		cache:  map[string]*list.Element{}, order: list.New(), groups: map[string]*list.Element{}, gorder: list.New(),
 		done: make(chan struct{})}
 	if b.pinTTL <= 0 {
 		b.pinTTL = b.ttl
@@ -192,6 +205,7 @@ func (b *Bindings) Start(ctx context.Context) {
 	var wg sync.WaitGroup
 	wg.Go(func() { b.maintain(ctx) })
 	wg.Go(func() { b.writer(ctx) })
+	wg.Go(func() { b.keeper(ctx) })
 	go func() { wg.Wait(); close(b.done) }()
 }
 
@@ -382,9 +396,15 @@ func (b *Bindings) Group(parentID string) []sessions.GroupMember {
 }
 
 // Routed implements sessions.SharedBindings: it queues the write a routed turn needs (none
-// when the binding already names t and was written less than TTL/8 ago).
+// when the binding already names t and was written less than TTL/8 ago), and counts the turn
+// in flight until its Released.
 func (b *Bindings) Routed(sessionID, parentID string, t kvkey.Target) {
 	k := key("s", sessionID)
+	pk := ""
+	if parentID != "" {
+		pk = key("s", parentID)
+	}
+	b.began(k, pk, t)
 	b.mu.RLock()
 	el, ok := b.cache[k]
 	var e bindEntry
@@ -407,14 +427,100 @@ func (b *Bindings) Routed(sessionID, parentID string, t kvkey.Target) {
 		b.opsTotal.WithLabelValues("rebind", "lost").Inc()
 		return
 	}
-	op := bindOp{kind: opBind, key: k, target: t}
-	if parentID != "" {
-		op.parent = key("s", parentID)
-	}
+	op := bindOp{kind: opBind, key: k, target: t, parent: pk}
 	if ok {
 		op.known = e.rev
 	}
 	b.enqueue(op)
+}
+
+// Released implements sessions.SharedBindings: the request's lease ended. The binding is
+// touched (at its cached target and revision: a lease end never moves it) when its last write
+// is at least TTL/8 old, as a routed turn would; one this replica does not know is left alone
+// (the session may have ended).
+func (b *Bindings) Released(sessionID string, t kvkey.Target) {
+	k := key("s", sessionID)
+	b.amu.Lock()
+	if a := b.active[k]; a != nil {
+		if a.n--; a.n <= 0 {
+			delete(b.active, k)
+		}
+	}
+	b.amu.Unlock()
+	if e, ok := b.cached(k); ok {
+		b.keepAlive(k, e, b.touch)
+	}
+}
+
+// began counts a request of the session keyed k in flight (bounded: beyond MaxEntries
+// sessions in flight a new one is not kept alive, and counted as dropped).
+func (b *Bindings) began(k, parent string, t kvkey.Target) {
+	b.amu.Lock()
+	defer b.amu.Unlock()
+	a := b.active[k]
+	if a == nil {
+		if len(b.active) >= b.max {
+			b.opsTotal.WithLabelValues("keepalive", "dropped").Inc()
+			return
+		}
+		a = &activeRec{}
+		b.active[k] = a
+	}
+	a.n++
+	a.target, a.parent = t, parent
+}
+
+// keepAlive queues a touch of the cached binding e (key k) when this replica learned its
+// last write at least after ago and it has not expired.
+func (b *Bindings) keepAlive(k string, e bindEntry, after time.Duration) {
+	age := b.now().Sub(e.seen)
+	if age < after || age > b.ttl {
+		return
+	}
+	b.enqueue(bindOp{kind: opBind, key: k, target: e.target, known: e.rev})
+}
+
+// keeper keeps the bindings of sessions with requests in flight alive: every TTL/4 it touches
+// those whose last write is at least TTL/2 old, and binds again (at the request's target) one
+// that is gone from the cache (expired, or lost with its bucket), so a request that runs
+// longer than the TTL keeps its session's binding.
+func (b *Bindings) keeper(ctx context.Context) {
+	tick := time.NewTicker(max(b.ttl/4, 10*time.Millisecond))
+	defer tick.Stop()
+	type inflight struct {
+		key string
+		rec activeRec
+	}
+	var batch []inflight
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		batch = batch[:0]
+		b.amu.Lock()
+		for k, a := range b.active {
+			batch = append(batch, inflight{k, *a})
+		}
+		b.amu.Unlock()
+		for _, f := range batch {
+			e, ok := b.cached(f.key)
+			if ok && b.now().Sub(e.seen) <= b.ttl {
+				b.keepAlive(f.key, e, b.ttl/2)
+				continue
+			}
+			b.enqueue(bindOp{kind: opBind, key: f.key, target: f.rec.target, parent: f.rec.parent})
+		}
+	}
+}
+
+// InFlight is how many sessions have requests in flight through this replica (their bindings
+// are kept alive).
+func (b *Bindings) InFlight() int {
+	b.amu.Lock()
+	defer b.amu.Unlock()
+	return len(b.active)
 }
 
 // Ended implements sessions.SharedBindings: the binding is dropped here at once and deleted

@@ -182,6 +182,7 @@ func TestBindingsTTLExpiry(t *testing.T) {
 	startNode(t, srv)
 	b := startBindings(t, startNode(t, replicaConfig(srv, "r1", time.Second)), BindingsOptions{})
 	b.Routed("s", "", wA)
+	b.Released("s", wA) // the request is over: nothing keeps the binding alive
 	eventually(t, 5*time.Second, "bound", lookupIs(b, "s", wA))
 	eventually(t, 5*time.Second, "expired in the bucket", func() bool {
 		_, _, err := stored(t, b, "s")
@@ -457,4 +458,57 @@ func waitFor(d time.Duration, cond func() bool) bool {
 		}
 	}
 	return true
+}
+
+// A request that runs longer than the session TTL keeps its session's binding alive (touched
+// every TTL/2 while it is in flight); a session with nothing in flight expires as before; the
+// end of a request (the lease end) touches the binding, restarting its TTL.
+func TestBindingsInFlightKeepAliveAndLeaseEnd(t *testing.T) {
+	const ttl = 2 * time.Second
+	srv := embeddedConfig(t, "srv")
+	startNode(t, srv)
+	b := startBindings(t, startNode(t, replicaConfig(srv, "r1", ttl)), BindingsOptions{})
+	b.Routed("long", "", wA) // in flight until the end of the test
+	b.Routed("idle", "", wB)
+	b.Released("idle", wB)
+	eventually(t, 5*time.Second, "both bound", func() bool { return lookupIs(b, "long", wA)() && lookupIs(b, "idle", wB)() })
+	_, rev0, err := stored(t, b, "long")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b.InFlight() != 1 {
+		t.Fatalf("in flight: %d sessions, want 1", b.InFlight())
+	}
+
+	b.Routed("lease", "", wC)
+	eventually(t, 5*time.Second, "lease bound", lookupIs(b, "lease", wC))
+	_, leaseRev, _ := stored(t, b, "lease")
+	time.Sleep(ttl * 2 / 5) // past TTL/8 (a lease end touches) but short of TTL/2 (no keep-alive)
+	b.Released("lease", wC)
+	eventually(t, 2*time.Second, "the lease end touches the binding", func() bool {
+		_, rev, err := stored(t, b, "lease")
+		return err == nil && rev > leaseRev
+	})
+	touched := time.Now()
+
+	eventually(t, 3*ttl, "the idle session expires", func() bool {
+		_, _, err := stored(t, b, "idle")
+		return errors.Is(err, jetstream.ErrKeyNotFound)
+	})
+	time.Sleep(time.Until(touched.Add(ttl * 3 / 5)))
+	if _, _, err := stored(t, b, "lease"); err != nil {
+		t.Fatalf("binding touched at its lease end, read %s later: %v", ttl*3/5, err)
+	}
+	time.Sleep(time.Until(touched.Add(ttl + ttl/2)))
+	v, rev, err := stored(t, b, "long")
+	if err != nil {
+		t.Fatalf("binding of a request in flight for %s (TTL %s): %v", time.Since(touched)+ttl*2/5, ttl, err)
+	}
+	if v.Worker != wA.Worker || rev <= rev0 {
+		t.Fatalf("kept-alive binding %+v at revision %d (created at %d)", v, rev, rev0)
+	}
+	b.Released("long", wA)
+	if b.InFlight() != 0 {
+		t.Fatalf("in flight after the last release: %d sessions", b.InFlight())
+	}
 }

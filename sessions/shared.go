@@ -23,6 +23,10 @@ type SharedBindings interface {
 	Group(parentID string) []GroupMember
 	// Ended reports that sessionID ended (its binding is dropped fleet-wide).
 	Ended(sessionID string)
+	// Released reports that a request of sessionID this replica sent to t is over (its lease
+	// ended). Each Routed of a request is paired with one Released: while a session has
+	// requests in flight its binding is kept alive, and the lease end refreshes it.
+	Released(sessionID string, t kvkey.Target)
 }
 
 // SharedBinding is one session's fleet-wide binding as this replica knows it.
@@ -50,6 +54,15 @@ const (
 
 // SetShared connects the tracker to the fleet's bindings. Call it before the tracker is used.
 func (m *Tracker) SetShared(s SharedBindings) { m.shared = s }
+
+// OnReleased reports the end of a request of sessionID that was sent to target (after its
+// OnRouted) to the shared bindings, if any.
+func (m *Tracker) OnReleased(sessionID string, target kvkey.Target) {
+	if m.shared == nil || sessionID == "" {
+		return
+	}
+	m.shared.Released(sessionID, target)
+}
 
 // sharedGroup adds the fleet's sibling group of parentID, if any, to add.
 func (m *Tracker) sharedGroup(parentID string, add func(kvkey.Target, string)) {

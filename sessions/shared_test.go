@@ -16,6 +16,7 @@ type fakeShared struct {
 	groups map[string][]GroupMember
 	routed []string // "id(parent)→worker"
 	ended  []string
+	rel    []string // "id→worker"
 }
 
 func newFakeShared() *fakeShared {
@@ -45,6 +46,12 @@ func (f *fakeShared) Ended(id string) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.ended = append(f.ended, id)
+}
+
+func (f *fakeShared) Released(id string, t kvkey.Target) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.rel = append(f.rel, id+"→"+t.Worker)
 }
 
 func (f *fakeShared) set(id string, t kvkey.Target, seen time.Time) {
@@ -161,9 +168,14 @@ func TestSharedReports(t *testing.T) {
 		t.Fatalf("debug view shared = %+v (ok %v), want the fleet binding on %v", v.Shared, ok, tB)
 	}
 	route(m, idx, "kid", "s", tC, chain(900, 2))
+	m.OnReleased("kid", tC)
+	m.OnReleased("", tC) // no session: nothing to share
 	m.End("s")
 	want := []string{"s()→http://a", "s()→http://b", "kid(s)→http://c"}
 	if !reflect.DeepEqual(sh.routed, want) || !reflect.DeepEqual(sh.ended, []string{"s"}) {
 		t.Fatalf("routed %v ended %v, want %v and [s]", sh.routed, sh.ended, want)
+	}
+	if !reflect.DeepEqual(sh.rel, []string{"kid→http://c"}) {
+		t.Fatalf("released %v, want [kid→http://c]", sh.rel)
 	}
 }
