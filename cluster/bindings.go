@@ -14,6 +14,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -83,6 +84,13 @@ type Bindings struct {
 	ensure chan struct{}
 	kv     atomic.Pointer[buckets]
 	ready  atomic.Bool
+	// leaderChanges counts the sessions stream's leader elections this replica heard of;
+	// with the node's reconnects it makes the generation of the watch (gen). synced is 1 + the
+	// generation whose watch delivered all initial values: the cache is behind the bucket
+	// while it differs from gen()+1 (see Sync).
+	leaderChanges atomic.Uint64
+	synced        atomic.Uint64
+	advisory      *nats.Subscription
 
 	// amu guards active (a leaf lock, never held with mu).
 	amu    sync.Mutex
@@ -125,6 +133,7 @@ type bindEntry struct {
 	writer string
 	rev    uint64
 	seen   time.Time // when this replica learned this revision (its own clock)
+	gen    uint64    // the watch generation (gen) when it was learned
 }
 
 type opKind uint8
@@ -201,6 +210,18 @@ func NewBindings(node *Node, o BindingsOptions) (*Bindings, error) {
 func (b *Bindings) Start(ctx context.Context) {
 	ctx, b.stop = context.WithCancel(ctx)
 	b.node.OnReconnect(b.requestEnsure)
+	// A new leader of the sessions stream: the watch's ordered consumer may have lived on the
+	// old one, and nats.go resets it only after missed heartbeats (jetstream/ordered.go), so
+	// the watch is restarted at once (and the cache treated as behind until it caught up).
+	// The advisory is nats-server's JSAdvisoryStreamLeaderElectedPre (server/jetstream_api.go).
+	sub, err := b.node.Conn().Subscribe("$JS.EVENT.ADVISORY.STREAM.LEADER_ELECTED.KV_"+b.node.Bucket("sessions"), func(*nats.Msg) {
+		b.leaderChanges.Add(1)
+		b.requestEnsure()
+	})
+	if err != nil {
+		b.node.CountError("bindings", fmt.Errorf("leader advisories: %w", err))
+	}
+	b.advisory = sub
 	b.requestEnsure()
 	var wg sync.WaitGroup
 	wg.Go(func() { b.maintain(ctx) })
@@ -212,6 +233,9 @@ func (b *Bindings) Start(ctx context.Context) {
 // Close stops the background work.
 func (b *Bindings) Close() {
 	b.stopOnce.Do(func() {
+		if b.advisory != nil {
+			_ = b.advisory.Unsubscribe()
+		}
 		if b.stop != nil {
 			b.stop()
 			<-b.done
@@ -312,6 +336,7 @@ func (b *Bindings) setup(ctx context.Context) (stopWatch func(), err error) {
 	if err != nil {
 		return nil, fmt.Errorf("pins bucket: %w", err)
 	}
+	gen := b.gen()
 	wctx, wcancel := context.WithCancel(ctx)
 	w, err := sess.WatchAll(wctx)
 	if err != nil {
@@ -331,12 +356,92 @@ func (b *Bindings) setup(ctx context.Context) (stopWatch func(), err error) {
 	go func() {
 		defer close(done)
 		for e := range w.Updates() {
-			if e != nil { // nil marks the end of the initial values
-				b.watched(e)
+			if e == nil { // the end of the initial values: the cache caught up
+				b.synced.Store(gen + 1)
+				continue
 			}
+			b.watched(e)
 		}
 	}()
 	return func() { _ = w.Stop(); wcancel(); <-done }, nil
+}
+
+// gen is the watch generation: it changes with every reconnect and every leader election of
+// the sessions stream.
+func (b *Bindings) gen() uint64 { return b.node.reconnects.Load() + b.leaderChanges.Load() }
+
+// Behind reports whether the cache is known to lag the bucket: since the last reconnect or
+// leader change of the sessions stream, the restarted watch has not delivered all initial
+// values yet.
+func (b *Bindings) Behind() bool { return b.synced.Load() != b.gen()+1 }
+
+// Sync implements sessions.SharedBindings: while the cache is known to be behind (Behind),
+// the bindings of sessionID and parentID that this replica did not learn since are read from
+// the bucket (a direct get, within cluster.kv_deadline) into the cache, so the turn follows
+// a binding another replica wrote meanwhile. Otherwise it returns at once. A failure is
+// counted and leaves the cache as it was.
+func (b *Bindings) Sync(ctx context.Context, sessionID, parentID string) {
+	if !b.Behind() {
+		return
+	}
+	kv := b.kv.Load()
+	if kv == nil || !b.node.Connected() {
+		return
+	}
+	g := b.gen()
+	for _, id := range [2]string{sessionID, parentID} {
+		if id == "" {
+			continue
+		}
+		k := key("s", id)
+		if e, ok := b.cached(k); ok && e.gen == g {
+			continue
+		}
+		if err := b.fetch(ctx, kv.sessions, k, g); err != nil {
+			b.opsTotal.WithLabelValues("get", "error").Inc()
+			b.node.CountError("bindings", fmt.Errorf("get: %w", err))
+			return
+		}
+	}
+}
+
+// fetch reads binding k from the bucket into the cache as learned in generation g.
+func (b *Bindings) fetch(ctx context.Context, kv jetstream.KeyValue, k string, g uint64) error {
+	ctx, cancel := context.WithTimeout(ctx, b.deadline)
+	defer cancel()
+	e, err := kv.Get(ctx, k)
+	if errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrKeyDeleted) {
+		b.opsTotal.WithLabelValues("get", "miss").Inc()
+		return nil // nothing newer than what this replica knows
+	}
+	if err != nil {
+		return err
+	}
+	var v bindValue
+	if err := json.Unmarshal(e.Value(), &v); err != nil || v.Worker == "" {
+		return nil
+	}
+	b.opsTotal.WithLabelValues("get", "ok").Inc()
+	t := kvkey.Target{Worker: v.Worker, DPRank: v.Rank}
+	b.mu.Lock()
+	if el, ok := b.cache[k]; ok {
+		c := el.Value.(*bindEntry)
+		// A revision learned before the reset may come from a bucket that is gone: replace it.
+		if c.gen == g && e.Revision() < c.rev {
+			b.mu.Unlock()
+			return nil
+		}
+		if c.rev != e.Revision() || c.target != t {
+			c.seen = b.now()
+		}
+		c.target, c.writer, c.rev, c.gen = t, v.Writer, e.Revision(), g
+		b.order.MoveToFront(el)
+		b.mu.Unlock()
+		return nil
+	}
+	b.mu.Unlock()
+	b.put(k, v, e.Revision())
+	return nil
 }
 
 // watched applies one watch entry to the cache.
@@ -735,11 +840,11 @@ func (b *Bindings) put(k string, v bindValue, rev uint64) {
 		if rev == e.rev && e.target == t {
 			return // our own write echoed by the watch: keep when we learned it
 		}
-		e.target, e.writer, e.rev, e.seen = t, v.Writer, rev, now
+		e.target, e.writer, e.rev, e.seen, e.gen = t, v.Writer, rev, now, b.gen()
 		b.order.MoveToFront(el)
 		return
 	}
-	b.cache[k] = b.order.PushFront(&bindEntry{key: k, target: t, writer: v.Writer, rev: rev, seen: now})
+	b.cache[k] = b.order.PushFront(&bindEntry{key: k, target: t, writer: v.Writer, rev: rev, seen: now, gen: b.gen()})
 	if v.Parent != "" {
 		b.joinGroupLocked(v.Parent, t, now) // a child's first binding this replica learned
 	}

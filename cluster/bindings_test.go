@@ -444,11 +444,25 @@ func TestBindingsR3SurviveLeaderLoss(t *testing.T) {
 	if v, _, err := stored(t, survivors[1], "before"); err != nil || v.Worker != wA.Worker {
 		t.Fatalf("the binding from before the leader loss: %+v %v", v, err)
 	}
-	// The other survivor's watch may take ~10s to resume (its ordered consumer lived on the
-	// lost server and is reset after missed heartbeats); the bucket itself already has it.
 	if v, _, err := stored(t, survivors[1], "after"); err != nil || v.Worker != wB.Worker {
 		t.Fatalf("the binding made after the leader loss, read by the other survivor: %+v %v", v, err)
 	}
+	// The other survivor follows it at once: it heard of the leader change, so its cache is
+	// known to be behind and the turn's Sync reads the bucket (without it, its ordered
+	// consumer, which lived on the lost leader, would be reset only after missed heartbeats,
+	// about 10 s later).
+	o := survivors[1]
+	if !o.Behind() && !lookupIs(o, "after", wB)() {
+		t.Fatal("the other survivor's cache misses the new binding and is not known to be behind")
+	}
+	o.Sync(context.Background(), "after", "")
+	if got, ok := o.Lookup("after"); !ok || got.Target != wB {
+		t.Fatalf("the other survivor right after the write: %+v %v, want %v", got, ok, wB)
+	}
+	// And its watch is restarted at once, so the cache catches up well before then.
+	eventually(t, 3*time.Second, "the other survivor's watch catches up", func() bool { return !o.Behind() })
+	s.Routed("later", "", wC)
+	eventually(t, 2*time.Second, "the other survivor's watch delivers new bindings", lookupIs(o, "later", wC))
 }
 
 func waitFor(d time.Duration, cond func() bool) bool {

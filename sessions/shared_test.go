@@ -1,6 +1,7 @@
 package sessions
 
 import (
+	"context"
 	"reflect"
 	"sync"
 	"testing"
@@ -53,6 +54,8 @@ func (f *fakeShared) Released(id string, t kvkey.Target) {
 	defer f.mu.Unlock()
 	f.rel = append(f.rel, id+"→"+t.Worker)
 }
+
+func (f *fakeShared) Sync(context.Context, string, string) {}
 
 func (f *fakeShared) set(id string, t kvkey.Target, seen time.Time) {
 	f.mu.Lock()
