@@ -615,6 +615,9 @@ func (b *Bindings) keeper(ctx context.Context) {
 				b.keepAlive(f.key, e, b.ttl/2)
 				continue
 			}
+			if b.Behind() {
+				continue // the watch is replaying the bucket: the binding may be there
+			}
 			b.enqueue(bindOp{kind: opBind, key: f.key, target: f.rec.target, parent: f.rec.parent})
 		}
 	}
