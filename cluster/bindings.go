@@ -151,6 +151,7 @@ type bindOp struct {
 	parent string // the parent session's key ("" without one)
 	target kvkey.Target
 	known  uint64 // the cached revision when the turn was routed (0: none known)
+	keep   bool   // a keep-alive touch: it never binds a session whose binding is gone
 }
 
 // bindValue is the stored value (JSON, well under 100 bytes for a typical worker URL).
@@ -448,6 +449,7 @@ func (b *Bindings) fetch(ctx context.Context, kv jetstream.KeyValue, k string, g
 func (b *Bindings) watched(e jetstream.KeyValueEntry) {
 	if e.Operation() != jetstream.KeyValuePut {
 		b.drop(e.Key())
+		b.forget(e.Key()) // the session ended fleet-wide: nothing keeps it alive any more
 		return
 	}
 	var v bindValue
@@ -582,7 +584,14 @@ func (b *Bindings) keepAlive(k string, e bindEntry, after time.Duration) {
 	if age < after || age > b.ttl {
 		return
 	}
-	b.enqueue(bindOp{kind: opBind, key: k, target: e.target, known: e.rev})
+	b.enqueue(bindOp{kind: opBind, key: k, target: e.target, known: e.rev, keep: true})
+}
+
+// forget stops keeping the session keyed k alive (it ended).
+func (b *Bindings) forget(k string) {
+	b.amu.Lock()
+	delete(b.active, k)
+	b.amu.Unlock()
 }
 
 // keeper keeps the bindings of sessions with requests in flight alive: every TTL/4 it touches
@@ -636,6 +645,7 @@ func (b *Bindings) InFlight() int {
 func (b *Bindings) Ended(sessionID string) {
 	k := key("s", sessionID)
 	b.drop(k)
+	b.forget(k)
 	b.enqueue(bindOp{kind: opEnd, key: k})
 }
 
@@ -792,6 +802,10 @@ func (b *Bindings) bind(ctx context.Context, kv jetstream.KeyValue, op bindOp, v
 	}
 	e, gerr := kv.Get(ctx, op.key)
 	switch {
+	case op.keep && (errors.Is(gerr, jetstream.ErrKeyNotFound) || errors.Is(gerr, jetstream.ErrKeyDeleted)):
+		// Ended (or expired) since: a keep-alive does not bring it back.
+		b.opsTotal.WithLabelValues("keepalive", "miss").Inc()
+		return nil
 	case errors.Is(gerr, jetstream.ErrKeyNotFound) || errors.Is(gerr, jetstream.ErrKeyDeleted):
 		// It expired or ended since our revision: bind it afresh.
 		rev, err = kv.Create(ctx, op.key, val)

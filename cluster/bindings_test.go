@@ -525,4 +525,14 @@ func TestBindingsInFlightKeepAliveAndLeaseEnd(t *testing.T) {
 	if b.InFlight() != 0 {
 		t.Fatalf("in flight after the last release: %d sessions", b.InFlight())
 	}
+
+	// A session that ends while a request of it is still in flight is not bound again.
+	b.Routed("ends", "", wB)
+	eventually(t, 5*time.Second, "ends bound", lookupIs(b, "ends", wB))
+	b.Ended("ends")
+	time.Sleep(ttl/2 + ttl/4 + 100*time.Millisecond) // past a keeper tick that would touch it
+	if _, _, err := stored(t, b, "ends"); !errors.Is(err, jetstream.ErrKeyNotFound) {
+		t.Fatalf("an ended session with a request in flight: the bucket answers %v, want not found", err)
+	}
+	b.Released("ends", wB)
 }
