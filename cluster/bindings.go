@@ -345,19 +345,16 @@ func (b *Bindings) setup(ctx context.Context) (stopWatch func(), err error) {
 		return nil, fmt.Errorf("sessions watch: %w", err)
 	}
 	b.kv.Store(&buckets{sessions: sess, pins: pins})
-	// The watch delivers every live binding first; revisions cached before may belong to a
-	// bucket that is gone (its server restarted), so the cache starts over from the watch.
-	b.mu.Lock()
-	clear(b.cache)
-	b.order.Init()
-	clear(b.groups)
-	b.gorder.Init()
-	b.mu.Unlock()
+	// The watch delivers every live binding first. The cache keeps answering meanwhile (no
+	// blind window), but what it learned before this generation may be stale or come from a
+	// bucket that is gone (its server restarted): such an entry is replaced by what the watch
+	// (or Sync) delivers, and dropped at the end of the initial values if neither did.
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
 		for e := range w.Updates() {
 			if e == nil { // the end of the initial values: the cache caught up
+				b.sweep(gen)
 				b.synced.Store(gen + 1)
 				continue
 			}
@@ -398,7 +395,7 @@ func (b *Bindings) Sync(ctx context.Context, sessionID, parentID string) {
 		if e, ok := b.cached(k); ok && e.gen == g {
 			continue
 		}
-		if err := b.fetch(ctx, kv.sessions, k, g); err != nil {
+		if err := b.fetch(ctx, kv.sessions, k); err != nil {
 			b.opsTotal.WithLabelValues("get", "error").Inc()
 			b.node.CountError("bindings", fmt.Errorf("get: %w", err))
 			return
@@ -406,8 +403,8 @@ func (b *Bindings) Sync(ctx context.Context, sessionID, parentID string) {
 	}
 }
 
-// fetch reads binding k from the bucket into the cache as learned in generation g.
-func (b *Bindings) fetch(ctx context.Context, kv jetstream.KeyValue, k string, g uint64) error {
+// fetch reads binding k from the bucket into the cache.
+func (b *Bindings) fetch(ctx context.Context, kv jetstream.KeyValue, k string) error {
 	ctx, cancel := context.WithTimeout(ctx, b.deadline)
 	defer cancel()
 	e, err := kv.Get(ctx, k)
@@ -423,26 +420,23 @@ func (b *Bindings) fetch(ctx context.Context, kv jetstream.KeyValue, k string, g
 		return nil
 	}
 	b.opsTotal.WithLabelValues("get", "ok").Inc()
-	t := kvkey.Target{Worker: v.Worker, DPRank: v.Rank}
-	b.mu.Lock()
-	if el, ok := b.cache[k]; ok {
-		c := el.Value.(*bindEntry)
-		// A revision learned before the reset may come from a bucket that is gone: replace it.
-		if c.gen == g && e.Revision() < c.rev {
-			b.mu.Unlock()
-			return nil
-		}
-		if c.rev != e.Revision() || c.target != t {
-			c.seen = b.now()
-		}
-		c.target, c.writer, c.rev, c.gen = t, v.Writer, e.Revision(), g
-		b.order.MoveToFront(el)
-		b.mu.Unlock()
-		return nil
-	}
-	b.mu.Unlock()
 	b.put(k, v, e.Revision())
 	return nil
+}
+
+// sweep drops the cached bindings learned before generation g that its watch's initial values
+// did not deliver again: they are gone from the bucket.
+func (b *Bindings) sweep(g uint64) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for el := b.order.Back(); el != nil; {
+		prev := el.Prev()
+		if e := el.Value.(*bindEntry); e.gen < g {
+			b.order.Remove(el)
+			delete(b.cache, e.key)
+		}
+		el = prev
+	}
 }
 
 // watched applies one watch entry to the cache.
@@ -849,19 +843,24 @@ func (b *Bindings) put(k string, v bindValue, rev uint64) {
 	defer b.mu.Unlock()
 	now := b.now()
 	t := kvkey.Target{Worker: v.Worker, DPRank: v.Rank}
+	g := b.gen()
 	if el, ok := b.cache[k]; ok {
 		e := el.Value.(*bindEntry)
-		if rev < e.rev {
-			return
+		if e.gen == g {
+			if rev < e.rev {
+				return
+			}
+			if rev == e.rev && e.target == t {
+				return // our own write echoed by the watch: keep when we learned it
+			}
 		}
-		if rev == e.rev && e.target == t {
-			return // our own write echoed by the watch: keep when we learned it
-		}
-		e.target, e.writer, e.rev, e.seen, e.gen = t, v.Writer, rev, now, b.gen()
+		// Newer, or learned again after a reset (its revision may belong to a bucket that is
+		// gone): the bucket's binding, learned now, wins over this replica's routing before.
+		e.target, e.writer, e.rev, e.seen, e.gen = t, v.Writer, rev, now, g
 		b.order.MoveToFront(el)
 		return
 	}
-	b.cache[k] = b.order.PushFront(&bindEntry{key: k, target: t, writer: v.Writer, rev: rev, seen: now, gen: b.gen()})
+	b.cache[k] = b.order.PushFront(&bindEntry{key: k, target: t, writer: v.Writer, rev: rev, seen: now, gen: g})
 	if v.Parent != "" {
 		b.joinGroupLocked(v.Parent, t, now) // a child's first binding this replica learned
 	}

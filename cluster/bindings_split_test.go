@@ -106,7 +106,15 @@ func TestBindingsSplitHeals(t *testing.T) {
 	healed := time.Now()
 	servers[2].WaitForShutdown()
 	servers[2] = startSplitServer(t, cfgs[2]) // heal: same name, routes and store
-	eventually(t, 10*time.Second, "minority reconnected and caught up", func() bool {
+	eventually(t, 10*time.Second, "minority reconnected", nodes[2].Connected)
+	// From its first turn after the reconnect, whether or not its watch has replayed the
+	// bucket yet, the minority follows the bucket's binding of x (wA), not its split-time
+	// choice (wC): a binding learned after a reset wins over routing before it.
+	tracker.SyncShared(context.Background(), "x", "")
+	if hs := tracker.Hints("x", ""); len(hs) != 1 || hs[0].Target != wA || hs[0].Rule != sessions.RuleSharedAffinity {
+		t.Fatalf("minority hints right after the reconnect: %+v, want the fleet's binding to %v", hs, wA)
+	}
+	eventually(t, 10*time.Second, "minority caught up", func() bool {
 		return nodes[2].Connected() && min.Ready() && !min.Behind()
 	})
 	t.Logf("minority caught up %s after the heal", time.Since(healed))
