@@ -260,12 +260,19 @@ type BindingsStatus struct {
 	// unreachable or the buckets are being recreated (bindings are then this replica's own).
 	Ready        bool `json:"ready"`
 	CacheEntries int  `json:"cache_entries"`
+	// Behind: since the last reconnect or leader election of the sessions stream the watch
+	// has not replayed the bucket yet; turns read their bindings from the bucket meanwhile.
+	Behind bool `json:"behind"`
+	// InFlightSessions is how many sessions have requests in flight through this replica
+	// (their bindings are kept alive).
+	InFlightSessions int `json:"in_flight_sessions"`
 }
 
 // HealthDetail reports the bindings for the server's /health and /debug/workers
 // (server.HealthDetail); not ready is degraded.
 func (b *Bindings) HealthDetail() (name string, detail any, degraded bool) {
-	st := BindingsStatus{Ready: b.Ready() && b.node.Connected(), CacheEntries: b.Len()}
+	st := BindingsStatus{Ready: b.Ready() && b.node.Connected(), CacheEntries: b.Len(), Behind: b.Behind(),
+		InFlightSessions: b.InFlight()}
 	return "cluster_bindings", st, !st.Ready
 }
 
