@@ -45,6 +45,10 @@ type BindingsOptions struct {
 	// PinTTL is the pins bucket's TTL (a pin disappears this long after its last share); 0
 	// uses the session TTL.
 	PinTTL time.Duration
+	// MaxRequestAge is a safety net: a session whose last request in flight began this long
+	// ago (its Released never came) is no longer kept alive. 0 means 1h; cmd/kvgate passes
+	// router.kv.load_expiry, after which the router releases such a request's load too.
+	MaxRequestAge time.Duration
 	// Registerer receives kvgate_cluster_binding_* metrics; nil registers nothing.
 	Registerer prometheus.Registerer
 	Log        *slog.Logger
@@ -78,6 +82,7 @@ type Bindings struct {
 	touch    time.Duration
 	race     time.Duration // a binding another replica wrote this recently is followed, not moved
 	max      int
+	maxAge   time.Duration // MaxRequestAge
 	now      func() time.Time
 
 	ops    chan bindOp
@@ -123,7 +128,8 @@ type groupRec struct {
 type activeRec struct {
 	n      int
 	target kvkey.Target
-	parent string // the parent session's key ("" without one)
+	parent string    // the parent session's key ("" without one)
+	since  time.Time // when its last request began
 }
 
 // bindEntry is one cached binding.
@@ -186,11 +192,15 @@ func NewBindings(node *Node, o BindingsOptions) (*Bindings, error) {
 	if b.pinTTL <= 0 {
 		b.pinTTL = b.ttl
 	}
+	b.maxAge = o.MaxRequestAge
+	if b.maxAge <= 0 {
+		b.maxAge = time.Hour
+	}
 	b.touch = b.ttl / 8
 	b.race = max(2*b.deadline, 20*time.Millisecond)
 	b.opsTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "kvgate_cluster_binding_ops_total",
-		Help: "Session-binding and response-pin operations on the shared buckets, by op (create, touch, rebind, end, get, keepalive, pin, pin_get) and result (ok, lost, conflict, miss, error, dropped).",
+		Help: "Session-binding and response-pin operations on the shared buckets, by op (create, touch, rebind, end, get, keepalive, pin, pin_get) and result (ok, lost, conflict, miss, error, dropped, expired).",
 	}, []string{"op", "result"})
 	if o.Registerer != nil {
 		if err := o.Registerer.Register(b.opsTotal); err != nil {
@@ -575,7 +585,7 @@ func (b *Bindings) began(k, parent string, t kvkey.Target) {
 		b.active[k] = a
 	}
 	a.n++
-	a.target, a.parent = t, parent
+	a.target, a.parent, a.since = t, parent, b.now()
 }
 
 // keepAlive queues a touch of the cached binding e (key k) when this replica learned its
@@ -614,8 +624,14 @@ func (b *Bindings) keeper(ctx context.Context) {
 		case <-tick.C:
 		}
 		batch = batch[:0]
+		now := b.now()
 		b.amu.Lock()
 		for k, a := range b.active {
+			if now.Sub(a.since) > b.maxAge {
+				delete(b.active, k) // its Released never came
+				b.opsTotal.WithLabelValues("keepalive", "expired").Inc()
+				continue
+			}
 			batch = append(batch, inflight{k, *a})
 		}
 		b.amu.Unlock()

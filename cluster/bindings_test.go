@@ -536,3 +536,18 @@ func TestBindingsInFlightKeepAliveAndLeaseEnd(t *testing.T) {
 	}
 	b.Released("ends", wB)
 }
+
+// A request whose end never comes is no longer kept alive after MaxRequestAge.
+func TestBindingsInFlightSafetyNet(t *testing.T) {
+	srv := embeddedConfig(t, "srv")
+	startNode(t, srv)
+	b := startBindings(t, startNode(t, replicaConfig(srv, "r1", time.Second)), BindingsOptions{MaxRequestAge: 300 * time.Millisecond})
+	b.Routed("leaked", "", wA)
+	if b.InFlight() != 1 {
+		t.Fatalf("in flight: %d sessions, want 1", b.InFlight())
+	}
+	eventually(t, 3*time.Second, "the leaked request is dropped", func() bool { return b.InFlight() == 0 })
+	if n := counterValue(t, b.opsTotal.WithLabelValues("keepalive", "expired")); n != 1 {
+		t.Fatalf("expired keep-alives counted %v, want 1", n)
+	}
+}
