@@ -221,9 +221,10 @@ func NewBindings(node *Node, o BindingsOptions) (*Bindings, error) {
 func (b *Bindings) Start(ctx context.Context) {
 	ctx, b.stop = context.WithCancel(ctx)
 	b.node.OnReconnect(b.requestEnsure)
-	// A new leader of the sessions stream: the watch's ordered consumer may have lived on the
-	// old one, and nats.go resets it only after missed heartbeats (jetstream/ordered.go), so
-	// the watch is restarted at once (and the cache treated as behind until it caught up).
+	// A new leader of the sessions stream: the watch's ordered consumer (jetstream/kv.go
+	// watches with nats.OrderedConsumer) may have lived on the old one, and nats.go resets it
+	// only after two missed 5 s heartbeats (js.go, activityCheck), so the watch is restarted
+	// at once (and the cache treated as behind until it caught up).
 	// The advisory is nats-server's JSAdvisoryStreamLeaderElectedPre (server/jetstream_api.go).
 	sub, err := b.node.Conn().Subscribe("$JS.EVENT.ADVISORY.STREAM.LEADER_ELECTED.KV_"+b.node.Bucket("sessions"), func(*nats.Msg) {
 		b.leaderChanges.Add(1)
