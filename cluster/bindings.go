@@ -14,6 +14,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -44,6 +45,10 @@ type BindingsOptions struct {
 	// PinTTL is the pins bucket's TTL (a pin disappears this long after its last share); 0
 	// uses the session TTL.
 	PinTTL time.Duration
+	// MaxRequestAge is a safety net: a session whose last request in flight began this long
+	// ago (its Released never came) is no longer kept alive. 0 means 1h; cmd/kvgate passes
+	// router.kv.load_expiry, after which the router releases such a request's load too.
+	MaxRequestAge time.Duration
 	// Registerer receives kvgate_cluster_binding_* metrics; nil registers nothing.
 	Registerer prometheus.Registerer
 	Log        *slog.Logger
@@ -77,12 +82,24 @@ type Bindings struct {
 	touch    time.Duration
 	race     time.Duration // a binding another replica wrote this recently is followed, not moved
 	max      int
+	maxAge   time.Duration // MaxRequestAge
 	now      func() time.Time
 
 	ops    chan bindOp
 	ensure chan struct{}
 	kv     atomic.Pointer[buckets]
 	ready  atomic.Bool
+	// leaderChanges counts the sessions stream's leader elections this replica heard of;
+	// with the node's reconnects it makes the generation of the watch (gen). synced is 1 + the
+	// generation whose watch delivered all initial values: the cache is behind the bucket
+	// while it differs from gen()+1 (see Sync).
+	leaderChanges atomic.Uint64
+	synced        atomic.Uint64
+	advisory      *nats.Subscription
+
+	// amu guards active (a leaf lock, never held with mu).
+	amu    sync.Mutex
+	active map[string]*activeRec // key → requests in flight through this replica
 
 	mu     sync.RWMutex
 	cache  map[string]*list.Element // key → *bindEntry
@@ -106,6 +123,15 @@ type groupRec struct {
 	seen    time.Time
 }
 
+// activeRec is a session with requests in flight through this replica (Routed not yet
+// Released): its binding is kept alive while they run.
+type activeRec struct {
+	n      int
+	target kvkey.Target
+	parent string    // the parent session's key ("" without one)
+	since  time.Time // when its last request began
+}
+
 // bindEntry is one cached binding.
 type bindEntry struct {
 	key    string
@@ -113,6 +139,7 @@ type bindEntry struct {
 	writer string
 	rev    uint64
 	seen   time.Time // when this replica learned this revision (its own clock)
+	gen    uint64    // the watch generation (gen) when it was learned
 }
 
 type opKind uint8
@@ -130,6 +157,7 @@ type bindOp struct {
 	parent string // the parent session's key ("" without one)
 	target kvkey.Target
 	known  uint64 // the cached revision when the turn was routed (0: none known)
+	keep   bool   // a keep-alive touch: it never binds a session whose binding is gone
 }
 
 // bindValue is the stored value (JSON, well under 100 bytes for a typical worker URL).
@@ -158,16 +186,21 @@ func NewBindings(node *Node, o BindingsOptions) (*Bindings, error) {
 	b := &Bindings{node: node, log: o.Log.With("component", "cluster-bindings"), ttl: cfg.SessionTTL.D(),
 		pinTTL: o.PinTTL, deadline: cfg.KVDeadline.D(), max: o.MaxEntries, now: time.Now,
 		ops: make(chan bindOp, opQueue), ensure: make(chan struct{}, 1),
-		cache: map[string]*list.Element{}, order: list.New(), groups: map[string]*list.Element{}, gorder: list.New(),
+		active: map[string]*activeRec{},
+		cache:  map[string]*list.Element{}, order: list.New(), groups: map[string]*list.Element{}, gorder: list.New(),
 		done: make(chan struct{})}
 	if b.pinTTL <= 0 {
 		b.pinTTL = b.ttl
+	}
+	b.maxAge = o.MaxRequestAge
+	if b.maxAge <= 0 {
+		b.maxAge = time.Hour
 	}
 	b.touch = b.ttl / 8
 	b.race = max(2*b.deadline, 20*time.Millisecond)
 	b.opsTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "kvgate_cluster_binding_ops_total",
-		Help: "Session-binding and response-pin operations on the shared buckets, by op (create, touch, rebind, end, pin, pin_get) and result (ok, lost, conflict, miss, error, dropped).",
+		Help: "Session-binding and response-pin operations on the shared buckets, by op (create, touch, rebind, end, get, keepalive, pin, pin_get) and result (ok, lost, conflict, miss, error, dropped, expired).",
 	}, []string{"op", "result"})
 	if o.Registerer != nil {
 		if err := o.Registerer.Register(b.opsTotal); err != nil {
@@ -188,16 +221,33 @@ func NewBindings(node *Node, o BindingsOptions) (*Bindings, error) {
 func (b *Bindings) Start(ctx context.Context) {
 	ctx, b.stop = context.WithCancel(ctx)
 	b.node.OnReconnect(b.requestEnsure)
+	// A new leader of the sessions stream: the watch's ordered consumer (jetstream/kv.go
+	// watches with nats.OrderedConsumer) may have lived on the old one, and nats.go resets it
+	// only after two missed 5 s heartbeats (js.go, activityCheck), so the watch is restarted
+	// at once (and the cache treated as behind until it caught up).
+	// The advisory is nats-server's JSAdvisoryStreamLeaderElectedPre (server/jetstream_api.go).
+	sub, err := b.node.Conn().Subscribe("$JS.EVENT.ADVISORY.STREAM.LEADER_ELECTED.KV_"+b.node.Bucket("sessions"), func(*nats.Msg) {
+		b.leaderChanges.Add(1)
+		b.requestEnsure()
+	})
+	if err != nil {
+		b.node.CountError("bindings", fmt.Errorf("leader advisories: %w", err))
+	}
+	b.advisory = sub
 	b.requestEnsure()
 	var wg sync.WaitGroup
 	wg.Go(func() { b.maintain(ctx) })
 	wg.Go(func() { b.writer(ctx) })
+	wg.Go(func() { b.keeper(ctx) })
 	go func() { wg.Wait(); close(b.done) }()
 }
 
 // Close stops the background work.
 func (b *Bindings) Close() {
 	b.stopOnce.Do(func() {
+		if b.advisory != nil {
+			_ = b.advisory.Unsubscribe()
+		}
 		if b.stop != nil {
 			b.stop()
 			<-b.done
@@ -221,12 +271,19 @@ type BindingsStatus struct {
 	// unreachable or the buckets are being recreated (bindings are then this replica's own).
 	Ready        bool `json:"ready"`
 	CacheEntries int  `json:"cache_entries"`
+	// Behind: since the last reconnect or leader election of the sessions stream the watch
+	// has not replayed the bucket yet; turns read their bindings from the bucket meanwhile.
+	Behind bool `json:"behind"`
+	// InFlightSessions is how many sessions have requests in flight through this replica
+	// (their bindings are kept alive).
+	InFlightSessions int `json:"in_flight_sessions"`
 }
 
 // HealthDetail reports the bindings for the server's /health and /debug/workers
 // (server.HealthDetail); not ready is degraded.
 func (b *Bindings) HealthDetail() (name string, detail any, degraded bool) {
-	st := BindingsStatus{Ready: b.Ready() && b.node.Connected(), CacheEntries: b.Len()}
+	st := BindingsStatus{Ready: b.Ready() && b.node.Connected(), CacheEntries: b.Len(), Behind: b.Behind(),
+		InFlightSessions: b.InFlight()}
 	return "cluster_bindings", st, !st.Ready
 }
 
@@ -298,6 +355,7 @@ func (b *Bindings) setup(ctx context.Context) (stopWatch func(), err error) {
 	if err != nil {
 		return nil, fmt.Errorf("pins bucket: %w", err)
 	}
+	gen := b.gen()
 	wctx, wcancel := context.WithCancel(ctx)
 	w, err := sess.WatchAll(wctx)
 	if err != nil {
@@ -305,30 +363,105 @@ func (b *Bindings) setup(ctx context.Context) (stopWatch func(), err error) {
 		return nil, fmt.Errorf("sessions watch: %w", err)
 	}
 	b.kv.Store(&buckets{sessions: sess, pins: pins})
-	// The watch delivers every live binding first; revisions cached before may belong to a
-	// bucket that is gone (its server restarted), so the cache starts over from the watch.
-	b.mu.Lock()
-	clear(b.cache)
-	b.order.Init()
-	clear(b.groups)
-	b.gorder.Init()
-	b.mu.Unlock()
+	// The watch delivers every live binding first. The cache keeps answering meanwhile (no
+	// blind window), but what it learned before this generation may be stale or come from a
+	// bucket that is gone (its server restarted): such an entry is replaced by what the watch
+	// (or Sync) delivers, and dropped at the end of the initial values if neither did.
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
 		for e := range w.Updates() {
-			if e != nil { // nil marks the end of the initial values
-				b.watched(e)
+			if e == nil { // the end of the initial values: the cache caught up
+				b.sweep(gen)
+				b.synced.Store(gen + 1)
+				continue
 			}
+			b.watched(e)
 		}
 	}()
 	return func() { _ = w.Stop(); wcancel(); <-done }, nil
+}
+
+// gen is the watch generation: it changes with every reconnect and every leader election of
+// the sessions stream.
+func (b *Bindings) gen() uint64 { return b.node.reconnects.Load() + b.leaderChanges.Load() }
+
+// Behind reports whether the cache is known to lag the bucket: since the last reconnect or
+// leader change of the sessions stream, the restarted watch has not delivered all initial
+// values yet.
+func (b *Bindings) Behind() bool { return b.synced.Load() != b.gen()+1 }
+
+// Sync implements sessions.SharedBindings: while the cache is known to be behind (Behind),
+// the bindings of sessionID and parentID that this replica did not learn since are read from
+// the bucket (a direct get, within cluster.kv_deadline) into the cache, so the turn follows
+// a binding another replica wrote meanwhile. Otherwise it returns at once. A failure is
+// counted and leaves the cache as it was.
+func (b *Bindings) Sync(ctx context.Context, sessionID, parentID string) {
+	if !b.Behind() {
+		return
+	}
+	kv := b.kv.Load()
+	if kv == nil || !b.node.Connected() {
+		return
+	}
+	g := b.gen()
+	for _, id := range [2]string{sessionID, parentID} {
+		if id == "" {
+			continue
+		}
+		k := key("s", id)
+		if e, ok := b.cached(k); ok && e.gen == g {
+			continue
+		}
+		if err := b.fetch(ctx, kv.sessions, k); err != nil {
+			b.opsTotal.WithLabelValues("get", "error").Inc()
+			b.node.CountError("bindings", fmt.Errorf("get: %w", err))
+			return
+		}
+	}
+}
+
+// fetch reads binding k from the bucket into the cache.
+func (b *Bindings) fetch(ctx context.Context, kv jetstream.KeyValue, k string) error {
+	ctx, cancel := context.WithTimeout(ctx, b.deadline)
+	defer cancel()
+	e, err := kv.Get(ctx, k)
+	if errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrKeyDeleted) {
+		b.opsTotal.WithLabelValues("get", "miss").Inc()
+		return nil // nothing newer than what this replica knows
+	}
+	if err != nil {
+		return err
+	}
+	var v bindValue
+	if err := json.Unmarshal(e.Value(), &v); err != nil || v.Worker == "" {
+		return nil
+	}
+	b.opsTotal.WithLabelValues("get", "ok").Inc()
+	b.put(k, v, e.Revision())
+	return nil
+}
+
+// sweep drops the cached bindings learned before generation g that its watch's initial values
+// did not deliver again: they are gone from the bucket.
+func (b *Bindings) sweep(g uint64) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for el := b.order.Back(); el != nil; {
+		prev := el.Prev()
+		if e := el.Value.(*bindEntry); e.gen < g {
+			b.order.Remove(el)
+			delete(b.cache, e.key)
+		}
+		el = prev
+	}
 }
 
 // watched applies one watch entry to the cache.
 func (b *Bindings) watched(e jetstream.KeyValueEntry) {
 	if e.Operation() != jetstream.KeyValuePut {
 		b.drop(e.Key())
+		b.forget(e.Key()) // the session ended fleet-wide: nothing keeps it alive any more
 		return
 	}
 	var v bindValue
@@ -382,9 +515,15 @@ func (b *Bindings) Group(parentID string) []sessions.GroupMember {
 }
 
 // Routed implements sessions.SharedBindings: it queues the write a routed turn needs (none
-// when the binding already names t and was written less than TTL/8 ago).
+// when the binding already names t and was written less than TTL/8 ago), and counts the turn
+// in flight until its Released.
 func (b *Bindings) Routed(sessionID, parentID string, t kvkey.Target) {
 	k := key("s", sessionID)
+	pk := ""
+	if parentID != "" {
+		pk = key("s", parentID)
+	}
+	b.began(k, pk, t)
 	b.mu.RLock()
 	el, ok := b.cache[k]
 	var e bindEntry
@@ -407,14 +546,116 @@ func (b *Bindings) Routed(sessionID, parentID string, t kvkey.Target) {
 		b.opsTotal.WithLabelValues("rebind", "lost").Inc()
 		return
 	}
-	op := bindOp{kind: opBind, key: k, target: t}
-	if parentID != "" {
-		op.parent = key("s", parentID)
-	}
+	op := bindOp{kind: opBind, key: k, target: t, parent: pk}
 	if ok {
 		op.known = e.rev
 	}
 	b.enqueue(op)
+}
+
+// Released implements sessions.SharedBindings: the request's lease ended. The binding is
+// touched (at its cached target and revision: a lease end never moves it) when its last write
+// is at least TTL/8 old, as a routed turn would; one this replica does not know is left alone
+// (the session may have ended).
+func (b *Bindings) Released(sessionID string, t kvkey.Target) {
+	k := key("s", sessionID)
+	b.amu.Lock()
+	if a := b.active[k]; a != nil {
+		if a.n--; a.n <= 0 {
+			delete(b.active, k)
+		}
+	}
+	b.amu.Unlock()
+	if e, ok := b.cached(k); ok {
+		b.keepAlive(k, e, b.touch)
+	}
+}
+
+// began counts a request of the session keyed k in flight (bounded: beyond MaxEntries
+// sessions in flight a new one is not kept alive, and counted as dropped).
+func (b *Bindings) began(k, parent string, t kvkey.Target) {
+	b.amu.Lock()
+	defer b.amu.Unlock()
+	a := b.active[k]
+	if a == nil {
+		if len(b.active) >= b.max {
+			b.opsTotal.WithLabelValues("keepalive", "dropped").Inc()
+			return
+		}
+		a = &activeRec{}
+		b.active[k] = a
+	}
+	a.n++
+	a.target, a.parent, a.since = t, parent, b.now()
+}
+
+// keepAlive queues a touch of the cached binding e (key k) when this replica learned its
+// last write at least after ago and it has not expired.
+func (b *Bindings) keepAlive(k string, e bindEntry, after time.Duration) {
+	age := b.now().Sub(e.seen)
+	if age < after || age > b.ttl {
+		return
+	}
+	b.enqueue(bindOp{kind: opBind, key: k, target: e.target, known: e.rev, keep: true})
+}
+
+// forget stops keeping the session keyed k alive (it ended).
+func (b *Bindings) forget(k string) {
+	b.amu.Lock()
+	delete(b.active, k)
+	b.amu.Unlock()
+}
+
+// keeper keeps the bindings of sessions with requests in flight alive: every TTL/4 it touches
+// those whose last write is at least TTL/2 old, and binds again (at the request's target) one
+// that is gone from the cache (expired, or lost with its bucket), so a request that runs
+// longer than the TTL keeps its session's binding.
+func (b *Bindings) keeper(ctx context.Context) {
+	tick := time.NewTicker(max(b.ttl/4, 10*time.Millisecond))
+	defer tick.Stop()
+	type inflight struct {
+		key string
+		rec activeRec
+	}
+	var batch []inflight
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		batch = batch[:0]
+		now := b.now()
+		b.amu.Lock()
+		for k, a := range b.active {
+			if now.Sub(a.since) > b.maxAge {
+				delete(b.active, k) // its Released never came
+				b.opsTotal.WithLabelValues("keepalive", "expired").Inc()
+				continue
+			}
+			batch = append(batch, inflight{k, *a})
+		}
+		b.amu.Unlock()
+		for _, f := range batch {
+			e, ok := b.cached(f.key)
+			if ok && b.now().Sub(e.seen) <= b.ttl {
+				b.keepAlive(f.key, e, b.ttl/2)
+				continue
+			}
+			if b.Behind() {
+				continue // the watch is replaying the bucket: the binding may be there
+			}
+			b.enqueue(bindOp{kind: opBind, key: f.key, target: f.rec.target, parent: f.rec.parent})
+		}
+	}
+}
+
+// InFlight is how many sessions have requests in flight through this replica (their bindings
+// are kept alive).
+func (b *Bindings) InFlight() int {
+	b.amu.Lock()
+	defer b.amu.Unlock()
+	return len(b.active)
 }
 
 // Ended implements sessions.SharedBindings: the binding is dropped here at once and deleted
@@ -422,6 +663,7 @@ func (b *Bindings) Routed(sessionID, parentID string, t kvkey.Target) {
 func (b *Bindings) Ended(sessionID string) {
 	k := key("s", sessionID)
 	b.drop(k)
+	b.forget(k)
 	b.enqueue(bindOp{kind: opEnd, key: k})
 }
 
@@ -578,6 +820,10 @@ func (b *Bindings) bind(ctx context.Context, kv jetstream.KeyValue, op bindOp, v
 	}
 	e, gerr := kv.Get(ctx, op.key)
 	switch {
+	case op.keep && (errors.Is(gerr, jetstream.ErrKeyNotFound) || errors.Is(gerr, jetstream.ErrKeyDeleted)):
+		// Ended (or expired) since: a keep-alive does not bring it back.
+		b.opsTotal.WithLabelValues("keepalive", "miss").Inc()
+		return nil
 	case errors.Is(gerr, jetstream.ErrKeyNotFound) || errors.Is(gerr, jetstream.ErrKeyDeleted):
 		// It expired or ended since our revision: bind it afresh.
 		rev, err = kv.Create(ctx, op.key, val)
@@ -621,19 +867,24 @@ func (b *Bindings) put(k string, v bindValue, rev uint64) {
 	defer b.mu.Unlock()
 	now := b.now()
 	t := kvkey.Target{Worker: v.Worker, DPRank: v.Rank}
+	g := b.gen()
 	if el, ok := b.cache[k]; ok {
 		e := el.Value.(*bindEntry)
-		if rev < e.rev {
-			return
+		if e.gen == g {
+			if rev < e.rev {
+				return
+			}
+			if rev == e.rev && e.target == t {
+				return // our own write echoed by the watch: keep when we learned it
+			}
 		}
-		if rev == e.rev && e.target == t {
-			return // our own write echoed by the watch: keep when we learned it
-		}
-		e.target, e.writer, e.rev, e.seen = t, v.Writer, rev, now
+		// Newer, or learned again after a reset (its revision may belong to a bucket that is
+		// gone): the bucket's binding, learned now, wins over this replica's routing before.
+		e.target, e.writer, e.rev, e.seen, e.gen = t, v.Writer, rev, now, g
 		b.order.MoveToFront(el)
 		return
 	}
-	b.cache[k] = b.order.PushFront(&bindEntry{key: k, target: t, writer: v.Writer, rev: rev, seen: now})
+	b.cache[k] = b.order.PushFront(&bindEntry{key: k, target: t, writer: v.Writer, rev: rev, seen: now, gen: g})
 	if v.Parent != "" {
 		b.joinGroupLocked(v.Parent, t, now) // a child's first binding this replica learned
 	}

@@ -182,6 +182,7 @@ func TestBindingsTTLExpiry(t *testing.T) {
 	startNode(t, srv)
 	b := startBindings(t, startNode(t, replicaConfig(srv, "r1", time.Second)), BindingsOptions{})
 	b.Routed("s", "", wA)
+	b.Released("s", wA) // the request is over: nothing keeps the binding alive
 	eventually(t, 5*time.Second, "bound", lookupIs(b, "s", wA))
 	eventually(t, 5*time.Second, "expired in the bucket", func() bool {
 		_, _, err := stored(t, b, "s")
@@ -443,11 +444,25 @@ func TestBindingsR3SurviveLeaderLoss(t *testing.T) {
 	if v, _, err := stored(t, survivors[1], "before"); err != nil || v.Worker != wA.Worker {
 		t.Fatalf("the binding from before the leader loss: %+v %v", v, err)
 	}
-	// The other survivor's watch may take ~10s to resume (its ordered consumer lived on the
-	// lost server and is reset after missed heartbeats); the bucket itself already has it.
 	if v, _, err := stored(t, survivors[1], "after"); err != nil || v.Worker != wB.Worker {
 		t.Fatalf("the binding made after the leader loss, read by the other survivor: %+v %v", v, err)
 	}
+	// The other survivor follows it at once: it heard of the leader change, so its cache is
+	// known to be behind and the turn's Sync reads the bucket (without it, its ordered
+	// consumer, which lived on the lost leader, would be reset only after missed heartbeats,
+	// about 10 s later).
+	o := survivors[1]
+	if !o.Behind() && !lookupIs(o, "after", wB)() {
+		t.Fatal("the other survivor's cache misses the new binding and is not known to be behind")
+	}
+	o.Sync(context.Background(), "after", "")
+	if got, ok := o.Lookup("after"); !ok || got.Target != wB {
+		t.Fatalf("the other survivor right after the write: %+v %v, want %v", got, ok, wB)
+	}
+	// And its watch is restarted at once, so the cache catches up well before then.
+	eventually(t, 3*time.Second, "the other survivor's watch catches up", func() bool { return !o.Behind() })
+	s.Routed("later", "", wC)
+	eventually(t, 2*time.Second, "the other survivor's watch delivers new bindings", lookupIs(o, "later", wC))
 }
 
 func waitFor(d time.Duration, cond func() bool) bool {
@@ -457,4 +472,82 @@ func waitFor(d time.Duration, cond func() bool) bool {
 		}
 	}
 	return true
+}
+
+// A request that runs longer than the session TTL keeps its session's binding alive (touched
+// every TTL/2 while it is in flight); a session with nothing in flight expires as before; the
+// end of a request (the lease end) touches the binding, restarting its TTL.
+func TestBindingsInFlightKeepAliveAndLeaseEnd(t *testing.T) {
+	const ttl = 2 * time.Second
+	srv := embeddedConfig(t, "srv")
+	startNode(t, srv)
+	b := startBindings(t, startNode(t, replicaConfig(srv, "r1", ttl)), BindingsOptions{})
+	b.Routed("long", "", wA) // in flight until the end of the test
+	b.Routed("idle", "", wB)
+	b.Released("idle", wB)
+	eventually(t, 5*time.Second, "both bound", func() bool { return lookupIs(b, "long", wA)() && lookupIs(b, "idle", wB)() })
+	_, rev0, err := stored(t, b, "long")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, d, _ := b.HealthDetail(); d.(BindingsStatus).InFlightSessions != 1 || d.(BindingsStatus).Behind {
+		t.Fatalf("health detail %+v, want 1 session in flight and the cache caught up", d)
+	}
+
+	b.Routed("lease", "", wC)
+	eventually(t, 5*time.Second, "lease bound", lookupIs(b, "lease", wC))
+	_, leaseRev, _ := stored(t, b, "lease")
+	time.Sleep(ttl * 2 / 5) // past TTL/8 (a lease end touches) but short of TTL/2 (no keep-alive)
+	b.Released("lease", wC)
+	eventually(t, 2*time.Second, "the lease end touches the binding", func() bool {
+		_, rev, err := stored(t, b, "lease")
+		return err == nil && rev > leaseRev
+	})
+	touched := time.Now()
+
+	eventually(t, 3*ttl, "the idle session expires", func() bool {
+		_, _, err := stored(t, b, "idle")
+		return errors.Is(err, jetstream.ErrKeyNotFound)
+	})
+	time.Sleep(time.Until(touched.Add(ttl * 3 / 5)))
+	if _, _, err := stored(t, b, "lease"); err != nil {
+		t.Fatalf("binding touched at its lease end, read %s later: %v", ttl*3/5, err)
+	}
+	time.Sleep(time.Until(touched.Add(ttl + ttl/2)))
+	v, rev, err := stored(t, b, "long")
+	if err != nil {
+		t.Fatalf("binding of a request in flight for %s (TTL %s): %v", time.Since(touched)+ttl*2/5, ttl, err)
+	}
+	if v.Worker != wA.Worker || rev <= rev0 {
+		t.Fatalf("kept-alive binding %+v at revision %d (created at %d)", v, rev, rev0)
+	}
+	b.Released("long", wA)
+	if b.InFlight() != 0 {
+		t.Fatalf("in flight after the last release: %d sessions", b.InFlight())
+	}
+
+	// A session that ends while a request of it is still in flight is not bound again.
+	b.Routed("ends", "", wB)
+	eventually(t, 5*time.Second, "ends bound", lookupIs(b, "ends", wB))
+	b.Ended("ends")
+	time.Sleep(ttl/2 + ttl/4 + 100*time.Millisecond) // past a keeper tick that would touch it
+	if _, _, err := stored(t, b, "ends"); !errors.Is(err, jetstream.ErrKeyNotFound) {
+		t.Fatalf("an ended session with a request in flight: the bucket answers %v, want not found", err)
+	}
+	b.Released("ends", wB)
+}
+
+// A request whose end never comes is no longer kept alive after MaxRequestAge.
+func TestBindingsInFlightSafetyNet(t *testing.T) {
+	srv := embeddedConfig(t, "srv")
+	startNode(t, srv)
+	b := startBindings(t, startNode(t, replicaConfig(srv, "r1", time.Second)), BindingsOptions{MaxRequestAge: 300 * time.Millisecond})
+	b.Routed("leaked", "", wA)
+	if b.InFlight() != 1 {
+		t.Fatalf("in flight: %d sessions, want 1", b.InFlight())
+	}
+	eventually(t, 3*time.Second, "the leaked request is dropped", func() bool { return b.InFlight() == 0 })
+	if n := counterValue(t, b.opsTotal.WithLabelValues("keepalive", "expired")); n != 1 {
+		t.Fatalf("expired keep-alives counted %v, want 1", n)
+	}
 }

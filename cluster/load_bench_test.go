@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"context"
+	"log/slog"
 	"net"
 	"runtime"
 	"slices"
@@ -15,6 +16,7 @@ import (
 	"github.com/kvgate/kvgate/indexers"
 	"github.com/kvgate/kvgate/kvkey"
 	"github.com/kvgate/kvgate/router"
+	"github.com/kvgate/kvgate/sessions"
 )
 
 // depthMatcher answers every match with a fixed per-target overlap (the matcher is the same
@@ -35,8 +37,17 @@ func (m depthMatcher) MatchTiers(_ []kvkey.BlockHash, targets []kvkey.Target, ou
 // Begin/FirstToken/Done published as deltas, snapshots every 100 ms). Alternating keeps the
 // two comparable on a shared machine. Reports p50 and p99 per decision of each (wall, and the
 // thread's CPU time, which leaves out time spent descheduled). Run with make bench-router.
-func BenchmarkKVDecisionCluster(b *testing.B) {
-	const nTargets, nBlocks = 64, 2048
+func BenchmarkKVDecisionCluster(b *testing.B) { benchKVDecisionCluster(b, false) }
+
+// BenchmarkKVDecisionClusterAll is BenchmarkKVDecisionCluster with everything the cluster
+// shares wired as cmd/kvgate wires it: both dispatchers track sessions (256 sessions, one
+// request in four a subagent of another), and "on" also has the session bindings
+// (cluster.Bindings as the tracker's SharedBindings, with its per-turn Sync, Routed and
+// Released) and the shared Responses pins (DispatcherOptions.SharedPins).
+func BenchmarkKVDecisionClusterAll(b *testing.B) { benchKVDecisionCluster(b, true) }
+
+func benchKVDecisionCluster(b *testing.B, all bool) {
+	const nTargets, nBlocks, nSessions = 64, 2048, 256
 	targets := make([]kvkey.Target, nTargets)
 	cands := make([]router.Candidate, nTargets)
 	m := depthMatcher{}
@@ -78,9 +89,39 @@ func BenchmarkKVDecisionCluster(b *testing.B) {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-	off := benchDispatcher(b, m, targets, prompt, nil)
-	on := benchDispatcher(b, m, targets, prompt, own)
-	req := &router.Request{Model: "m", PromptTokens: len(prompt) * 16, BlockSize: 16, BlockHashes: prompt, Stream: true}
+	var offSess, onSess *sessions.Tracker
+	var pins router.SharedPins
+	if all {
+		offSess, onSess = benchTracker(b), benchTracker(b)
+		bn := startNodeB(b, clientConfig(server, "bench-own-bindings", 100*time.Millisecond, 3*time.Second))
+		bs, err := NewBindings(bn, BindingsOptions{})
+		if err != nil {
+			b.Fatal(err)
+		}
+		bs.Start(context.Background())
+		b.Cleanup(bs.Close)
+		for deadline := time.Now().Add(5 * time.Second); !bs.Ready() || bs.Behind(); time.Sleep(5 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				b.Fatal("bindings not ready")
+			}
+		}
+		onSess.SetShared(bs)
+		pins = bs
+	}
+	off := benchDispatcher(b, m, targets, prompt, nil, offSess, nil)
+	on := benchDispatcher(b, m, targets, prompt, own, onSess, pins)
+	reqs := []*router.Request{{Model: "m", PromptTokens: len(prompt) * 16, BlockSize: 16, BlockHashes: prompt, Stream: true}}
+	if all {
+		reqs = reqs[:0]
+		for i := range nSessions {
+			r := &router.Request{Model: "m", PromptTokens: len(prompt) * 16, BlockSize: 16, BlockHashes: prompt, Stream: true,
+				SessionID: "bench-session-" + strconv.Itoa(i)}
+			if i%4 == 3 {
+				r.ParentSessionID = "bench-session-" + strconv.Itoa(i-3)
+			}
+			reqs = append(reqs, r)
+		}
+	}
 	ctx := context.Background()
 	var wall, cpu [2][]time.Duration
 	runtime.LockOSThread()
@@ -94,8 +135,10 @@ func BenchmarkKVDecisionCluster(b *testing.B) {
 		if k == 1 {
 			e = on
 		}
+		req := reqs[(i/2)%len(reqs)]
 		c0 := threadCPU()
 		start := time.Now()
+		end := e.Start(req)
 		_, lc, err := e.Route(ctx, req, cands)
 		if err != nil {
 			b.Fatal(err)
@@ -103,6 +146,7 @@ func BenchmarkKVDecisionCluster(b *testing.B) {
 		lc.Sent()
 		lc.FirstToken()
 		lc.Done()
+		end()
 		wall[k] = append(wall[k], time.Since(start))
 		cpu[k] = append(cpu[k], threadCPU()-c0)
 	}
@@ -121,14 +165,29 @@ func BenchmarkKVDecisionCluster(b *testing.B) {
 	}
 }
 
-// benchDispatcher is a kv Dispatcher over m with 4 requests of its own in flight on every
-// target and fresh worker metrics, sharing its load through ls (nil: not clustered).
-func benchDispatcher(b *testing.B, m indexers.Matcher, targets []kvkey.Target, prompt []kvkey.BlockHash, ls *LoadSync) *router.Dispatcher {
-	p, err := router.NewKV(router.DefaultKVConfig(), router.KVDeps{Matcher: m})
+// benchTracker is a session tracker with the default configuration and no index.
+func benchTracker(b *testing.B) *sessions.Tracker {
+	t, err := sessions.New(sessions.Defaults(), nil, slog.New(slog.DiscardHandler))
 	if err != nil {
 		b.Fatal(err)
 	}
-	e, err := router.NewDispatcher(router.DispatcherOptions{KV: p})
+	return t
+}
+
+// benchDispatcher is a kv Dispatcher over m with 4 requests of its own in flight on every
+// target and fresh worker metrics, sharing its load through ls (nil: not clustered), tracking
+// sessions in st (nil: none) and sharing pins through pins (nil: not shared).
+func benchDispatcher(b *testing.B, m indexers.Matcher, targets []kvkey.Target, prompt []kvkey.BlockHash, ls *LoadSync,
+	st *sessions.Tracker, pins router.SharedPins) *router.Dispatcher {
+	deps := router.KVDeps{Matcher: m}
+	if st != nil {
+		deps.Hints = st
+	}
+	p, err := router.NewKV(router.DefaultKVConfig(), deps)
+	if err != nil {
+		b.Fatal(err)
+	}
+	e, err := router.NewDispatcher(router.DispatcherOptions{KV: p, Sessions: st, SharedPins: pins})
 	if err != nil {
 		b.Fatal(err)
 	}

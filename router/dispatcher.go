@@ -163,6 +163,12 @@ func (e *Dispatcher) Route(ctx context.Context, req *Request, cands []Candidate)
 	if req.PinResponseID != "" {
 		return e.routePinned(ctx, req, cands)
 	}
+	if e.sessions != nil {
+		// The fleet's bindings of this session and its parent, when the replica's view of
+		// them is known to lag (after a reconnect): read within the store's deadline, outside
+		// every lock, before the hints are taken.
+		e.sessions.SyncShared(ctx, req.SessionID, req.ParentSessionID)
+	}
 	if e.holds != nil {
 		return e.routeKV(ctx, req, cands)
 	}

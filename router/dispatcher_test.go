@@ -6,7 +6,9 @@ import (
 	"encoding/json"
 	"errors"
 	"log/slog"
+	"reflect"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -247,6 +249,8 @@ func TestDispatcherSessionSteps(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			sh := &recordShared{}
+			sm.SetShared(sh)
 			e, err := NewDispatcher(DispatcherOptions{Policy: &RoundRobin{}, Sessions: sm})
 			if err != nil {
 				t.Fatal(err)
@@ -269,8 +273,18 @@ func TestDispatcherSessionSteps(t *testing.T) {
 				}
 			}
 			life.Done()
+			life.Failed(errors.New("after Done: ignored"))
 			if _, ok := sm.Debug("child", false); !ok {
 				t.Fatal("session released before the request ended")
+			}
+			// The shared bindings heard the catch-up before routing and, for a sent attempt,
+			// exactly one lease end at the chosen target.
+			wantRel := []string(nil)
+			if tc.sent {
+				wantRel = []string{"child→" + d.Chosen.Target.Worker}
+			}
+			if !reflect.DeepEqual(sh.synced, []string{"child/root"}) || !reflect.DeepEqual(sh.released, wantRel) {
+				t.Fatalf("shared bindings: synced %v released %v, want [child/root] and %v", sh.synced, sh.released, wantRel)
 			}
 			end()
 			if _, ok := sm.Debug("child", false); ok != tc.wantAfter {
@@ -374,4 +388,30 @@ func TestBuild(t *testing.T) {
 	if _, err := NewDispatcher(DispatcherOptions{Policy: &RoundRobin{}, KV: &KVPolicy{}}); err == nil {
 		t.Error("a dispatcher with both a policy and a KV policy was built")
 	}
+}
+
+// recordShared is a sessions.SharedBindings that records the catch-ups and lease ends.
+type recordShared struct {
+	mu       sync.Mutex
+	synced   []string
+	released []string
+}
+
+func (r *recordShared) Lookup(string) (sessions.SharedBinding, bool) {
+	return sessions.SharedBinding{}, false
+}
+func (r *recordShared) Routed(string, string, kvkey.Target) {}
+func (r *recordShared) Group(string) []sessions.GroupMember { return nil }
+func (r *recordShared) Ended(string)                        {}
+
+func (r *recordShared) Sync(_ context.Context, id, parent string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.synced = append(r.synced, id+"/"+parent)
+}
+
+func (r *recordShared) Released(id string, t kvkey.Target) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.released = append(r.released, id+"→"+t.Worker)
 }

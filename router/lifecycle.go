@@ -55,6 +55,7 @@ type attempt struct {
 	h     *Handle
 	obs   *timeObs // the kv policy's TTFT observation (nil for other policies)
 	lead  *prefill // the prefill this attempt leads in the hold table (nil if none)
+	sent  atomic.Bool
 	ended atomic.Bool
 }
 
@@ -63,6 +64,7 @@ type attempt struct {
 // docs/ARCHITECTURE.md, "Sessions and frontiers").
 func (a *attempt) Sent() {
 	if a.e.sessions != nil && a.req.SessionID != "" {
+		a.sent.Store(true)
 		a.e.sessions.OnRouted(a.req.SessionID, a.d.Chosen.Target, a.req.BlockHashes)
 	}
 }
@@ -112,6 +114,10 @@ func (a *attempt) end(completed bool) {
 		}
 		if a.lead != nil {
 			a.e.holds.finish(a.lead, false) // no-op after FirstToken
+		}
+		if a.sent.Load() {
+			// The lease end: the fleet's binding is refreshed (and no longer kept alive for it).
+			a.e.sessions.OnReleased(a.req.SessionID, a.d.Chosen.Target)
 		}
 	}
 }

@@ -1,6 +1,7 @@
 package sessions
 
 import (
+	"context"
 	"reflect"
 	"sync"
 	"testing"
@@ -16,6 +17,7 @@ type fakeShared struct {
 	groups map[string][]GroupMember
 	routed []string // "id(parent)→worker"
 	ended  []string
+	rel    []string // "id→worker"
 }
 
 func newFakeShared() *fakeShared {
@@ -46,6 +48,14 @@ func (f *fakeShared) Ended(id string) {
 	defer f.mu.Unlock()
 	f.ended = append(f.ended, id)
 }
+
+func (f *fakeShared) Released(id string, t kvkey.Target) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.rel = append(f.rel, id+"→"+t.Worker)
+}
+
+func (f *fakeShared) Sync(context.Context, string, string) {}
 
 func (f *fakeShared) set(id string, t kvkey.Target, seen time.Time) {
 	f.mu.Lock()
@@ -161,9 +171,14 @@ func TestSharedReports(t *testing.T) {
 		t.Fatalf("debug view shared = %+v (ok %v), want the fleet binding on %v", v.Shared, ok, tB)
 	}
 	route(m, idx, "kid", "s", tC, chain(900, 2))
+	m.OnReleased("kid", tC)
+	m.OnReleased("", tC) // no session: nothing to share
 	m.End("s")
 	want := []string{"s()→http://a", "s()→http://b", "kid(s)→http://c"}
 	if !reflect.DeepEqual(sh.routed, want) || !reflect.DeepEqual(sh.ended, []string{"s"}) {
 		t.Fatalf("routed %v ended %v, want %v and [s]", sh.routed, sh.ended, want)
+	}
+	if !reflect.DeepEqual(sh.rel, []string{"kid→http://c"}) {
+		t.Fatalf("released %v, want [kid→http://c]", sh.rel)
 	}
 }

@@ -65,7 +65,8 @@ func buildRouting(ctx context.Context, cfg configs.Config, reg *workers.Registry
 	var bindings *cluster.Bindings
 	if node != nil {
 		if bindings, err = cluster.NewBindings(node, cluster.BindingsOptions{MaxEntries: cfg.Sessions.MaxSessions,
-			PinTTL: cfg.Router.Responses.PinTTL.D(), Registerer: prom, Log: log}); err != nil {
+			PinTTL: cfg.Router.Responses.PinTTL.D(), MaxRequestAge: cfg.Router.KV.LoadExpiry.D(),
+			Registerer: prom, Log: log}); err != nil {
 			return nil, err
 		}
 		bindings.Start(bg)
