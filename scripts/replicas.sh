@@ -311,6 +311,13 @@ metric_sum() {
   curl -sf "http://127.0.0.1:$1/metrics" 2>/dev/null | awk -v m="$2" '
     $1 == m || index($1, m "{") == 1 { s += $2; f = 1 } END { printf "%s", f ? s : 0 }' || printf "?"
 }
+# metric_by PORT NAME LABEL: a metric's non-zero series on a replica's /metrics as
+# "value=n value=n" by LABEL ("-" when none).
+metric_by() {
+  curl -sf "http://127.0.0.1:$1/metrics" 2>/dev/null | awk -v m="$2" -v l="$3" '
+    index($1, m "{") == 1 && $2 > 0 { v = $1; sub(".*" l "=\"", "", v); sub("\".*", "", v); printf "%s%s=%s", sep, v, $2; sep = " "; f = 1 }
+    END { if (!f) printf "-" }' || printf "?"
+}
 bodies=()
 [ "$COLD_REPLICA" = 1 ] && bodies=(--bodies-out "$OUT/bodies.jsonl")
 log "replaying $TRACE through HAProxy (time scale $TIME_SCALE, $KVBENCH_ARGS)"
@@ -389,9 +396,10 @@ report() {
   for r in $(seq 1 "$REPLICAS"); do
     [ "$r" = "$KILLED" ] && { echo "replica gw$r: killed"; continue; }
     [ "$NATS" = none ] && { echo "replica gw$r: no cluster section (NATS=none)"; continue; }
-    printf 'replica gw%s: kvgate_cluster_connected %s, kvgate_cluster_errors_total %s, /health %s\n' "$r" \
+    printf 'replica gw%s: kvgate_cluster_connected %s, kvgate_cluster_errors_total %s (%s), /health %s\n' "$r" \
       "$(metric_sum "$(gw_port "$r")" kvgate_cluster_connected)" \
       "$(metric_sum "$(gw_port "$r")" kvgate_cluster_errors_total)" \
+      "$(metric_by "$(gw_port "$r")" kvgate_cluster_errors_total component)" \
       "$(curl -s "http://127.0.0.1:$(gw_port "$r")/health" | jq -r '"degraded \(.degraded // [] | tostring)" +
         (if .cluster then ", disconnects \(.cluster.disconnects), reconnects \(.cluster.reconnects)" else "" end)' 2>/dev/null || echo '?')"
   done
