@@ -20,6 +20,8 @@ func routedConfig(t *testing.T, id, listen string, routes []string) clusterconfi
 	return c
 }
 
+// A seed replica whose embedded server joins the NATS cluster late gets a peer's snapshot at
+// once: its offer crosses the route that forms while it starts.
 func TestFetchSnapshotSeedJoiningLate(t *testing.T) {
 	tg := kvkey.Target{Worker: "http://w1"}
 	routes := []string{hostPort(freePort(t)), hostPort(freePort(t))}
