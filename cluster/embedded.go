@@ -54,13 +54,29 @@ func startEmbedded(cfg clusterconfig.Embedded, name string, log *slog.Logger) (*
 		if err != nil {
 			return nil, fmt.Errorf("cluster.embedded_nats.cluster_listen: %w", err)
 		}
-		opts.Cluster = server.ClusterOpts{Name: "kvgate", Host: ch, Port: cp}
+		peers := 0
+		var routes []*url.URL
 		for _, r := range cfg.Routes {
 			u, err := url.Parse("nats-route://" + strings.TrimPrefix(r, "nats-route://"))
 			if err != nil {
 				return nil, fmt.Errorf("cluster.embedded_nats.routes: %q: %w", r, err)
 			}
-			opts.Routes = append(opts.Routes, u)
+			routes = append(routes, u)
+			if !isOwnRoute(ch, cp, u) {
+				peers++
+			}
+		}
+		if peers > 0 {
+			opts.Cluster = server.ClusterOpts{Name: "kvgate", Host: ch, Port: cp}
+			opts.Routes = routes
+		} else {
+			// A NATS cluster of this server alone never gets a JetStream meta leader: with no
+			// routes JetStream refuses to start ("JetStream cluster requires configured
+			// routes", nats-server server/jetstream_cluster.go), with a route to itself only its
+			// raft groups wait for a remote forever (server/raft.go, "Waiting for routing to be
+			// established"). One seed is a single server, so it runs as one.
+			log.Warn("cluster.embedded_nats.routes lists no other server: the embedded NATS server runs standalone, without its route listener",
+				"cluster_listen", cfg.ClusterListen, "routes", strings.Join(cfg.Routes, ","))
 		}
 	}
 	srv, err := server.NewServer(opts)
@@ -108,6 +124,23 @@ func splitHostPort(hp string) (string, int, error) {
 		n = -1 // nats-server: 0 means its default port; -1 draws a free one
 	}
 	return h, n, nil
+}
+
+// isOwnRoute reports whether route u points at this server's own route listener (host, port):
+// the same port on the same host, a loopback host counting as the same as an unspecified
+// listen host. A peer reached by a name of this machine is not recognised (it is a peer).
+func isOwnRoute(host string, port int, u *url.URL) bool {
+	h, p, err := net.SplitHostPort(u.Host)
+	if err != nil || strconv.Itoa(port) != p {
+		return false
+	}
+	if h == host {
+		return true
+	}
+	ip := net.ParseIP(host)
+	unspecified := host == "" || (ip != nil && ip.IsUnspecified())
+	rip := net.ParseIP(h)
+	return unspecified && (h == "localhost" || (rip != nil && rip.IsLoopback()))
 }
 
 // natsLogger routes nats-server's log lines into slog (warnings and errors only; notices at

@@ -30,6 +30,9 @@
 #                 and compare, on PROBES held-out prompts (prompts of the replay plus a new user
 #                 turn), its per-worker G1/G2 overlap from POST /debug/route with replica 1's,
 #                 which saw everything; prints how long until they agree (target: COLD_WITHIN s)
+#   COLD_ROLE     client: the cold replica is a plain NATS client of the seeds; seed: it runs
+#                 its own embedded server routed to the seeds' (NATS=embedded), so its warm
+#                 start races its routes forming [client]
 #   COMPARE=1     run REPLICAS=1, then REPLICAS=3 (or COMPARE_REPLICAS), on the same trace and a
 #                 fresh fleet of the same shape each, and print the differences: cached-token
 #                 ratio within 0.02, mean TTFT within 15%
@@ -64,6 +67,7 @@ NATS_DOWN_FOR="${NATS_DOWN_FOR:-}"
 KILL_REPLICA_AT="${KILL_REPLICA_AT:-}"
 COLD_REPLICA="${COLD_REPLICA:-0}"
 COMPARE="${COMPARE:-0}"
+COLD_ROLE="${COLD_ROLE:-client}"
 OUT="${OUT:-out/replicas}"
 WORKERS="${WORKERS:-4}"
 SPEEDUP="${SPEEDUP:-1}"
@@ -144,6 +148,8 @@ if [ -n "$KILL_REPLICA_AT" ]; then
   [ "$REPLICAS" -ge 2 ] || die "KILL_REPLICA_AT needs REPLICAS >= 2 (HAProxy needs a replica left)"
 fi
 [ "$COLD_REPLICA" = 1 ] && [ "$REPLICAS" -ge 9 ] && die "COLD_REPLICA=1 needs REPLICAS <= 8 (ports)"
+case "$COLD_ROLE" in client) ;; seed) [ "$NATS" = embedded ] || die "COLD_ROLE=seed needs NATS=embedded" ;;
+  *) die "COLD_ROLE=$COLD_ROLE: want client or seed" ;; esac
 [ "$WORKERS" -le 8 ] || die "WORKERS=$WORKERS: at most 8 (ports)"
 
 
@@ -305,6 +311,13 @@ metric_sum() {
   curl -sf "http://127.0.0.1:$1/metrics" 2>/dev/null | awk -v m="$2" '
     $1 == m || index($1, m "{") == 1 { s += $2; f = 1 } END { printf "%s", f ? s : 0 }' || printf "?"
 }
+# metric_by PORT NAME LABEL: a metric's non-zero series on a replica's /metrics as
+# "value=n value=n" by LABEL ("-" when none).
+metric_by() {
+  curl -sf "http://127.0.0.1:$1/metrics" 2>/dev/null | awk -v m="$2" -v l="$3" '
+    index($1, m "{") == 1 && $2 > 0 { v = $1; sub(".*" l "=\"", "", v); sub("\".*", "", v); printf "%s%s=%s", sep, v, $2; sep = " "; f = 1 }
+    END { if (!f) printf "-" }' || printf "?"
+}
 bodies=()
 [ "$COLD_REPLICA" = 1 ] && bodies=(--bodies-out "$OUT/bodies.jsonl")
 log "replaying $TRACE through HAProxy (time scale $TIME_SCALE, $KVBENCH_ARGS)"
@@ -383,9 +396,10 @@ report() {
   for r in $(seq 1 "$REPLICAS"); do
     [ "$r" = "$KILLED" ] && { echo "replica gw$r: killed"; continue; }
     [ "$NATS" = none ] && { echo "replica gw$r: no cluster section (NATS=none)"; continue; }
-    printf 'replica gw%s: kvgate_cluster_connected %s, kvgate_cluster_errors_total %s, /health %s\n' "$r" \
+    printf 'replica gw%s: kvgate_cluster_connected %s, kvgate_cluster_errors_total %s (%s), /health %s\n' "$r" \
       "$(metric_sum "$(gw_port "$r")" kvgate_cluster_connected)" \
       "$(metric_sum "$(gw_port "$r")" kvgate_cluster_errors_total)" \
+      "$(metric_by "$(gw_port "$r")" kvgate_cluster_errors_total component)" \
       "$(curl -s "http://127.0.0.1:$(gw_port "$r")/health" | jq -r '"degraded \(.degraded // [] | tostring)" +
         (if .cluster then ", disconnects \(.cluster.disconnects), reconnects \(.cluster.reconnects)" else "" end)' 2>/dev/null || echo '?')"
   done
@@ -424,9 +438,9 @@ if [ "$COLD_REPLICA" = 1 ]; then
   per_worker() { awk '{ g1[$2] += $4; g2[$2] += $5; m[$2] = $3 } END { for (w in g1) print w, g1[w], g2[w], m[w] }' "$1" | sort; }
   overlap "$(admin_port 1)" >"$OUT/cold/warm.txt" || die "POST /debug/route failed on replica 1"
   cold=$((REPLICAS + 1))
-  log "starting replica gw$cold cold (buffer_steps $BUFFER_STEPS), watching it for ${COLD_TIMEOUT}s"
+  log "starting replica gw$cold cold ($COLD_ROLE, buffer_steps $BUFFER_STEPS), watching it for ${COLD_TIMEOUT}s"
   t0=$(date +%s.%N)
-  start_replica "$cold" client "$OUT/kvgate-$cold.log"
+  start_replica "$cold" "$COLD_ROLE" "$OUT/kvgate-$cold.log"
   cold_pid=$REPLICA_PID
   matched=""
   at_within=""
@@ -450,7 +464,11 @@ if [ "$COLD_REPLICA" = 1 ]; then
     sleep 0.25
   done
   {
-    echo "== cold replica gw$cold against gw1 (saw everything), $nprobes held-out prompts, buffer_steps $BUFFER_STEPS =="
+    echo "== cold replica gw$cold ($COLD_ROLE) against gw1 (saw everything), $nprobes held-out prompts, buffer_steps $BUFFER_STEPS =="
+    # Each target's warm start on the cold replica (GET /debug/workers subscription.warm_start).
+    curl -sf "http://127.0.0.1:$(admin_port "$cold")/debug/workers" | jq -r '.targets[] | "  warm start \(.worker)#\(.dp_rank): " +
+      (.subscription.warm_start // {} | "\(.state // "-") \(.result // "-")" + (if .peer then " from \(.peer) at seq \(.seq), \(.bytes) bytes in \(.took_ms) ms" else "" end) +
+      (if .error then " (\(.error))" else "" end))' || echo "  warm start: ? (GET /debug/workers failed)"
     echo "worker#rank: G1 warm / cold, G2 warm / cold (blocks summed over the probes), cold replica's scoring mode"
     join <(per_worker "$OUT/cold/warm.txt") <(per_worker "$OUT/cold/cold.txt") |
       awk '{ printf "  %s: G1 %d / %d, G2 %d / %d, %s\n", $1, $2, $5, $3, $6, $7 }'
