@@ -71,6 +71,7 @@ func Fields() []Field {
 		field("router.latency.fleet_weight", "kv: price of a request's prefill time per running decode on the worker it stalls (0 = off)", func(c *Config) flag.Value { return floatValue{&c.Router.Latency.FleetWeight} }),
 		field("router.latency.evict_weight", "kv: price of the prefill time of the working-set blocks a prefill evicts from a full KV cache (0 = off)", func(c *Config) flag.Value { return floatValue{&c.Router.Latency.EvictWeight} }),
 		field("router.latency.learn", "kv: fit each worker's TTFT model online from observed TTFTs (false: prior only)", func(c *Config) flag.Value { return boolValue{&c.Router.Latency.Learn} }),
+		field("router.latency.learn_from", "kv: sample sources the fit learns from (comma-separated): gateway_ttft, worker_prefill, worker_step, gateway_itl", func(c *Config) flag.Value { return listValue{&c.Router.Latency.LearnFrom} }),
 		field("router.latency.forgetting", "kv: forgetting factor of the online fit, (0, 1]", func(c *Config) flag.Value { return floatValue{&c.Router.Latency.Forgetting} }),
 		field("router.latency.ready_samples", "kv: observed requests a worker's fit needs before it replaces the prior", func(c *Config) flag.Value { return intValue{&c.Router.Latency.ReadySamples} }),
 		field("router.hold.enabled", "kv: hold a request whose prompt shares a long prefix with a prefill in flight until that prefix is computed on the same worker+rank", func(c *Config) flag.Value { return boolValue{&c.Router.Hold.Enabled} }),

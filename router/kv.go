@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"reflect"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -112,7 +113,7 @@ func NewKVNoLoad(cfg KVConfig, deps KVDeps) (*KVPolicy, error) {
 }
 
 func newKV(name string, noLoad bool, cfg KVConfig, deps KVDeps) (*KVPolicy, error) {
-	if cfg == (KVConfig{}) {
+	if reflect.DeepEqual(cfg, KVConfig{}) {
 		cfg = DefaultKVConfig()
 	}
 	if err := validateKV(cfg); err != nil {

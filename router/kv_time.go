@@ -23,10 +23,12 @@ const maxTimedTargets = 4096
 // running decodes (count and prompt KV tokens), and each target's online fit of the TTFT
 // model. Scoring reads atomics and an immutable Theta; only feeding a fit takes its lock.
 type timeModel struct {
-	params      latency.Params
-	prior       latency.Theta
-	fit         latency.FitConfig
-	learn       bool
+	params latency.Params
+	prior  latency.Theta
+	fit    latency.FitConfig
+	learn  bool
+	// learnFrom is which sample sources feed the fit (router.latency.learn_from).
+	learnFrom   [latency.NumSources]bool
 	fleetWeight float64
 	evictWeight float64
 	// workset is each target's working set for the eviction term (nil when it is off).
@@ -268,6 +270,13 @@ func newTimeModel(c routerconfig.Latency) (*timeModel, error) {
 	if !tm.prior.Valid() {
 		return nil, fmt.Errorf("latency: prior profile %v must be finite and nonnegative", tm.prior)
 	}
+	for _, name := range c.LearnFrom {
+		for src, n := range latency.SourceNames() {
+			if n == name {
+				tm.learnFrom[src] = true
+			}
+		}
+	}
 	if tm.evictWeight > 0 {
 		tm.workset = newWorkingSets()
 	}
@@ -386,6 +395,9 @@ func (p *KVPolicy) checkRestarts() {
 		if p.timed.learn && samples.n > 0 {
 			w := t.String()
 			for _, s := range samples.s[:samples.n] {
+				if !p.timed.learnFrom[s.src] {
+					continue
+				}
 				tt.observe(p.timed.metrics, w, s.src, s.x, s.yMs)
 			}
 			tt.publish()
@@ -629,7 +641,7 @@ func (o *timeObs) expired() { o.end(false) }
 // worker reported its KV cache past the pressure threshold are skipped: preemption and
 // admission stalls there are not what the linear model describes.
 func (o *timeObs) feed() {
-	if o.fed || o.stage != stageDecode || !o.tm.learn || !o.stream {
+	if o.fed || o.stage != stageDecode || !o.tm.learn || !o.tm.learnFrom[latency.SourceTTFT] || !o.stream {
 		return
 	}
 	o.fed = true
@@ -649,7 +661,7 @@ func (o *timeObs) feed() {
 // now. Skipped with fewer than minITLEvents events and, like feed, under KV pressure.
 func (o *timeObs) feedITL() {
 	n := o.events.Load()
-	if !o.tm.learn || !o.stream || n < minITLEvents {
+	if !o.tm.learn || !o.tm.learnFrom[latency.SourceGatewayITL] || !o.stream || n < minITLEvents {
 		return
 	}
 	if o.tm.params.KVPressureWeight > 0 && o.state.KVUsage > o.tm.params.KVPressureStart {

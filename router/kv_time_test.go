@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -14,6 +15,7 @@ import (
 	"github.com/kvgate/kvgate/indexers"
 	"github.com/kvgate/kvgate/kvkey"
 	"github.com/kvgate/kvgate/router/latency"
+	"github.com/kvgate/kvgate/router/routerconfig"
 )
 
 // TestKVKeepsSessionOnWorkerRunningLongDecodes: a worker whose cache holds a session's 32k-token
@@ -456,7 +458,7 @@ func (w *slowWorker) page() string {
 // leaves the fit where it was, and the windows after it are learned again.
 func TestKVLearnsSlowWorkerFromItsHistograms(t *testing.T) {
 	reg := prometheus.NewRegistry()
-	_, p, clk := timedEngine(t, DefaultKVConfig(), reg)
+	_, p, clk := timedEngine(t, allSources(), reg)
 	var slow latency.Theta
 	for i, v := range p.timed.prior {
 		slow[i] = 3 * v
@@ -546,7 +548,7 @@ func TestKVGatewayITLSample(t *testing.T) {
 		{"not streamed", false, 64, false, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			e, p, clk := timedEngine(t, DefaultKVConfig(), nil)
+			e, p, clk := timedEngine(t, allSources(), nil)
 			req := request(chain(3, 20))
 			if tc.stream {
 				req = streamed(req)
@@ -681,5 +683,26 @@ func TestWorkingSets(t *testing.T) {
 	ws.forget(tgt(0))
 	if got := ws.blocks(tgt(0)); got != 0 {
 		t.Fatalf("after forget: %v", got)
+	}
+}
+
+// allSources is the default config with the fit learning from every sample source
+// (router.latency.learn_from lists only gateway_ttft by default).
+func allSources() KVConfig {
+	c := DefaultKVConfig()
+	c.Latency.LearnFrom = routerconfig.LearnSources()
+	return c
+}
+
+// The default learns from the gateway's TTFTs only: a worker's histograms and the gateway's
+// inter-event times are not fed unless router.latency.learn_from names them.
+func TestKVLearnFromDefaultIgnoresWorkerSources(t *testing.T) {
+	_, p, _ := timedEngine(t, DefaultKVConfig(), nil)
+	if !p.timed.learnFrom[latency.SourceTTFT] || p.timed.learnFrom[latency.SourceWorkerPrefill] ||
+		p.timed.learnFrom[latency.SourceWorkerStep] || p.timed.learnFrom[latency.SourceGatewayITL] {
+		t.Fatalf("default sources %v, want gateway_ttft only", p.timed.learnFrom)
+	}
+	if got, want := routerconfig.LearnSources(), latency.SourceNames(); !slices.Equal(got, want[:]) {
+		t.Fatalf("routerconfig's source names %v differ from the model's %v", got, want)
 	}
 }

@@ -6,7 +6,10 @@
 package routerconfig
 
 import (
+	"fmt"
 	"math"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/kvgate/kvgate/confval"
@@ -136,6 +139,12 @@ type Latency struct {
 	EvictWeight float64 `yaml:"evict_weight"`
 	// Learn turns the online fit on (default true); false scores every worker with the prior.
 	Learn bool `yaml:"learn"`
+	// LearnFrom names the sample sources the fit learns from: gateway_ttft (the TTFTs the
+	// gateway measures), worker_prefill and worker_step (the worker's own prefill-time and
+	// inter-token-latency histograms, per scrape window), gateway_itl (the time between relayed
+	// stream events). Default gateway_ttft only: with the worker's sources on as well, kv
+	// captured less of the cache on the simulator (README, "The fit's sources").
+	LearnFrom []string `yaml:"learn_from"`
 	// Forgetting is the fit's forgetting factor λ in (0, 1] (default 0.997: a memory of ~330
 	// requests). Lower tracks changes faster and is noisier.
 	Forgetting float64 `yaml:"forgetting"`
@@ -180,7 +189,7 @@ func Default() KV {
 			FrontendMs: 10, PrefillMsPerToken: 0.0152, AttentionMsPerPair: 8.4e-7,
 			StepMs: 16.5, StepMsPerKVToken: 2e-4, MaxNumBatchedTokens: 8192,
 			KVPressureStart: 0.9, KVPressureWeight: 1, FleetWeight: 0.05, EvictWeight: 1,
-			Learn: true, Forgetting: 0.997, ReadySamples: 20,
+			Learn: true, LearnFrom: []string{"gateway_ttft"}, Forgetting: 0.997, ReadySamples: 20,
 		},
 		Hold: Hold{Enabled: true, MinBlocks: 64, Margin: confval.Duration(250 * time.Millisecond)},
 	}
@@ -188,8 +197,18 @@ func Default() KV {
 
 // Validate returns every invalid knob, each naming its YAML key relative to the section
 // ("decode_weight", "approximate.ttl"); configs prefixes them with "router.".
+// LearnSources are the names router.latency.learn_from accepts, in the router's source order.
+func LearnSources() []string {
+	return []string{"gateway_ttft", "worker_prefill", "worker_step", "gateway_itl"}
+}
+
 func (c KV) Validate() error {
 	var p confval.Problems
+	for i, src := range c.Latency.LearnFrom {
+		if !slices.Contains(LearnSources(), src) {
+			p.Addf(fmt.Sprintf("latency.learn_from[%d]", i), "%q is not one of %s", src, strings.Join(LearnSources(), ", "))
+		}
+	}
 	weights := []struct {
 		key string
 		v   float64
