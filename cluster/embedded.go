@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -20,6 +21,7 @@ import (
 type embeddedServer struct {
 	srv     *server.Server
 	tempDir string // removed at close when the store dir was drawn by us
+	peers   int    // routes configured to other servers
 }
 
 // startEmbedded starts the server cfg describes and waits until it accepts clients (and, with
@@ -66,6 +68,7 @@ func startEmbedded(cfg clusterconfig.Embedded, name string, log *slog.Logger) (*
 				peers++
 			}
 		}
+		e.peers = peers
 		if peers > 0 {
 			opts.Cluster = server.ClusterOpts{Name: "kvgate", Host: ch, Port: cp}
 			opts.Routes = routes
@@ -153,3 +156,16 @@ func (l natsLogger) Fatalf(format string, v ...any)  { l.log.Error(fmt.Sprintf(f
 func (l natsLogger) Errorf(format string, v ...any)  { l.log.Error(fmt.Sprintf(format, v...)) }
 func (l natsLogger) Debugf(format string, v ...any)  { l.log.Debug(fmt.Sprintf(format, v...)) }
 func (l natsLogger) Tracef(format string, v ...any)  {}
+
+// awaitRoutes waits, at most max and while ctx lasts, until the server has a route to a peer
+// (when any is configured): a replica whose routes are still forming at start would otherwise
+// ask its peers for snapshots before they can hear it.
+func (e *embeddedServer) awaitRoutes(ctx context.Context, max time.Duration) {
+	if e == nil || e.peers == 0 {
+		return
+	}
+	deadline := time.Now().Add(max)
+	for e.srv.NumRoutes() == 0 && time.Now().Before(deadline) && ctx.Err() == nil {
+		time.Sleep(10 * time.Millisecond)
+	}
+}

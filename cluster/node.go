@@ -166,6 +166,13 @@ func (n *Node) Subject(tokens ...string) string {
 // Bucket is the fleet's JetStream key-value bucket name for what (e.g. "sessions").
 func (n *Node) Bucket(what string) string { return "kvgate-" + n.cfg.Fleet + "-" + what }
 
+// AwaitRoutes waits, at most max and while ctx lasts, until this replica's embedded server
+// has a route to a peer; it returns at once without an embedded server or peer routes.
+func (n *Node) AwaitRoutes(ctx context.Context, max time.Duration) { n.embedded.awaitRoutes(ctx, max) }
+
+// HasPeerRoutes reports whether this replica runs an embedded server routed to other servers.
+func (n *Node) HasPeerRoutes() bool { return n.embedded != nil && n.embedded.peers > 0 }
+
 // Connected reports whether the NATS connection is up.
 func (n *Node) Connected() bool { return n.connected.Load() }
 

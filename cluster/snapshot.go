@@ -306,8 +306,14 @@ func (s *Snapshots) FetchSnapshot(ctx context.Context, t kvkey.Target) (data []b
 	if !s.node.Connected() {
 		return nil, "", errors.New("cluster: snapshot: NATS not connected")
 	}
+	// A seed whose routes are still forming cannot hear its peers' offers yet.
+	s.node.AwaitRoutes(ctx, s.node.Config().SnapshotTimeout.D()/2)
 	req, _ := json.Marshal(snapTarget{Worker: t.Worker, DPRank: t.DPRank, From: s.node.ReplicaID()})
 	offer, err := s.offer(ctx, req)
+	if errors.Is(err, ErrNoPeer) && s.node.HasPeerRoutes() {
+		// Routes just formed may not carry the peers' interest yet: ask once more.
+		offer, err = s.offer(ctx, req)
+	}
 	if err != nil {
 		return nil, "", err
 	}
