@@ -255,7 +255,9 @@ func TestHealthFlapChecksKVState(t *testing.T) {
 	for _, v := range f.targets() {
 		before[v.Worker] = v
 	}
-	if *before[w].ApproximateBlocks == 0 || before[w].IndexBlocks == 0 || before[other].IndexBlocks == 0 {
+	// (A target whose events are healthy keeps its routed prompts out of the approximate index,
+	// in a ring that Forget drops: router/kv_recent.go; so only the index is checked here.)
+	if before[w].IndexBlocks == 0 || before[other].IndexBlocks == 0 {
 		t.Fatalf("nothing known before the flap: %s", f.get("/debug/workers"))
 	}
 
