@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"sort"
 
@@ -114,11 +115,7 @@ func (ts *targetState) encodeLocked(cur SnapshotCursor) []byte {
 			b = binary.AppendUvarint(b, uint64(n.res[k]))
 		}
 	}
-	exts := make([]kvkey.EngineHash, 0, len(ts.ext))
-	for h := range ts.ext {
-		exts = append(exts, h)
-	}
-	slices.Sort(exts)
+	exts := slices.Sorted(maps.Keys(ts.ext))
 	b = binary.AppendUvarint(b, uint64(len(exts)))
 	for _, h := range exts {
 		x := ts.ext[h]
@@ -128,11 +125,7 @@ func (ts *targetState) encodeLocked(cur SnapshotCursor) []byte {
 			b = binary.AppendUvarint(b, uint64(x.refs[k]))
 		}
 	}
-	anchors := make([]kvkey.EngineHash, 0, len(ts.anchors))
-	for h := range ts.anchors {
-		anchors = append(anchors, h)
-	}
-	slices.Sort(anchors)
+	anchors := slices.Sorted(maps.Keys(ts.anchors))
 	b = binary.AppendUvarint(b, uint64(len(anchors)))
 	for _, h := range anchors {
 		a := ts.anchors[h]

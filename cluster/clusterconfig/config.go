@@ -135,7 +135,7 @@ func (c Config) Validate() error {
 	}
 	for i, r := range e.Routes {
 		if !hostPort(strings.TrimPrefix(r, "nats-route://")) {
-			p.Addf("embedded_nats.routes["+itoa(i)+"]", "%q is not host:port or nats-route://host:port", r)
+			p.Addf("embedded_nats.routes["+strconv.Itoa(i)+"]", "%q is not host:port or nats-route://host:port", r)
 		}
 	}
 	if e.Name != "" && !tokenRE.MatchString(e.Name) {
@@ -167,5 +167,3 @@ func hostPort(s string) bool {
 	_, port, err := net.SplitHostPort(s)
 	return err == nil && port != ""
 }
-
-func itoa(i int) string { return strconv.Itoa(i) }
