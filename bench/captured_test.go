@@ -42,6 +42,32 @@ func TestCapturedCacheFraction(t *testing.T) {
 	}
 }
 
+// TestCapturedOfCapacity: the pooled-LRU reference sums like the theoretical one, over the same
+// requests, and the captured fraction of it can exceed 1 (the fleet did better than one LRU).
+func TestCapturedOfCapacity(t *testing.T) {
+	rec := func(hit, capHit, prompt, cached int) Record {
+		return Record{Status: 200, HasUsage: true, PromptTokens: prompt, CachedTokens: cached,
+			TheoreticalHit: hit, TraceBlocks: 4, CapacityHit: capHit}
+	}
+	tests := []struct {
+		name    string
+		recs    []Record
+		wantCap int
+		want    float64
+	}{
+		{"capacity lost half", []Record{rec(4, 2, 256, 64)}, 128, 0.5},
+		{"beat the pooled LRU", []Record{rec(4, 1, 256, 128)}, 64, 2},
+		{"capped at the prompt", []Record{rec(4, 4, 200, 100)}, 200, 0.5},
+		{"no capacity given", []Record{rec(4, 0, 256, 64)}, 0, 0},
+	}
+	for _, tc := range tests {
+		s := Summarize("x", InputConfig{BlockSize: 64}, &Result{Records: tc.recs})
+		if s.CapacityCacheableTokens != tc.wantCap || math.Abs(s.CapturedOfCapacity-tc.want) > 1e-9 {
+			t.Errorf("%s: capacity %d captured %v, want %d and %v", tc.name, s.CapacityCacheableTokens, s.CapturedOfCapacity, tc.wantCap, tc.want)
+		}
+	}
+}
+
 // TestCapturedInReports: the captured fraction appears in the JSON summary, the text table,
 // the CSV and the HTML report.
 func TestCapturedInReports(t *testing.T) {

@@ -42,6 +42,9 @@ type Record struct {
 	// hash namespace, and all its blocks (weka and standalone mooncake requests only).
 	TheoreticalHit int `json:"theoretical_hit_blocks"`
 	TraceBlocks    int `json:"trace_blocks"`
+	// CapacityHit: the leading blocks a pooled LRU of the fleet's whole cache still held
+	// (ReplayOptions.CapacityBlocks; 0 without it).
+	CapacityHit int `json:"capacity_hit_blocks,omitempty"`
 
 	Worker    string `json:"worker,omitempty"`
 	Status    int    `json:"http_status"`

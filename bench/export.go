@@ -159,6 +159,10 @@ func WriteCSV(w io.Writer, s *Summary) error {
 	_ = cw.Write([]string{"Theoretical Prefix Cache Hit", f(s.TheoreticalPrefixCacheHit)})
 	_ = cw.Write([]string{"Theoretical Cacheable Tokens", strconv.Itoa(s.TheoreticalCacheableTokens)})
 	_ = cw.Write([]string{"Captured Cache Fraction", f(s.CapturedCacheFraction)})
+	if s.CapacityCacheableTokens > 0 {
+		_ = cw.Write([]string{"Capacity Cacheable Tokens", strconv.Itoa(s.CapacityCacheableTokens)})
+		_ = cw.Write([]string{"Captured Of Capacity", f(s.CapturedOfCapacity)})
+	}
 	_ = cw.Write([]string{"Total Usage Prompt Tokens", strconv.Itoa(s.TotalUsagePromptTokens)})
 	_ = cw.Write([]string{"Total Usage Prompt Cache Read Tokens", strconv.Itoa(s.TotalUsagePromptCacheReadTokens)})
 	_ = cw.Write([]string{"Benchmark Duration (sec)", f(s.BenchmarkDuration)})
@@ -253,6 +257,7 @@ func compareRows() []compareRow {
 		{"cached ratio", func(s *Summary) float64 { return s.CachedTokenRatio }, false, ""},
 		{"theoretical hit", func(s *Summary) float64 { return s.TheoreticalPrefixCacheHit }, false, ""},
 		{"captured of theoretical", func(s *Summary) float64 { return s.CapturedCacheFraction }, false, ""},
+		{"captured of pooled LRU", func(s *Summary) float64 { return s.CapturedOfCapacity }, false, ""},
 		{"requests ok", func(s *Summary) float64 { return float64(s.RequestCount) }, false, ""},
 		{"errors", func(s *Summary) float64 { return float64(s.ErrorCount) }, true, ""},
 	}

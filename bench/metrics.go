@@ -83,12 +83,17 @@ type Summary struct {
 	// cache on a single worker could have served. CapturedCacheFraction is the cached tokens
 	// the workers reported for those same requests divided by it (0 when it is 0): how much of
 	// the achievable reuse the fleet and its routing actually got.
-	TheoreticalCacheableTokens int            `json:"theoretical_cacheable_tokens"`
-	CapturedCacheFraction      float64        `json:"captured_cache_fraction"`
-	BenchmarkDuration          float64        `json:"benchmark_duration"`
-	ErrorSummary               map[string]int `json:"error_summary"`
-	WorkerDistribution         map[string]int `json:"worker_distribution"`
-	ContextResets              int            `json:"context_resets"`
+	TheoreticalCacheableTokens int     `json:"theoretical_cacheable_tokens"`
+	CapturedCacheFraction      float64 `json:"captured_cache_fraction"`
+	// CapacityCacheableTokens is the same sum over the pooled-LRU hit (kvbench
+	// --capacity-blocks), and CapturedOfCapacity the cached tokens divided by it: how close the
+	// run came to a fleet that is one LRU cache of the same total size. Both 0 without a capacity.
+	CapacityCacheableTokens int            `json:"capacity_cacheable_tokens,omitempty"`
+	CapturedOfCapacity      float64        `json:"captured_of_capacity,omitempty"`
+	BenchmarkDuration       float64        `json:"benchmark_duration"`
+	ErrorSummary            map[string]int `json:"error_summary"`
+	WorkerDistribution      map[string]int `json:"worker_distribution"`
+	ContextResets           int            `json:"context_resets"`
 }
 
 // InputConfig records how the run was made.
@@ -148,6 +153,7 @@ func Summarize(label string, cfg InputConfig, res *Result) *Summary {
 			s.TotalUsagePromptCacheReadTokens += r.CachedTokens
 			if r.TraceBlocks > 0 && cfg.BlockSize > 0 {
 				s.TheoreticalCacheableTokens += min(r.TheoreticalHit*cfg.BlockSize, r.PromptTokens)
+				s.CapacityCacheableTokens += min(r.CapacityHit*cfg.BlockSize, r.PromptTokens)
 				capturedCached += r.CachedTokens
 			}
 		}
@@ -165,6 +171,9 @@ func Summarize(label string, cfg InputConfig, res *Result) *Summary {
 	}
 	if s.TheoreticalCacheableTokens > 0 {
 		s.CapturedCacheFraction = float64(capturedCached) / float64(s.TheoreticalCacheableTokens)
+	}
+	if s.CapacityCacheableTokens > 0 {
+		s.CapturedOfCapacity = float64(capturedCached) / float64(s.CapacityCacheableTokens)
 	}
 	s.OutputTokenThroughput = Stat{Unit: "tokens/sec"}
 	s.RequestThroughput = Stat{Unit: "requests/sec"}

@@ -67,6 +67,11 @@ type ReplayOptions struct {
 	Logger      *slog.Logger
 	// OnRecord is called after every request (progress display); it must be fast.
 	OnRecord func(r *Record)
+	// CapacityBlocks is the fleet's whole GPU cache in the trace's blocks (kvbench
+	// --capacity-tokens divided by the trace's block size). When
+	// set, each record also gets the hit a pooled LRU cache of that size would have had
+	// (Record.CapacityHit): the capacity reference next to the unlimited theoretical hit.
+	CapacityBlocks int
 }
 
 // Result is a finished replay.
@@ -88,6 +93,7 @@ type runner struct {
 	records []Record
 	resets  int
 	seen    map[string]map[int64]struct{} // namespace -> hash_ids seen (theoretical prefix hit)
+	pooled  *pooledLRU                    // nil without ReplayOptions.CapacityBlocks
 }
 
 // Replay sends the trace's requests to the endpoint and records their timings.
@@ -129,6 +135,9 @@ func Replay(ctx context.Context, tr *Trace, synth *Synth, opts ReplayOptions) (*
 	}
 	r := &runner{opts: opts, synth: synth, seen: map[string]map[int64]struct{}{},
 		snd: &sender{client: client, url: base + api.path(), api: api, apiKey: opts.APIKey, headers: opts.Headers}}
+	if opts.CapacityBlocks > 0 {
+		r.pooled = newPooledLRU(opts.CapacityBlocks)
+	}
 	limit := int64(tr.RequestCount())
 	if opts.MaxRequests > 0 {
 		limit = min(limit, int64(opts.MaxRequests))
@@ -300,7 +309,7 @@ func (r *runner) send(ctx context.Context, s *Session, k int, corr, parentCorr s
 	}
 	raw, err := json.Marshal(body)
 	rec := Record{RequestID: newUUID(), CorrelationID: corr, ParentCorrID: parentCorr, ConversationID: s.ID, TurnIndex: k}
-	rec.TheoreticalHit, rec.TraceBlocks = r.theoretical(s, t)
+	rec.TheoreticalHit, rec.TraceBlocks, rec.CapacityHit = r.theoretical(s, t)
 	hdr := http.Header{}
 	hdr.Set("X-Request-ID", rec.RequestID)
 	hdr.Set("X-Correlation-ID", corr)
@@ -343,13 +352,17 @@ func (r *runner) send(ctx context.Context, s *Session, k int, corr, parentCorr s
 }
 
 // theoretical counts the request's leading blocks already seen in its namespace (aiperf's
-// "Theoretical Prefix Cache Hit"); incremental sessions are not counted (their hash_ids are deltas).
-func (r *runner) theoretical(s *Session, t *Turn) (hit, total int) {
+// "Theoretical Prefix Cache Hit") and, with a capacity, those the pooled LRU still holds;
+// incremental sessions are not counted (their hash_ids are deltas).
+func (r *runner) theoretical(s *Session, t *Turn) (hit, total, capacityHit int) {
 	if s.Mode == ContextDeltas || len(t.HashIDs) == 0 {
-		return 0, 0
+		return 0, 0, 0
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if r.pooled != nil {
+		capacityHit = r.pooled.touch(s.Namespace, t.HashIDs)
+	}
 	seen := r.seen[s.Namespace]
 	if seen == nil {
 		seen = map[int64]struct{}{}
@@ -364,7 +377,7 @@ func (r *runner) theoretical(s *Session, t *Turn) (hit, total int) {
 	for _, id := range t.HashIDs {
 		seen[id] = struct{}{}
 	}
-	return hit, len(t.HashIDs)
+	return hit, len(t.HashIDs), capacityHit
 }
 
 // sleepUntil waits for the deadline; false if ctx ended first.

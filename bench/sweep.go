@@ -91,7 +91,7 @@ func sweepTable(points []SweepPoint) [][]string {
 	for _, m := range sweepMetrics() {
 		header = append(header, m.title+" ("+m.unit+")")
 	}
-	header = append(header, "cached ratio", "captured of theoretical", "ok", "errors")
+	header = append(header, "cached ratio", "captured of theoretical", "captured of pooled LRU", "ok", "errors")
 	rows := [][]string{header}
 	_, sorted := sweepPolicies(points)
 	for _, p := range sorted {
@@ -100,7 +100,7 @@ func sweepTable(points []SweepPoint) [][]string {
 		for _, m := range sweepMetrics() {
 			row = append(row, formatNum(m.get(s)))
 		}
-		row = append(row, formatNum(s.CachedTokenRatio), formatNum(s.CapturedCacheFraction),
+		row = append(row, formatNum(s.CachedTokenRatio), formatNum(s.CapturedCacheFraction), formatNum(s.CapturedOfCapacity),
 			strconv.Itoa(s.RequestCount), strconv.Itoa(s.ErrorCount))
 		rows = append(rows, row)
 	}

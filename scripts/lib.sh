@@ -149,7 +149,8 @@ run_variant() {
   # commands, and `wait` is interruptible where a foreground command is not.
   "$BIN/kvbench" run --url "http://127.0.0.1:$BASE_PORT" --model "$MODEL_NAME" --tokenizer "$MODEL_DIR" \
     --trace "$trace" --time-scale "$scale" --session-headers "$headers" --policy "$policy" \
-    --api "${API:-chat}" --label "$label${API:+/$API}" --out "$dir" "${quiet[@]}" "$@" >"$dir/kvbench.txt" &
+    --api "${API:-chat}" --label "$label${API:+/$API}" --out "$dir" "${quiet[@]}" \
+    --capacity-tokens "$((WORKERS * NUM_GPU_BLOCKS * BLOCK_SIZE))" "$@" >"$dir/kvbench.txt" &
   kb=$!
   PIDS+=("$kb")
   wait "$kb" || die "[$label] kvbench failed; see $dir/kvbench.txt"

@@ -98,6 +98,7 @@ func runCmd(ctx context.Context, args []string, stdout, stderr io.Writer, logger
 	quiet := fs.Bool("quiet", false, "no progress display")
 	repeat := fs.Int("repeat", 1, "replay every session tree N times as independent users (own hash namespaces)")
 	stagger := fs.Duration("repeat-stagger", 0, "start copy i of --repeat this much later than copy i-1 (trace time, scaled)")
+	capacity := fs.Int("capacity-tokens", 0, "the fleet's whole GPU cache in tokens (workers × num_gpu_blocks × block_size): also report the hit a pooled LRU cache of that size would have had, and the fraction of it the run captured (0 = off)")
 	bodiesOut := fs.String("bodies-out", "", "write every request body sent to this file, one JSON object a line (to replay the same prompts elsewhere, e.g. POST /debug/route)")
 	var hdrs headerFlags
 	fs.Var(&hdrs, "H", `extra request header "Name: value" (repeatable)`)
@@ -152,7 +153,11 @@ func runCmd(ctx context.Context, args []string, stdout, stderr io.Writer, logger
 		"requests", total, "block_size", tr.BlockSize, "api", apiKind, "mode", m, "time_scale", *timeScale)
 	opts := bench.ReplayOptions{URL: *url, Model: *model, API: apiKind, Mode: m, Concurrency: *conc, RequestRate: *rate,
 		TimeScale: *timeScale, MaxRequests: *maxReq, MaxOutputTokens: *maxOut, SessionHeaders: *sessHdr,
-		NvextSession: *nvext, IgnoreEOS: *ignoreEOS, Timeout: *timeout, APIKey: os.Getenv("OPENAI_API_KEY"), Headers: headers, Logger: logger}
+		NvextSession: *nvext, IgnoreEOS: *ignoreEOS, Timeout: *timeout, APIKey: os.Getenv("OPENAI_API_KEY"), Headers: headers, Logger: logger,
+		CapacityBlocks: *capacity / max(tr.BlockSize, 1)}
+	if *capacity < 0 {
+		return fmt.Errorf("--capacity-tokens %d: want 0 (off) or a token count", *capacity)
+	}
 	if *bodiesOut != "" {
 		f, err := os.Create(*bodiesOut)
 		if err != nil {
