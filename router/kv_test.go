@@ -155,9 +155,9 @@ func TestKVBusyThresholds(t *testing.T) {
 	}{
 		{name: "idle: best overlap", want: 0, reasonPart: "lowest cost"},
 		{name: "waiting queue over threshold", metrics: map[int]WorkerMetrics{0: {Waiting: 16}}, want: 1, reasonPart: "avoided 1 busy"},
-		{name: "kv usage over threshold", metrics: map[int]WorkerMetrics{0: {KVUsage: 0.96}}, want: 1, reasonPart: "kv usage 0.96"},
-		{name: "just under thresholds", metrics: map[int]WorkerMetrics{0: {Waiting: 15, KVUsage: 0.94}}, want: 0, reasonPart: "lowest cost"},
-		{name: "all busy: lowest cost anyway", metrics: map[int]WorkerMetrics{0: {Waiting: 20}, 1: {KVUsage: 0.99}},
+		{name: "kv usage over threshold", metrics: map[int]WorkerMetrics{0: {KVUsage: 1}}, want: 1, reasonPart: "kv usage 1.00"},
+		{name: "just under thresholds", metrics: map[int]WorkerMetrics{0: {Waiting: 15, KVUsage: 0.98}}, want: 0, reasonPart: "lowest cost"},
+		{name: "all busy: lowest cost anyway", metrics: map[int]WorkerMetrics{0: {Waiting: 20}, 1: {KVUsage: 1}},
 			want: 0, reasonPart: "all 2 targets over busy thresholds"},
 		{name: "stale metrics ignored", metrics: map[int]WorkerMetrics{0: {Waiting: 50}}, age: 10 * time.Second, want: 0, reasonPart: "lowest cost"},
 	}

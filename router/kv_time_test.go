@@ -114,7 +114,7 @@ func TestKVTimeCost(t *testing.T) {
 		{"unseen waiting requests count as queued prefill", fixedMatcher{tgt(0): {G1: 16}}, nil,
 			[]setup{metrics(0, WorkerMetrics{Waiting: 10, Running: 1})}, 1},
 		{"busy threshold avoids a saturated worker despite its cache", fixedMatcher{tgt(0): {G1: 128}}, nil,
-			[]setup{metrics(0, WorkerMetrics{KVUsage: 0.97})}, 1},
+			[]setup{metrics(0, WorkerMetrics{KVUsage: 0.995})}, 1},
 		{"a parent hint decides between equal targets", nil, fixedHints{{Target: tgt(1), Rule: "parent", Blocks: 4}}, nil, 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -54,7 +54,10 @@ type KV struct {
 	// requests (default 16; 0 disables). Busy targets are avoided while any other is not busy.
 	BusyWaitingRequests int `yaml:"busy_waiting_requests"`
 	// BusyKVUsage marks a target busy when its worker reports KV cache usage at or above this
-	// fraction (default 0.95; 0 disables). Lower keeps headroom against preemption.
+	// fraction (default 0.99: a cache so full that a new prompt waits or preempts; 0 disables).
+	// Below it kv prices KV pressure in its prediction instead (latency.kv_pressure_*): a lower
+	// threshold moves agents with long contexts off their cache whenever their running requests
+	// fill it. Lower keeps headroom against preemption.
 	BusyKVUsage float64 `yaml:"busy_kv_usage"`
 	// BusyPrefillTokens marks a target busy when the gateway has at least this many prompt tokens
 	// in flight to it before their first token (default 0: disabled). Bounds TTFT under bursts.
@@ -176,7 +179,7 @@ func Default() KV {
 		WaitingWeight:       32,
 		Temperature:         0,
 		BusyWaitingRequests: 16,
-		BusyKVUsage:         0.95,
+		BusyKVUsage:         0.99,
 		BusyPrefillTokens:   0,
 		MetricsInterval:     confval.Duration(time.Second),
 		MetricsMaxAge:       confval.Duration(5 * time.Second),
