@@ -37,42 +37,17 @@ type recentRing struct {
 // recentRoutes keeps a ring per target; targets beyond maxTimedTargets are not kept (their
 // prompts are recorded into the approximate index directly, as before).
 type recentRoutes struct {
-	mu    sync.RWMutex
-	rings map[kvkey.Target]*recentRing
+	rings *perTarget[recentRing]
 }
 
 func newRecentRoutes() *recentRoutes {
-	return &recentRoutes{rings: make(map[kvkey.Target]*recentRing)}
-}
-
-func (rr *recentRoutes) get(t kvkey.Target) *recentRing {
-	rr.mu.RLock()
-	r := rr.rings[t]
-	rr.mu.RUnlock()
-	return r
-}
-
-func (rr *recentRoutes) getOrCreate(t kvkey.Target) *recentRing {
-	if r := rr.get(t); r != nil {
-		return r
-	}
-	rr.mu.Lock()
-	defer rr.mu.Unlock()
-	if r := rr.rings[t]; r != nil {
-		return r
-	}
-	if len(rr.rings) >= maxTimedTargets {
-		return nil
-	}
-	r := &recentRing{}
-	rr.rings[t] = r
-	return r
+	return &recentRoutes{rings: newPerTarget[recentRing]()}
 }
 
 // add keeps hashes (not copied: like LoadTracker.Begin, the caller must not modify them) as
 // routed to t at now; false when t has no ring (the caller records it directly).
 func (rr *recentRoutes) add(t kvkey.Target, hashes []kvkey.BlockHash, now time.Time) bool {
-	r := rr.getOrCreate(t)
+	r := rr.rings.getOrCreate(t, func() *recentRing { return &recentRing{} })
 	if r == nil {
 		return false
 	}
@@ -101,7 +76,7 @@ func (r *recentRing) drop() {
 
 // pending reports whether t's ring holds prompts (a cheap check for the scoring path).
 func (rr *recentRoutes) pending(t kvkey.Target) bool {
-	r := rr.get(t)
+	r := rr.rings.get(t)
 	if r == nil {
 		return false
 	}
@@ -113,7 +88,7 @@ func (rr *recentRoutes) pending(t kvkey.Target) bool {
 // flush moves t's ring into the approximate index: the prompts routed since cutoff, oldest
 // first (so the newest ends up most recent), and empties it.
 func (rr *recentRoutes) flush(t kvkey.Target, approx *indexers.ApproxIndex, cutoff time.Time) {
-	r := rr.get(t)
+	r := rr.rings.get(t)
 	if r == nil {
 		return
 	}
@@ -134,8 +109,4 @@ func (rr *recentRoutes) flush(t kvkey.Target, approx *indexers.ApproxIndex, cuto
 }
 
 // forget drops t's ring (its worker may have restarted with an empty cache).
-func (rr *recentRoutes) forget(t kvkey.Target) {
-	rr.mu.Lock()
-	delete(rr.rings, t)
-	rr.mu.Unlock()
-}
+func (rr *recentRoutes) forget(t kvkey.Target) { rr.rings.forget(t) }

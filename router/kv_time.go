@@ -36,8 +36,7 @@ type timeModel struct {
 	metrics *timeMetrics            // nil: no metrics registered
 	pub     atomic.Pointer[loadPub] // the fleet's load sync, when clustered
 
-	mu      sync.RWMutex
-	targets map[kvkey.Target]*targetTime
+	targets *perTarget[targetTime]
 }
 
 // targetTime is one target's queue, decode batch and fit.
@@ -265,7 +264,7 @@ func newTimeModel(c routerconfig.Latency) (*timeModel, error) {
 			KVPressureWeight: c.KVPressureWeight},
 		prior: latency.Theta{c.FrontendMs, c.PrefillMsPerToken, c.AttentionMsPerPair, c.StepMs, c.StepMsPerKVToken},
 		fit:   fc, learn: c.Learn, fleetWeight: c.FleetWeight, evictWeight: c.EvictWeight,
-		targets: make(map[kvkey.Target]*targetTime),
+		targets: newPerTarget[targetTime](),
 	}
 	if !tm.prior.Valid() {
 		return nil, fmt.Errorf("latency: prior profile %v must be finite and nonnegative", tm.prior)
@@ -283,35 +282,20 @@ func newTimeModel(c routerconfig.Latency) (*timeModel, error) {
 	return tm, nil
 }
 
-func (tm *timeModel) get(t kvkey.Target) *targetTime {
-	tm.mu.RLock()
-	tt := tm.targets[t]
-	tm.mu.RUnlock()
-	return tt
-}
+func (tm *timeModel) get(t kvkey.Target) *targetTime { return tm.targets.get(t) }
 
 // getOrCreate returns t's state, or nil when the model already tracks maxTimedTargets.
 func (tm *timeModel) getOrCreate(t kvkey.Target) *targetTime {
-	if tt := tm.get(t); tt != nil {
+	return tm.targets.getOrCreate(t, func() *targetTime {
+		f, err := latency.NewFitter(tm.prior, tm.fit)
+		if err != nil { // the config was validated in newTimeModel
+			return nil
+		}
+		tt := &targetTime{fitter: f}
+		th := tm.prior
+		tt.theta.Store(&th)
 		return tt
-	}
-	tm.mu.Lock()
-	defer tm.mu.Unlock()
-	if tt := tm.targets[t]; tt != nil {
-		return tt
-	}
-	if len(tm.targets) >= maxTimedTargets {
-		return nil
-	}
-	f, err := latency.NewFitter(tm.prior, tm.fit)
-	if err != nil { // the config was validated in newTimeModel
-		return nil
-	}
-	tt := &targetTime{fitter: f}
-	th := tm.prior
-	tt.theta.Store(&th)
-	tm.targets[t] = tt
-	return tt
+	})
 }
 
 // state is t's queue and decode batch as the gateway accounts it, and the Theta to score with.

@@ -16,8 +16,7 @@ import (
 // last one, counts its blocks once (its last, shorter stretch is left out until it grows).
 // Scoring reads one atomic per target; recording takes the target's lock.
 type workingSets struct {
-	mu      sync.RWMutex
-	targets map[kvkey.Target]*targetSet
+	targets *perTarget[targetSet]
 }
 
 // maxSetKeys bounds the keys one target's working set holds (about 16 million blocks).
@@ -36,19 +35,12 @@ type setKey struct {
 }
 
 func newWorkingSets() *workingSets {
-	return &workingSets{targets: make(map[kvkey.Target]*targetSet)}
-}
-
-func (ws *workingSets) get(t kvkey.Target) *targetSet {
-	ws.mu.RLock()
-	s := ws.targets[t]
-	ws.mu.RUnlock()
-	return s
+	return &workingSets{targets: newPerTarget[targetSet]()}
 }
 
 // blocks is t's working set in blocks (0 for a target never routed to).
 func (ws *workingSets) blocks(t kvkey.Target) float64 {
-	if s := ws.get(t); s != nil {
+	if s := ws.targets.get(t); s != nil {
 		return float64(s.blocks.Load())
 	}
 	return 0
@@ -59,17 +51,9 @@ func (ws *workingSets) record(t kvkey.Target, hashes []kvkey.BlockHash, now time
 	if len(hashes) == 0 {
 		return
 	}
-	s := ws.get(t)
+	s := ws.targets.getOrCreate(t, func() *targetSet { return &targetSet{seen: make(map[kvkey.BlockHash]setKey)} })
 	if s == nil {
-		ws.mu.Lock()
-		if s = ws.targets[t]; s == nil && len(ws.targets) < maxTimedTargets {
-			s = &targetSet{seen: make(map[kvkey.BlockHash]setKey)}
-			ws.targets[t] = s
-		}
-		ws.mu.Unlock()
-		if s == nil {
-			return
-		}
+		return
 	}
 	ns := now.UnixNano()
 	s.mu.Lock()
@@ -94,14 +78,8 @@ func (ws *workingSets) record(t kvkey.Target, hashes []kvkey.BlockHash, now time
 
 // expire drops the keys last routed before cutoff.
 func (ws *workingSets) expire(cutoff time.Time) {
-	ws.mu.RLock()
-	sets := make([]*targetSet, 0, len(ws.targets))
-	for _, s := range ws.targets {
-		sets = append(sets, s)
-	}
-	ws.mu.RUnlock()
 	c := cutoff.UnixNano()
-	for _, s := range sets {
+	for _, s := range ws.targets.all() {
 		s.mu.Lock()
 		for h, k := range s.seen {
 			if k.at < c {
@@ -115,7 +93,5 @@ func (ws *workingSets) expire(cutoff time.Time) {
 
 // forget drops t's working set (its worker restarted with an empty cache).
 func (ws *workingSets) forget(t kvkey.Target) {
-	ws.mu.Lock()
-	delete(ws.targets, t)
-	ws.mu.Unlock()
+	ws.targets.forget(t)
 }
