@@ -59,49 +59,135 @@ func sweepMetrics() []sweepMetric {
 	}
 }
 
-// sweepPolicies returns the policy labels in first-seen order and the points sorted by
-// policy order, then load.
-func sweepPolicies(points []SweepPoint) ([]string, []SweepPoint) {
-	var policies []string
-	for _, p := range points {
-		if !slices.Contains(policies, p.Run.Summary.Label) {
-			policies = append(policies, p.Run.Summary.Label)
+// sweepCell is one policy at one load level: every run of it (several when the sweep repeats
+// each level), summarised by the median of each metric.
+type sweepCell struct {
+	label string
+	users int
+	scale float64
+	runs  []*Summary
+}
+
+func (c *sweepCell) load() float64 { return float64(c.users) / c.scale }
+func (c *sweepCell) level() string { return SweepPoint{Users: c.users, TimeScale: c.scale}.Level() }
+func (c *sweepCell) key() string   { return c.label + "\x00" + c.level() }
+func (c *sweepCell) levelOf(o *sweepCell) bool {
+	return c.users == o.users && c.scale == o.scale
+}
+
+// median is the median of get over the cell's runs: a single run's chaos (where a saturated
+// fleet evicts whose context) moves a mean TTFT by a third, so repeats are summarised robustly.
+func (c *sweepCell) median(get func(*Summary) float64) float64 {
+	vs := make([]float64, len(c.runs))
+	for i, s := range c.runs {
+		vs[i] = get(s)
+	}
+	slices.Sort(vs)
+	n := len(vs)
+	if n%2 == 1 {
+		return vs[n/2]
+	}
+	return (vs[n/2-1] + vs[n/2]) / 2
+}
+
+// spread is the smallest and largest value of get over the cell's runs.
+func (c *sweepCell) spread(get func(*Summary) float64) (lo, hi float64) {
+	for i, s := range c.runs {
+		v := get(s)
+		if i == 0 || v < lo {
+			lo = v
+		}
+		if i == 0 || v > hi {
+			hi = v
 		}
 	}
-	sorted := slices.Clone(points)
-	slices.SortStableFunc(sorted, func(a, b SweepPoint) int {
-		ia, ib := slices.Index(policies, a.Run.Summary.Label), slices.Index(policies, b.Run.Summary.Label)
+	return lo, hi
+}
+
+// sweepCells groups the points into one cell per policy and level, and returns the policy
+// labels in first-seen order and the cells sorted by policy order, then load, then level.
+func sweepCells(points []SweepPoint) ([]string, []*sweepCell) {
+	var policies []string
+	var cells []*sweepCell
+	byKey := map[string]*sweepCell{}
+	for _, p := range points {
+		s := p.Run.Summary
+		if !slices.Contains(policies, s.Label) {
+			policies = append(policies, s.Label)
+		}
+		c := &sweepCell{label: s.Label, users: p.Users, scale: p.TimeScale}
+		if have, ok := byKey[c.key()]; ok {
+			c = have
+		} else {
+			byKey[c.key()] = c
+			cells = append(cells, c)
+		}
+		c.runs = append(c.runs, s)
+	}
+	slices.SortStableFunc(cells, func(a, b *sweepCell) int {
+		ia, ib := slices.Index(policies, a.label), slices.Index(policies, b.label)
 		if ia != ib {
 			return ia - ib
 		}
 		switch {
-		case a.Load() < b.Load():
+		case a.load() < b.load():
 			return -1
-		case a.Load() > b.Load():
+		case a.load() > b.load():
 			return 1
 		}
-		return 0
+		return strings.Compare(a.level(), b.level())
 	})
-	return policies, sorted
+	return policies, cells
 }
 
-// sweepTable is the sweep's table: a header and one row per point.
+// baselineCell is the first policy's cell at c's level (nil when it did not run there).
+func baselineCell(policies []string, cells []*sweepCell, c *sweepCell) *sweepCell {
+	for _, o := range cells {
+		if o.label == policies[0] && o.levelOf(c) {
+			return o
+		}
+	}
+	return nil
+}
+
+// sweepTable is the sweep's table: a header and one row per policy and level. With repeated
+// runs every number is the median over them, the ratios to the first policy (the baseline,
+// round_robin in the scripts) are ratios of medians, and the mean TTFT's range shows the spread.
 func sweepTable(points []SweepPoint) [][]string {
-	header := []string{"policy", "level (users:scale)", "offered load (× trace)"}
+	policies, cells := sweepCells(points)
+	base := policies[0]
+	header := []string{"policy", "level (users:scale)", "offered load (× trace)", "runs"}
 	for _, m := range sweepMetrics() {
 		header = append(header, m.title+" ("+m.unit+")")
 	}
-	header = append(header, "cached ratio", "captured of theoretical", "captured of pooled LRU", "ok", "errors")
+	header = append(header, "TTFT mean ÷ "+base, "TTFT p90 ÷ "+base, "TTFT mean range (ms)",
+		"cached ratio", "captured of theoretical", "captured of pooled LRU", "ok (per run)", "errors (all runs)")
 	rows := [][]string{header}
-	_, sorted := sweepPolicies(points)
-	for _, p := range sorted {
-		s := p.Run.Summary
-		row := []string{s.Label, p.Level(), formatNum(p.Load())}
+	mean := func(s *Summary) float64 { return s.TimeToFirstToken.Avg }
+	p90 := func(s *Summary) float64 { return s.TimeToFirstToken.P90 }
+	for _, c := range cells {
+		row := []string{c.label, c.level(), formatNum(c.load()), strconv.Itoa(len(c.runs))}
 		for _, m := range sweepMetrics() {
-			row = append(row, formatNum(m.get(s)))
+			row = append(row, formatNum(c.median(m.get)))
 		}
-		row = append(row, formatNum(s.CachedTokenRatio), formatNum(s.CapturedCacheFraction), formatNum(s.CapturedOfCapacity),
-			strconv.Itoa(s.RequestCount), strconv.Itoa(s.ErrorCount))
+		ratio := func(get func(*Summary) float64) string {
+			b := baselineCell(policies, cells, c)
+			if b == nil || b.median(get) <= 0 {
+				return "-"
+			}
+			return strconv.FormatFloat(c.median(get)/b.median(get), 'f', 2, 64)
+		}
+		lo, hi := c.spread(mean)
+		errs := 0
+		for _, s := range c.runs {
+			errs += s.ErrorCount
+		}
+		row = append(row, ratio(mean), ratio(p90), formatNum(lo)+"–"+formatNum(hi),
+			formatNum(c.median(func(s *Summary) float64 { return s.CachedTokenRatio })),
+			formatNum(c.median(func(s *Summary) float64 { return s.CapturedCacheFraction })),
+			formatNum(c.median(func(s *Summary) float64 { return s.CapturedOfCapacity })),
+			formatNum(c.median(func(s *Summary) float64 { return float64(s.RequestCount) })),
+			strconv.Itoa(errs))
 		rows = append(rows, row)
 	}
 	return rows
@@ -136,17 +222,17 @@ body{font-family:sans-serif;margin:24px;color:#222;max-width:1100px}
 table{border-collapse:collapse;margin:8px 0 20px}td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}
 th:first-child,td:first-child{text-align:left}figure{margin:12px 0}small{color:#666}</style></head><body>`, esc(title))
 	fmt.Fprintf(&b, "<h1>%s</h1><p><small>kvbench load sweep, generated %s. Offered load = users ÷ time scale, "+
-		"in units of the trace's own request rate.</small></p>", esc(title), time.Now().UTC().Format(time.RFC3339))
-	policies, sorted := sweepPolicies(points)
+		"in units of the trace's own request rate; a level run several times is drawn at the median of its runs.</small></p>", esc(title), time.Now().UTC().Format(time.RFC3339))
+	policies, cells := sweepCells(points)
 	for _, m := range sweepMetrics() {
 		series := make([]xySeries, len(policies))
 		for i, name := range policies {
 			series[i].name = name
 		}
-		for _, p := range sorted {
-			i := slices.Index(policies, p.Run.Summary.Label)
-			series[i].x = append(series[i].x, p.Load())
-			series[i].y = append(series[i].y, m.get(p.Run.Summary))
+		for _, c := range cells {
+			i := slices.Index(policies, c.label)
+			series[i].x = append(series[i].x, c.load())
+			series[i].y = append(series[i].y, c.median(m.get))
 		}
 		b.WriteString(figure(svgXY(m.title+" against load", "offered load (× trace rate)", m.title+" ("+m.unit+")", series, true, 0)))
 	}

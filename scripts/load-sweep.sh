@@ -19,8 +19,11 @@
 #                 KVBENCH_ARGS "--max-requests 4 --max-output-tokens 8", PARALLEL=1
 #   KVBENCH_ARGS  extra kvbench run flags ["--max-output-tokens 64"]
 #   PARALLEL=1    run the policies of one level at the same time, each on its own fleet and ports
-#   OUT           output directory [out/sweep-<UTC time>]: OUT/<users>_<scale>/<label>/…,
-#                 OUT/sweep.html, OUT/sweep.md
+#   REPEATS       run the whole sweep this many times [1]; the table and curves show the median of
+#                 each number over the runs and the range of the mean TTFT (a single run above
+#                 the cache's capacity can move a policy's mean TTFT by a third)
+#   OUT           output directory [out/sweep-<UTC time>]: OUT/<users>_<scale>/<label>/… (with
+#                 REPEATS > 1, OUT/<users>_<scale>/run<N>/<label>/…), OUT/sweep.html, OUT/sweep.md
 #   plus compare-policies.sh's WORKERS, SPEEDUP [1], SIM_ARGS, GATEWAY_ARGS, GATEWAY_ARGS_<label>,
 #   KV_NO_SESSIONS_ARGS, MODEL_DIR, MODEL_NAME, BLOCK_SIZE, NUM_GPU_BLOCKS, MAX_MODEL_LEN,
 #   BASE_PORT, BIN, SKIP_BUILD=1, QUIET=1
@@ -41,6 +44,7 @@ LEVELS="${LEVELS:-2:0.05 4:0.02 8:0.01}"
 POLICIES="${POLICIES:-round_robin least_loaded kv_blocks kv}"
 KVBENCH_ARGS="${KVBENCH_ARGS:---max-output-tokens 64}"
 export PARALLEL="${PARALLEL:-0}"
+REPEATS="${REPEATS:-1}"
 OUT="${OUT:-out/sweep-$(date -u +%Y%m%dT%H%M%SZ)}"
 WORKERS="${WORKERS:-4}"
 MODEL_DIR="${MODEL_DIR:-models/qwen3}"
@@ -73,6 +77,7 @@ if [ "${#TRACES[@]}" -gt 1 ]; then
   TRACE="$OUT/traces"
 fi
 command -v curl >/dev/null || die "curl is required"
+[[ "$REPEATS" =~ ^[1-9][0-9]*$ ]] || die "REPEATS '$REPEATS': want an integer >= 1"
 for level in $LEVELS; do
   [[ "$level" =~ ^[1-9][0-9]*:[0-9]*\.?[0-9]+$ ]] || die "load level '$level': want USERS:TIME_SCALE, e.g. 4:0.02"
 done
@@ -82,14 +87,20 @@ warn_speedup "$SPEEDUP"
 
 POINTS=()
 SKIPPED=""
-for level in $LEVELS; do
-  users="${level%%:*}"
-  scale="${level#*:}"
-  log "level $level: $users users, time scale $scale"
-  # shellcheck disable=SC2086 # KVBENCH_ARGS is a list of flags
-  run_all "$OUT/${users}_$scale" "$TRACE" "$scale" --repeat "$users" $KVBENCH_ARGS
-  for r in "${RUNS[@]:-}"; do
-    [ -n "$r" ] && POINTS+=("$level=$r")
+# The whole sweep once per repeat (not each level N times in a row), so that what drifts on the
+# machine over time spreads over every level alike.
+for rep in $(seq 1 "$REPEATS"); do
+  for level in $LEVELS; do
+    users="${level%%:*}"
+    scale="${level#*:}"
+    dir="$OUT/${users}_$scale"
+    [ "$REPEATS" -gt 1 ] && dir="$dir/run$rep"
+    log "level $level: $users users, time scale $scale (run $rep of $REPEATS)"
+    # shellcheck disable=SC2086 # KVBENCH_ARGS is a list of flags
+    run_all "$dir" "$TRACE" "$scale" --repeat "$users" $KVBENCH_ARGS
+    for r in "${RUNS[@]:-}"; do
+      [ -n "$r" ] && POINTS+=("$level=$r")
+    done
   done
 done
 
