@@ -2,6 +2,7 @@ package router
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -160,6 +161,29 @@ func (e *Dispatcher) Start(req *Request) (end func()) {
 // Under a KV-aware policy a request whose prompt shares at least router.hold.min_blocks blocks
 // with a prefill in flight may wait here, on ctx, until that prefix is computed (routeKV).
 func (e *Dispatcher) Route(ctx context.Context, req *Request, cands []Candidate) (Decision, Lifecycle, error) {
+	d, lc, err := e.route(ctx, req, cands)
+	if err == nil {
+		e.logDecision(ctx, req, d)
+	}
+	return d, lc, err
+}
+
+// logDecision writes the whole decision record (every candidate's overlap, load, eviction and
+// cost) at debug level: what explains, after a run, why a request went where it did. The
+// record names targets and block counts only, never prompt text.
+func (e *Dispatcher) logDecision(ctx context.Context, req *Request, d Decision) {
+	if !e.log.Enabled(ctx, slog.LevelDebug) {
+		return
+	}
+	b, err := json.Marshal(d)
+	if err != nil {
+		return
+	}
+	e.log.DebugContext(ctx, "routed", "session", req.SessionID, "parent", req.ParentSessionID,
+		"target", d.Chosen.Target.String(), "decision", string(b))
+}
+
+func (e *Dispatcher) route(ctx context.Context, req *Request, cands []Candidate) (Decision, Lifecycle, error) {
 	if req.PinResponseID != "" {
 		return e.routePinned(ctx, req, cands)
 	}

@@ -415,3 +415,59 @@ func (r *recordShared) Released(id string, t kvkey.Target) {
 	defer r.mu.Unlock()
 	r.released = append(r.released, id+"→"+t.Worker)
 }
+
+// TestDispatcherDecisionLog: at debug level every routed request logs its whole decision
+// record (parseable back, every candidate); at info level nothing is built or written.
+func TestDispatcherDecisionLog(t *testing.T) {
+	tests := []struct {
+		level slog.Level
+		lines int
+	}{
+		{slog.LevelDebug, 1},
+		{slog.LevelInfo, 0},
+	}
+	for _, tc := range tests {
+		var logs bytes.Buffer
+		log := slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: tc.level}))
+		p, err := NewKV(DefaultKVConfig(), KVDeps{Matcher: fixedMatcher{tgt(1): {G1: 100}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		e, err := NewDispatcher(DispatcherOptions{KV: p, Log: log})
+		if err != nil {
+			t.Fatal(err)
+		}
+		req := request(chain(1, 128))
+		req.SessionID = "s1"
+		d, lc, err := e.Route(context.Background(), req, kvCands(3))
+		if err != nil {
+			t.Fatal(err)
+		}
+		lc.Done()
+		var got []map[string]any
+		for _, l := range strings.Split(strings.TrimSpace(logs.String()), "\n") {
+			var rec map[string]any
+			if l == "" || json.Unmarshal([]byte(l), &rec) != nil || rec["msg"] != "routed" {
+				continue
+			}
+			got = append(got, rec)
+		}
+		if len(got) != tc.lines {
+			t.Fatalf("level %v: %d routed records, want %d:\n%s", tc.level, len(got), tc.lines, logs.String())
+		}
+		if tc.lines == 0 {
+			continue
+		}
+		rec := got[0]
+		if rec["session"] != "s1" || rec["target"] != d.Chosen.Target.String() {
+			t.Errorf("record %v: want session s1, target %v", rec, d.Chosen.Target)
+		}
+		var logged Decision
+		if err := json.Unmarshal([]byte(rec["decision"].(string)), &logged); err != nil {
+			t.Fatalf("decision field does not parse: %v", err)
+		}
+		if len(logged.Candidates) != 3 || logged.Chosen.Target != d.Chosen.Target || logged.PromptBlocks != 128 {
+			t.Errorf("logged decision %+v, want 3 candidates, chosen %v, 128 blocks", logged, d.Chosen.Target)
+		}
+	}
+}
