@@ -183,15 +183,19 @@ func sweepTable(points []SweepPoint) [][]string {
 			errs += s.ErrorCount
 		}
 		row = append(row, ratio(mean), ratio(p90), formatNum(lo)+"–"+formatNum(hi),
-			formatNum(c.median(func(s *Summary) float64 { return s.CachedTokenRatio })),
-			formatNum(c.median(func(s *Summary) float64 { return s.CapturedCacheFraction })),
-			formatNum(c.median(func(s *Summary) float64 { return s.CapturedOfCapacity })),
+			formatFraction(c.median(func(s *Summary) float64 { return s.CachedTokenRatio })),
+			formatFraction(c.median(func(s *Summary) float64 { return s.CapturedCacheFraction })),
+			formatFraction(c.median(func(s *Summary) float64 { return s.CapturedOfCapacity })),
 			formatNum(c.median(func(s *Summary) float64 { return float64(s.RequestCount) })),
 			strconv.Itoa(errs))
 		rows = append(rows, row)
 	}
 	return rows
 }
+
+// formatFraction writes a fraction in [0, 1] with three decimals, 1 and 0 included, so a
+// column of them lines up.
+func formatFraction(v float64) string { return strconv.FormatFloat(v, 'f', 3, 64) }
 
 // WriteSweepMarkdown writes the sweep as a markdown table, one row per policy and load level.
 func WriteSweepMarkdown(w io.Writer, points []SweepPoint) error {
