@@ -68,9 +68,10 @@ type sweepCell struct {
 	runs  []*Summary
 }
 
-func (c *sweepCell) load() float64 { return float64(c.users) / c.scale }
-func (c *sweepCell) level() string { return SweepPoint{Users: c.users, TimeScale: c.scale}.Level() }
-func (c *sweepCell) key() string   { return c.label + "\x00" + c.level() }
+func (c *sweepCell) point() SweepPoint { return SweepPoint{Users: c.users, TimeScale: c.scale} }
+func (c *sweepCell) load() float64     { return c.point().Load() }
+func (c *sweepCell) level() string     { return c.point().Level() }
+func (c *sweepCell) key() string       { return c.label + "\x00" + c.level() }
 func (c *sweepCell) levelOf(o *sweepCell) bool {
 	return c.users == o.users && c.scale == o.scale
 }
