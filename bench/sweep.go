@@ -72,38 +72,19 @@ func (c *sweepCell) point() SweepPoint { return SweepPoint{Users: c.users, TimeS
 func (c *sweepCell) load() float64     { return c.point().Load() }
 func (c *sweepCell) level() string     { return c.point().Level() }
 func (c *sweepCell) key() string       { return c.label + "\x00" + c.level() }
-func (c *sweepCell) levelOf(o *sweepCell) bool {
-	return c.users == o.users && c.scale == o.scale
-}
 
-// median is the median of get over the cell's runs: a single run's chaos (where a saturated
-// fleet evicts whose context) moves a mean TTFT by a third, so repeats are summarised robustly.
-func (c *sweepCell) median(get func(*Summary) float64) float64 {
+// stat summarises get over the cell's runs (newStat): its P50 is the median a row shows, as a
+// single run's chaos (where a saturated fleet evicts whose context) can move a mean TTFT by a
+// third; Min and Max are the spread.
+func (c *sweepCell) stat(get func(*Summary) float64) Stat {
 	vs := make([]float64, len(c.runs))
 	for i, s := range c.runs {
 		vs[i] = get(s)
 	}
-	slices.Sort(vs)
-	n := len(vs)
-	if n%2 == 1 {
-		return vs[n/2]
-	}
-	return (vs[n/2-1] + vs[n/2]) / 2
+	return newStat("", vs)
 }
 
-// spread is the smallest and largest value of get over the cell's runs.
-func (c *sweepCell) spread(get func(*Summary) float64) (lo, hi float64) {
-	for i, s := range c.runs {
-		v := get(s)
-		if i == 0 || v < lo {
-			lo = v
-		}
-		if i == 0 || v > hi {
-			hi = v
-		}
-	}
-	return lo, hi
-}
+func (c *sweepCell) median(get func(*Summary) float64) float64 { return c.stat(get).P50 }
 
 // sweepCells groups the points into one cell per policy and level, and returns the policy
 // labels in first-seen order and the cells sorted by policy order, then load, then level.
@@ -144,7 +125,7 @@ func sweepCells(points []SweepPoint) ([]string, []*sweepCell) {
 // baselineCell is the first policy's cell at c's level (nil when it did not run there).
 func baselineCell(policies []string, cells []*sweepCell, c *sweepCell) *sweepCell {
 	for _, o := range cells {
-		if o.label == policies[0] && o.levelOf(c) {
+		if o.label == policies[0] && o.level() == c.level() {
 			return o
 		}
 	}
@@ -178,12 +159,12 @@ func sweepTable(points []SweepPoint) [][]string {
 			}
 			return strconv.FormatFloat(c.median(get)/b.median(get), 'f', 2, 64)
 		}
-		lo, hi := c.spread(mean)
+		spread := c.stat(mean)
 		errs := 0
 		for _, s := range c.runs {
 			errs += s.ErrorCount
 		}
-		row = append(row, ratio(mean), ratio(p90), formatNum(lo)+"–"+formatNum(hi),
+		row = append(row, ratio(mean), ratio(p90), formatNum(spread.Min)+"–"+formatNum(spread.Max),
 			formatFraction(c.median(func(s *Summary) float64 { return s.CachedTokenRatio })),
 			formatFraction(c.median(func(s *Summary) float64 { return s.CapturedCacheFraction })),
 			formatFraction(c.median(func(s *Summary) float64 { return s.CapturedOfCapacity })),
