@@ -391,12 +391,15 @@ func (e *engineCore) finishRequest(r *simRequest, finish string, err error) {
 	r.finished, r.finish, r.err = true, finish, err
 	out := len(r.out)
 	r.mu.Unlock()
-	r.signal()
-	e.inflight.Add(-1)
+	// The finished request's metrics are recorded before its handler is woken, so a client
+	// that has read its response and then scrapes /metrics sees them (vLLM's output processor
+	// likewise updates the stats in the step that emits the final output).
 	if finish != "abort" && err == nil {
 		e.w.metrics.success.WithLabelValues(e.o.ServedModelName, e.label(), finish).Inc()
 		e.observeFinished(r, out)
 	}
+	r.signal()
+	e.inflight.Add(-1)
 	if hook := e.o.OnRequestDone; hook != nil {
 		reason := finish
 		if err != nil {

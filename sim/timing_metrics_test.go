@@ -60,7 +60,17 @@ func TestTimingMetrics(t *testing.T) {
 		io.Copy(io.Discard, resp.Body)
 		resp.Body.Close()
 	}
+	// The per-step histogram is observed when the step ends, which may be just after the
+	// last response was written (the finished requests' histograms come before it, see
+	// engineCore.finishRequest): wait, bounded, for the last step's sample.
 	families := scrape(t, base)
+	for deadline := time.Now().Add(2 * time.Second); time.Now().Before(deadline); families = scrape(t, base) {
+		if f := families["vllm:iteration_tokens_total"]; f != nil && len(f.GetMetric()) == 1 &&
+			f.GetMetric()[0].GetHistogram().GetSampleCount() >= 2*maxTokens {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 	const slack = 0.9
 	requestLatency := []float64{0.3, 0.5, 0.8, 1, 1.5, 2, 2.5, 5, 10, 15, 20, 30, 40, 50, 60, 120, 240, 480, 960, 1920, 7680}
 	tokenLatency := []float64{0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 20, 40, 80}
