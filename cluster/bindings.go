@@ -379,7 +379,14 @@ func (b *Bindings) setup(ctx context.Context) (stopWatch func(), err error) {
 			b.watched(e)
 		}
 	}()
-	return func() { _ = w.Stop(); wcancel(); <-done }, nil
+	// Stopping cancels the watch's context rather than calling w.Stop: Stop unsubscribes and
+	// then deletes the ordered consumer with a JetStream API request (nats.go nats.go,
+	// Subscription.Unsubscribe → deleteConsumer) that, while the consumer's server is gone or
+	// the meta leader is being elected, waits out the 5 s API timeout, and the restarted watch
+	// with it. On cancellation nats.go unsubscribes in its own goroutine (js.go, subscribe:
+	// <-ctx.Done(), sub.Unsubscribe()): Updates closes at once and the delete finishes behind
+	// (an ephemeral consumer the server would drop anyway).
+	return func() { wcancel(); <-done }, nil
 }
 
 // gen is the watch generation: it changes with every reconnect and every leader election of
