@@ -5,10 +5,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/kvgate/kvgate/internal/testport"
 
 	"github.com/nats-io/nats.go/jetstream"
 	dto "github.com/prometheus/client_model/go"
@@ -353,12 +354,7 @@ func TestBindingsSharedSiblingGroup(t *testing.T) {
 func BenchmarkSharePin(b *testing.B) {
 	srv := clusterconfig.Default()
 	srv.ReplicaID = "srv"
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
-	srv.EmbeddedNATS.Listen = l.Addr().String()
-	l.Close()
+	srv.EmbeddedNATS.Listen = testport.Addr(b)
 	srv.EmbeddedNATS.StoreDir = b.TempDir()
 	startNodeB(b, srv)
 	n := startNodeB(b, replicaConfig(srv, "r1", time.Minute))

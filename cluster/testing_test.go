@@ -2,10 +2,11 @@ package cluster
 
 import (
 	"context"
-	"net"
 	"strconv"
 	"testing"
 	"time"
+
+	"github.com/kvgate/kvgate/internal/testport"
 
 	"github.com/kvgate/kvgate/cluster/clusterconfig"
 )
@@ -13,12 +14,7 @@ import (
 // freePort returns a loopback port nothing listens on (so a restarted server can reuse it).
 func freePort(t *testing.T) int {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	return testport.Free(t)
 }
 
 func hostPort(p int) string { return "127.0.0.1:" + strconv.Itoa(p) }

@@ -5,10 +5,11 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
-	"net"
 	"reflect"
 	"testing"
 	"time"
+
+	"github.com/kvgate/kvgate/internal/testport"
 
 	zmq "github.com/pebbe/zmq4"
 	"github.com/prometheus/client_golang/prometheus"
@@ -274,12 +275,8 @@ func TestLiveGarbageSurvived(t *testing.T) {
 
 // freePort returns a loopback port that was free a moment ago.
 func freePort(t *testing.T) int {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	t.Helper()
+	return testport.Free(t)
 }
 
 // Workers configured with a non-wildcard endpoint connect out (vLLM binds only endpoints with "*"): the gateway binds.

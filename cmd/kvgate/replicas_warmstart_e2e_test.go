@@ -6,12 +6,12 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http/httptest"
-	"strconv"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/kvgate/kvgate/internal/testport"
 
 	"github.com/prometheus/client_golang/prometheus"
 	openai "github.com/sashabaranov/go-openai"
@@ -31,12 +31,7 @@ const warmRing = 50
 // loopbackPort returns a loopback port nothing listens on.
 func loopbackPort(t *testing.T) string {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return "127.0.0.1:" + strconv.Itoa(l.Addr().(*net.TCPAddr).Port)
+	return testport.Addr(t)
 }
 
 // startWarmWorkers starts n simulated workers with KV events, a short replay ring, a small GPU

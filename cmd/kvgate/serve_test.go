@@ -3,12 +3,13 @@ package main
 import (
 	"context"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kvgate/kvgate/internal/testport"
 )
 
 func TestRunDispatch(t *testing.T) {
@@ -51,12 +52,7 @@ func TestServeLifecycle(t *testing.T) {
 		}
 	}))
 	defer worker.Close()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
+	addr := testport.Addr(t)
 
 	ctx, stop := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -64,6 +60,7 @@ func TestServeLifecycle(t *testing.T) {
 		done <- run(ctx, []string{"serve", "--model", "m", "--worker", worker.URL, "--listen", addr, "--log-level", "error"}, io.Discard, io.Discard)
 	}()
 	var health *http.Response
+	var err error
 	deadline := time.Now().Add(10 * time.Second)
 	for time.Now().Before(deadline) {
 		if health, err = http.Get("http://" + addr + "/health"); err == nil {
