@@ -88,6 +88,8 @@ type kvRow struct {
 	noHint    float64 // the same without hints, to tell whether a hint decided
 	load      float64
 	evict     float64 // kv: the eviction term, ms
+	recompute float64 // kv: the recompute term, ms
+	queueLoss float64 // kv: the share of the cached prefix priced as lost to the queue ahead
 	busy      bool
 	busyWhy   string
 	cost      float64
@@ -287,6 +289,7 @@ func (p *KVPolicy) evaluate(req *Request, cands []Candidate, s *kvScratch) {
 	}
 	if p.timed != nil {
 		p.addFleet(s.rows, s.times)
+		p.addRecompute(s.rows, s.times, reqBlocks*bs, bs)
 	}
 }
 

@@ -28,9 +28,11 @@ type timeModel struct {
 	fit    latency.FitConfig
 	learn  bool
 	// learnFrom is which sample sources feed the fit (router.latency.learn_from).
-	learnFrom   [latency.NumSources]bool
-	fleetWeight float64
-	evictWeight float64
+	learnFrom       [latency.NumSources]bool
+	fleetWeight     float64
+	evictWeight     float64
+	recomputeWeight float64
+	queueLossWeight float64
 	// workset is each target's working set for the eviction term (nil when it is off).
 	workset *workingSets
 	metrics *timeMetrics            // nil: no metrics registered
@@ -264,6 +266,7 @@ func newTimeModel(c routerconfig.Latency) (*timeModel, error) {
 			KVPressureWeight: c.KVPressureWeight},
 		prior: latency.Theta{c.FrontendMs, c.PrefillMsPerToken, c.AttentionMsPerPair, c.StepMs, c.StepMsPerKVToken},
 		fit:   fc, learn: c.Learn, fleetWeight: c.FleetWeight, evictWeight: c.EvictWeight,
+		recomputeWeight: c.RecomputeWeight, queueLossWeight: c.QueueLossWeight,
 		targets: newPerTarget[targetTime](),
 	}
 	if !tm.prior.Valid() {
@@ -396,6 +399,8 @@ type timeRow struct {
 	ownNoHint float64 // own prefill ms without the sibling-prefix credit
 	decodes   float64
 	evictMs   float64 // the eviction term
+	theta     latency.Theta
+	queueLoss float64 // the share of the cached prefix priced as lost to the queue ahead
 }
 
 // timeOf scores one candidate by predicted TTFT: the gateway's queue and decode accounting
@@ -425,6 +430,14 @@ func (p *KVPolicy) timeOf(r *kvRow, tr *timeRow, c Candidate, promptTokens, bs f
 	}
 	u := math.Min(math.Max(r.prefill*bs, 1), math.Max(promptTokens, 1))
 	uNo := math.Min(math.Max(r.noHint*bs, 1), math.Max(promptTokens, 1))
+	qloss := 0.0
+	if w := p.timed.queueLossWeight; w > 0 && fresh && m.NumGPUBlocks > 0 {
+		free := float64(m.NumGPUBlocks) * (1 - math.Min(math.Max(m.KVUsage, 0), 1))
+		f := math.Min(w*latency.QueueLossFraction(st.AheadTokens/bs, free), 1)
+		u += f * math.Max(promptTokens-u, 0)
+		uNo += f * math.Max(promptTokens-uNo, 0)
+		qloss = f
+	}
 	pred := latency.PredictTTFT(th, p.timed.params, st, latency.Req{Uncached: u, Cached: math.Max(promptTokens-u, 0)})
 	predNo := latency.PredictTTFT(th, p.timed.params, st, latency.Req{Uncached: uNo, Cached: math.Max(promptTokens-uNo, 0)})
 	hintMs := 0.0
@@ -435,9 +448,10 @@ func (p *KVPolicy) timeOf(r *kvRow, tr *timeRow, c Candidate, promptTokens, bs f
 	if fresh && p.timed.workset != nil {
 		evictMs = p.evictOf(th, c.Target, r.prefill, float64(m.NumGPUBlocks), promptTokens, bs)
 	}
-	*tr = timeRow{pred: pred, ownNoHint: predNo.OwnMs, decodes: st.DecodeRequests, evictMs: evictMs}
+	*tr = timeRow{pred: pred, ownNoHint: predNo.OwnMs, decodes: st.DecodeRequests, evictMs: evictMs, theta: th, queueLoss: qloss}
 	r.load = pred.QueuedMs + pred.DecodeMs + pred.PressureMs
 	r.evict = evictMs
+	r.queueLoss = qloss
 	r.cost = pred.TotalMs - hintMs + evictMs
 	r.costNoHnt = predNo.TotalMs + evictMs
 }
@@ -464,6 +478,30 @@ func (p *KVPolicy) addFleet(rows []kvRow, times []timeRow) {
 	}
 }
 
+// addRecompute adds the recompute term to every row: the prompt blocks the target would compute
+// that the best-cached candidate holds (by credited overlap, hints aside), priced as their
+// prefill after the target's own cached prefix (latency.RecomputeMs).
+func (p *KVPolicy) addRecompute(rows []kvRow, times []timeRow, promptTokens, bs float64) {
+	if p.timed.recomputeWeight == 0 || len(rows) < 2 {
+		return
+	}
+	least := math.Inf(1)
+	for i := range rows {
+		least = math.Min(least, rows[i].noHint)
+	}
+	for i := range rows {
+		extra := (rows[i].noHint - least) * bs
+		if extra <= 0 {
+			continue
+		}
+		cached := math.Max(promptTokens-rows[i].noHint*bs, 0)
+		ms := latency.RecomputeMs(times[i].theta, extra, cached, p.timed.recomputeWeight)
+		rows[i].recompute = ms
+		rows[i].cost += ms
+		rows[i].costNoHnt += ms
+	}
+}
+
 // timeObs follows one routed attempt for the time model: it holds the attempt's share of the
 // target's queue and decode batch, and feeds the measured TTFT to the target's fit. Its
 // methods follow Lifecycle (FirstToken, UsageSeen, then end) and are safe for concurrent use.
@@ -477,9 +515,13 @@ type timeObs struct {
 	state  latency.State // the target at routing time
 	prompt float64
 	u, c   float64 // uncached and cached tokens expected at routing
-	pairs  int64   // the attention pairs accounted in the queue
-	predMs float64
-	stream bool // only a streamed response's first byte is its first token
+	// routedCached is the chosen target's G1 overlap at routing, in whole blocks' tokens that
+	// vLLM can reuse (the last prompt token is always computed), to tell the worker's count
+	// apart from the index's.
+	routedCached float64
+	pairs        int64 // the attention pairs accounted in the queue
+	predMs       float64
+	stream       bool // only a streamed response's first byte is its first token
 
 	// events counts the response's events relayed after its first token and lastEvent is when
 	// the last one was (ns after start); both lock-free (Lifecycle.Chunk, once per event).
@@ -527,7 +569,8 @@ func (p *KVPolicy) beginTime(d Decision, req *Request) *timeObs {
 		st.KVUsage = m.KVUsage
 	}
 	o := &timeObs{tm: p.timed, tt: tt, target: d.Chosen.Target, worker: d.Chosen.Target.String(), now: p.now, start: p.now(),
-		state: st, prompt: prompt, u: u, c: c, pairs: int64(latency.Pairs(u, c)), accountU: int64(u), stream: req.Stream,
+		routedCached: math.Min(float64(CachedBlocks(d)), math.Floor(math.Max(prompt-1, 0)/float64(bs))) * float64(bs),
+		state:        st, prompt: prompt, u: u, c: c, pairs: int64(latency.Pairs(u, c)), accountU: int64(u), stream: req.Stream,
 		predMs: latency.PredictTTFT(th, p.timed.params, st, latency.Req{Uncached: u, Cached: c}).TotalMs}
 	tt.aheadTokens.Add(o.accountU)
 	tt.aheadPairs.Add(o.pairs)
@@ -577,6 +620,7 @@ func (o *timeObs) usageSeen(u Usage) {
 		}
 		o.c = math.Min(float64(u.CachedTokens), prompt)
 		o.u = math.Max(prompt-o.c, 0)
+		o.tm.metrics.cacheLost(o.worker, o.routedCached-o.c)
 	}
 	o.feed()
 }
@@ -670,6 +714,7 @@ func (o *timeObs) feedITL() {
 type timeMetrics struct {
 	pred, obs, errs *prometheus.HistogramVec
 	samples         *prometheus.CounterVec   // by worker and source
+	lost            *prometheus.CounterVec   // by worker
 	fitErrs         *prometheus.HistogramVec // by source
 }
 
@@ -701,7 +746,11 @@ func newTimeMetrics(reg prometheus.Registerer) (*timeMetrics, error) {
 		Help:    "(predicted − measured) / measured of each latency fit sample before the fit took it, by source.",
 		Buckets: []float64{-0.9, -0.5, -0.25, -0.1, 0, 0.1, 0.25, 0.5, 1, 2, 5},
 	}, []string{"source"})
-	for _, c := range []prometheus.Collector{m.pred, m.obs, m.errs, m.samples, m.fitErrs} {
+	m.lost = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "kvgate_router_cache_lost_before_schedule_tokens_total",
+		Help: "Prompt tokens the index held on the chosen worker+rank at routing that the worker's cached_tokens did not reuse: evicted while the request waited there (kv policy).",
+	}, []string{"worker"})
+	for _, c := range []prometheus.Collector{m.pred, m.obs, m.errs, m.samples, m.fitErrs, m.lost} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("register router latency metrics: %w", err)
 		}
@@ -721,6 +770,13 @@ func (m *timeMetrics) fitted(worker string, src latency.Source, relErr float64) 
 	}
 	m.samples.WithLabelValues(worker, src.String()).Inc()
 	m.fitErrs.WithLabelValues(src.String()).Observe(relErr)
+}
+
+// cacheLost counts the tokens the index promised at routing that the worker did not reuse.
+func (m *timeMetrics) cacheLost(worker string, tokens float64) {
+	if m != nil && tokens > 0 {
+		m.lost.WithLabelValues(worker).Add(tokens)
+	}
 }
 
 func (m *timeMetrics) observed(worker string, ms, predMs float64) {

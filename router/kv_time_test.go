@@ -172,6 +172,143 @@ func TestKVFleetTerm(t *testing.T) {
 	}
 }
 
+// TestKVRecomputeTerm: a target that would compute blocks the best-cached candidate holds pays
+// recompute_weight × their prefill after its own cached prefix; the best-cached target pays
+// nothing, and with the weight 0 nobody does.
+func TestKVRecomputeTerm(t *testing.T) {
+	run := func(w float64) Decision {
+		cfg := DefaultKVConfig()
+		cfg.Latency.RecomputeWeight = w
+		p := newTestKV(t, PolicyKV, cfg, KVDeps{Matcher: fixedMatcher{tgt(1): {G1: 32}, tgt(2): {G1: 128}}}, nil)
+		d, err := p.Pick(context.Background(), request(chain(1, 128)), kvCands(3))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	th := newTestKV(t, PolicyKV, DefaultKVConfig(), KVDeps{}, nil).timed.prior
+	prefill := func(u, c float64) float64 { return th[1]*u + th[2]*u*(c+u/2) }
+	cases := []struct {
+		name   string
+		weight float64
+		want   [3]float64 // recompute_ms of targets 0, 1, 2
+	}{
+		{"off", 0, [3]float64{0, 0, 0}},
+		{"weight 1", 1, [3]float64{prefill(2048, 0), prefill(96*16, 32*16), 0}},
+		{"weight 0.5", 0.5, [3]float64{0.5 * prefill(2048, 0), 0.5 * prefill(96*16, 32*16), 0}},
+	}
+	off := run(0)
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			d := run(tc.weight)
+			for i, c := range d.Candidates {
+				if math.Abs(c.RecomputeMs-tc.want[i]) > 1e-9*math.Max(1, tc.want[i]) {
+					t.Fatalf("target %d recompute_ms %v, want %v: %s", i, c.RecomputeMs, tc.want[i], js(d))
+				}
+				if got := c.Cost - off.Candidates[i].Cost; math.Abs(got-tc.want[i]) > 1e-6*math.Max(1, tc.want[i]) {
+					t.Fatalf("target %d cost grew by %v, want %v", i, got, tc.want[i])
+				}
+			}
+			if d.Chosen.Target != tgt(2) {
+				t.Fatalf("chose %s, want the best-cached %s", d.Chosen.Target, tgt(2))
+			}
+		})
+	}
+}
+
+// TestKVCacheLostBeforeSchedule: the tokens the index held on the chosen target at routing
+// that the worker's cached_tokens did not reuse are counted per worker; a worker that reused
+// them all, or more (a sibling computed more meanwhile), adds nothing; a fully cached prompt's
+// last block, which vLLM computes again, is not counted as lost.
+func TestKVCacheLostBeforeSchedule(t *testing.T) {
+	cases := []struct {
+		name           string
+		g1, blocks     int // the index's overlap and the prompt, in 16-token blocks
+		reportedCached int
+		wantLost       float64
+	}{
+		{"all reused", 100, 128, 100 * 16, 0},
+		{"more reused than indexed", 100, 128, 120 * 16, 0},
+		{"60 blocks evicted while waiting", 100, 128, 40 * 16, 60 * 16},
+		{"fully cached: the last block is computed again", 128, 128, 127 * 16, 0},
+		{"fully cached and evicted", 128, 128, 0, 127 * 16},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			reg := prometheus.NewRegistry()
+			p := newTestKV(t, PolicyKV, DefaultKVConfig(), KVDeps{Matcher: fixedMatcher{tgt(0): {G1: tc.g1}}}, nil)
+			e, err := NewDispatcher(DispatcherOptions{KV: p, Registerer: reg})
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, lc, err := e.Route(context.Background(), streamed(request(chain(1, tc.blocks))), kvCands(1))
+			if err != nil {
+				t.Fatal(err)
+			}
+			lc.Sent()
+			lc.FirstToken()
+			lc.UsageSeen(Usage{PromptTokens: tc.blocks * 16, CachedTokens: tc.reportedCached, HasCached: true})
+			lc.Done()
+			mfs, err := reg.Gather()
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := 0.0
+			for _, mf := range mfs {
+				if mf.GetName() == "kvgate_router_cache_lost_before_schedule_tokens_total" {
+					for _, m := range mf.GetMetric() {
+						got += m.GetCounter().GetValue()
+					}
+				}
+			}
+			if got != tc.wantLost {
+				t.Fatalf("lost %v tokens, want %v", got, tc.wantLost)
+			}
+		})
+	}
+}
+
+// TestQueueLossTerm: with latency.queue_loss_weight on, a target whose cached prefix sits
+// behind more queued prefill than it has free KV blocks prices that prefix as uncached, so a
+// cold target with room wins; with the weight 0 the cached target wins. Both report the same
+// ten waiting requests (waiting_weight blocks each: 320 blocks queued ahead).
+func TestQueueLossTerm(t *testing.T) {
+	cases := []struct {
+		name   string
+		weight float64
+		want   int
+	}{
+		{"off: the cache wins", 0, 0},
+		{"on: the prefix would be evicted before it runs", 1, 1},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := DefaultKVConfig()
+			cfg.Latency.QueueLossWeight = tc.weight
+			cfg.Latency.RecomputeWeight = 0 // this term alone
+			p := newTestKV(t, PolicyKV, cfg, KVDeps{Matcher: fixedMatcher{tgt(0): {G1: 1000}}}, nil)
+			p.load.UpdateMetrics(tgt(0), WorkerMetrics{Waiting: 10, KVUsage: 0.95, NumGPUBlocks: 4000}) // 200 free
+			p.load.UpdateMetrics(tgt(1), WorkerMetrics{Waiting: 10, KVUsage: 0.5, NumGPUBlocks: 4000})  // 2,000 free
+			d, err := p.Pick(context.Background(), request(chain(1, 1024)), kvCands(2))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d.Chosen.Target != tgt(tc.want) {
+				t.Fatalf("chose %s, want %s: %s", d.Chosen.Target, tgt(tc.want), js(d))
+			}
+			wantLoss := [2]float64{0, 0}
+			if tc.weight > 0 {
+				wantLoss = [2]float64{1, 320.0 / 2000}
+			}
+			for i, w := range wantLoss {
+				if got := d.Candidates[i].QueueLoss; math.Abs(got-w) > 1e-9 {
+					t.Fatalf("target %d queue_loss %v, want %v", i, got, w)
+				}
+			}
+		})
+	}
+}
+
 // streamed marks r as a streamed request (its first byte is its first token).
 func streamed(r *Request) *Request {
 	r.Stream = true

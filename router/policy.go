@@ -53,6 +53,12 @@ type CandidateScore struct {
 	// EvictMs is the part of Cost that prices the working-set blocks this prefill would evict
 	// from the target's full KV cache (kv).
 	EvictMs float64 `json:"evict_ms,omitempty"`
+	// RecomputeMs is the part of Cost that prices the prompt blocks this target would compute
+	// that the best-cached candidate holds (kv, latency.recompute_weight).
+	RecomputeMs float64 `json:"recompute_ms,omitempty"`
+	// QueueLoss is the share of the cached prefix priced as uncached because the prefill
+	// queued ahead on the target would evict it first (kv, latency.queue_loss_weight).
+	QueueLoss float64 `json:"queue_loss,omitempty"`
 	// Busy is set when the target was over a busy threshold (KV-aware policies).
 	Busy bool `json:"busy,omitempty"`
 }

@@ -149,6 +149,34 @@ func FleetMs(prefillMs, decodeRequests, weight float64) float64 {
 	return weight * prefillMs * decodeRequests
 }
 
+// QueueLossFraction is the expected fraction of a request's cached prefix that the prefill
+// queued ahead of it on a target evicts before the request is scheduled there: vLLM looks a
+// waiting request's prefix up only when it admits it (vllm/v1/core/sched/scheduler.py,
+// Scheduler.schedule, kv_cache_manager.get_computed_blocks), and every block the queue ahead
+// allocates comes from the free queue, cached blocks least recently used first
+// (vllm/v1/core/block_pool.py, BlockPool.get_new_blocks). With the prefix's place in that
+// queue unknown, aheadBlocks / freeBlocks, capped at 1; nothing ahead loses nothing.
+func QueueLossFraction(aheadBlocks, freeBlocks float64) float64 {
+	if aheadBlocks <= 0 {
+		return 0
+	}
+	if freeBlocks <= 0 {
+		return 1
+	}
+	return math.Min(aheadBlocks/freeBlocks, 1)
+}
+
+// RecomputeMs prices prefilling tokens that another target already holds in its cache: weight
+// times their prefill after context cached tokens. Choosing such a target spends that GPU
+// time on work a hit elsewhere would have saved, and every request queued behind it there
+// waits for it; the request's own TTFT (PredictTTFT) counts it only once, for itself.
+func RecomputeMs(th Theta, tokens, context, weight float64) float64 {
+	if tokens <= 0 || weight <= 0 {
+		return 0
+	}
+	return weight * PrefillMs(th, tokens, context)
+}
+
 // Dot is xᵀθ.
 func Dot(th Theta, x [NumFeatures]float64) float64 {
 	s := 0.0

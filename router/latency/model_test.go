@@ -152,3 +152,23 @@ func TestEvictBlocks(t *testing.T) {
 		t.Errorf("EvictMs with weight 0 = %v", got)
 	}
 }
+
+// QueueLossFraction: nothing ahead loses nothing, no free blocks loses everything ahead of
+// any queue, and in between the queue's blocks over the free ones, capped at 1.
+func TestQueueLossFraction(t *testing.T) {
+	cases := []struct {
+		ahead, free, want float64
+	}{
+		{0, 100, 0},
+		{0, 0, 0},
+		{10, 0, 1},
+		{25, 100, 0.25},
+		{100, 100, 1},
+		{300, 100, 1},
+	}
+	for _, tc := range cases {
+		if got := QueueLossFraction(tc.ahead, tc.free); got != tc.want {
+			t.Errorf("QueueLossFraction(%v, %v) = %v, want %v", tc.ahead, tc.free, got, tc.want)
+		}
+	}
+}

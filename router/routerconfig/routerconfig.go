@@ -140,6 +140,15 @@ type Latency struct {
 	// approximate.ttl): the prefill time of the blocks it pushes out, times this (default 1; 0
 	// turns it off). Higher keeps prompts where they fit, and off workers full of live prefixes.
 	EvictWeight float64 `yaml:"evict_weight"`
+	// RecomputeWeight prices, as a fraction of their prefill time, the prompt blocks a target
+	// would compute that the best-cached candidate already holds (0 = off): the fleet's share of
+	// moving a request away from its cache, which delays what queues behind it there
+	// (default 2).
+	RecomputeWeight float64 `yaml:"recompute_weight"`
+	// QueueLossWeight scales the part of a target's cached prefix counted as lost to the
+	// prefill queued ahead of the request there (latency.QueueLossFraction; 0 = off): those
+	// tokens are priced as uncached.
+	QueueLossWeight float64 `yaml:"queue_loss_weight"`
 	// Learn turns the online fit on (default true); false scores every worker with the prior.
 	Learn bool `yaml:"learn"`
 	// LearnFrom names the sample sources the fit learns from: gateway_ttft (the TTFTs the
@@ -191,7 +200,7 @@ func Default() KV {
 		Latency: Latency{
 			FrontendMs: 10, PrefillMsPerToken: 0.0152, AttentionMsPerPair: 8.4e-7,
 			StepMs: 16.5, StepMsPerKVToken: 2e-4, MaxNumBatchedTokens: 8192,
-			KVPressureStart: 0.9, KVPressureWeight: 1, FleetWeight: 0.05, EvictWeight: 1,
+			KVPressureStart: 0.9, KVPressureWeight: 1, FleetWeight: 0.05, EvictWeight: 1, RecomputeWeight: 2,
 			Learn: true, LearnFrom: []string{"gateway_ttft"}, Forgetting: 0.997, ReadySamples: 20,
 		},
 		Hold: Hold{Enabled: true, MinBlocks: 64, Margin: confval.Duration(250 * time.Millisecond)},
@@ -230,6 +239,8 @@ func (c KV) Validate() error {
 		{"latency.kv_pressure_weight", c.Latency.KVPressureWeight},
 		{"latency.fleet_weight", c.Latency.FleetWeight},
 		{"latency.evict_weight", c.Latency.EvictWeight},
+		{"latency.recompute_weight", c.Latency.RecomputeWeight},
+		{"latency.queue_loss_weight", c.Latency.QueueLossWeight},
 	}
 	for _, w := range weights {
 		if !(w.v >= 0) || math.IsInf(w.v, 0) {
