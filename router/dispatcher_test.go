@@ -171,6 +171,24 @@ func histogramCount(t *testing.T, reg prometheus.Gatherer, name string) uint64 {
 	return n
 }
 
+// counterSum sums the values of every series of a counter family.
+func counterSum(t *testing.T, reg prometheus.Gatherer, name string) float64 {
+	t.Helper()
+	fams, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	v := 0.0
+	for _, f := range fams {
+		if f.GetName() == name {
+			for _, m := range f.Metric {
+				v += m.GetCounter().GetValue()
+			}
+		}
+	}
+	return v
+}
+
 // TestDispatcherWrapsAnyPolicy: the dispatcher is a Router around any policy, so the server accounts
 // load the same way whichever policy is configured: every attempt's Lifecycle holds the load
 // until it is Done or Failed (exactly once, whichever comes first).

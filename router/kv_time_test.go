@@ -249,19 +249,7 @@ func TestKVCacheLostBeforeSchedule(t *testing.T) {
 			lc.FirstToken()
 			lc.UsageSeen(Usage{PromptTokens: tc.blocks * 16, CachedTokens: tc.reportedCached, HasCached: true})
 			lc.Done()
-			mfs, err := reg.Gather()
-			if err != nil {
-				t.Fatal(err)
-			}
-			got := 0.0
-			for _, mf := range mfs {
-				if mf.GetName() == "kvgate_router_cache_lost_before_schedule_tokens_total" {
-					for _, m := range mf.GetMetric() {
-						got += m.GetCounter().GetValue()
-					}
-				}
-			}
-			if got != tc.wantLost {
+			if got := counterSum(t, reg, "kvgate_router_cache_lost_before_schedule_tokens_total"); got != tc.wantLost {
 				t.Fatalf("lost %v tokens, want %v", got, tc.wantLost)
 			}
 		})
