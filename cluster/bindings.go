@@ -380,7 +380,7 @@ func (b *Bindings) setup(ctx context.Context) (stopWatch func(), err error) {
 		}
 	}()
 	// Stopping cancels the watch's context rather than calling w.Stop: Stop unsubscribes and
-	// then deletes the ordered consumer with a JetStream API request (nats.go nats.go,
+	// then deletes the ordered consumer with a JetStream API request (nats.go, file nats.go,
 	// Subscription.Unsubscribe → deleteConsumer) that, while the consumer's server is gone or
 	// the meta leader is being elected, waits out the 5 s API timeout, and the restarted watch
 	// with it. On cancellation nats.go unsubscribes in its own goroutine (js.go, subscribe:

@@ -398,9 +398,8 @@ type timeRow struct {
 	pred      latency.Prediction
 	ownNoHint float64 // own prefill ms without the sibling-prefix credit
 	decodes   float64
-	evictMs   float64 // the eviction term
-	theta     latency.Theta
-	queueLoss float64 // the share of the cached prefix priced as lost to the queue ahead
+	evictMs   float64       // the eviction term
+	theta     latency.Theta // the coefficients the row was scored with
 }
 
 // timeOf scores one candidate by predicted TTFT: the gateway's queue and decode accounting
@@ -448,7 +447,7 @@ func (p *KVPolicy) timeOf(r *kvRow, tr *timeRow, c Candidate, promptTokens, bs f
 	if fresh && p.timed.workset != nil {
 		evictMs = p.evictOf(th, c.Target, r.prefill, float64(m.NumGPUBlocks), promptTokens, bs)
 	}
-	*tr = timeRow{pred: pred, ownNoHint: predNo.OwnMs, decodes: st.DecodeRequests, evictMs: evictMs, theta: th, queueLoss: qloss}
+	*tr = timeRow{pred: pred, ownNoHint: predNo.OwnMs, decodes: st.DecodeRequests, evictMs: evictMs, theta: th}
 	r.load = pred.QueuedMs + pred.DecodeMs + pred.PressureMs
 	r.evict = evictMs
 	r.queueLoss = qloss

@@ -236,11 +236,7 @@ func TestKVCacheLostBeforeSchedule(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			reg := prometheus.NewRegistry()
-			p := newTestKV(t, PolicyKV, DefaultKVConfig(), KVDeps{Matcher: fixedMatcher{tgt(0): {G1: tc.g1}}}, nil)
-			e, err := NewDispatcher(DispatcherOptions{KV: p, Registerer: reg})
-			if err != nil {
-				t.Fatal(err)
-			}
+			e, _, _ := timedEngineWith(t, DefaultKVConfig(), fixedMatcher{tgt(0): {G1: tc.g1}}, reg)
 			_, lc, err := e.Route(context.Background(), streamed(request(chain(1, tc.blocks))), kvCands(1))
 			if err != nil {
 				t.Fatal(err)
@@ -306,8 +302,14 @@ func streamed(r *Request) *Request {
 // timedEngine is a kv engine with a fake clock whose metrics go to reg.
 func timedEngine(t *testing.T, cfg KVConfig, reg *prometheus.Registry) (*Dispatcher, *KVPolicy, *fakeClock) {
 	t.Helper()
+	return timedEngineWith(t, cfg, fixedMatcher{}, reg)
+}
+
+// timedEngineWith is timedEngine over matcher m.
+func timedEngineWith(t *testing.T, cfg KVConfig, m fixedMatcher, reg *prometheus.Registry) (*Dispatcher, *KVPolicy, *fakeClock) {
+	t.Helper()
 	clk := &fakeClock{t: time.Unix(1000, 0)}
-	p := newTestKV(t, PolicyKV, cfg, KVDeps{Matcher: fixedMatcher{}}, clk)
+	p := newTestKV(t, PolicyKV, cfg, KVDeps{Matcher: m}, clk)
 	eo := DispatcherOptions{KV: p}
 	if reg != nil {
 		eo.Registerer = reg
