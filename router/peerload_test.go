@@ -220,6 +220,44 @@ func TestPeerLoadsShare(t *testing.T) {
 	}
 }
 
+// TestPeerLoadsSumWhole reads Sum while one writer applies messages that keep every field a
+// fixed multiple of the request count: a read must never see part of one message applied.
+func TestPeerLoadsSumWhole(t *testing.T) {
+	w0 := kvkey.Target{Worker: "http://w0"}
+	pl := NewPeerLoads(time.Minute)
+	pl.ApplySnapshot("a", 1, 1, nil, time.Now())
+	step := LoadVector{Requests: 1, PrefillRequests: 1, PrefillTokens: 100, Blocks: 7,
+		AheadTokens: 100, AheadPairs: 3, Decodes: 1, DecodeKV: 50}
+	scaled := func(n int64) LoadVector {
+		return LoadVector{n * step.Requests, n * step.PrefillRequests, n * step.PrefillTokens, n * step.Blocks,
+			n * step.AheadTokens, n * step.AheadPairs, n * step.Decodes, n * step.DecodeKV}
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := range 20000 {
+			d := step
+			if i%3 == 2 {
+				d = step.Neg() // down as well as up
+			}
+			pl.ApplyDelta("a", 1, uint64(i+2), []TargetLoadVector{{w0, d}}, time.Now())
+		}
+	}()
+	for reads := 0; ; reads++ {
+		select {
+		case <-done:
+			if reads == 0 {
+				t.Fatal("no read overlapped the writer")
+			}
+			return
+		default:
+		}
+		if got := pl.Sum(w0); got != scaled(got.Requests) {
+			t.Fatalf("read %d saw a message half applied: %+v", reads, got)
+		}
+	}
+}
+
 // TestPeerLoadsBounds checks the peer bound: a message from one peer too many is refused.
 func TestPeerLoadsBounds(t *testing.T) {
 	w0 := kvkey.Target{Worker: "http://w0"}
