@@ -67,7 +67,7 @@ func TestLoadSyncHerding(t *testing.T) {
 							lc.Sent()
 							open = append(open, lc)
 							if shared {
-								lag = max(lag, awaitViews(t, ds, syncs, workers))
+								lag = max(lag, awaitViews(t, syncs, workers))
 							} else {
 								time.Sleep(3 * time.Millisecond)
 							}
@@ -80,7 +80,7 @@ func TestLoadSyncHerding(t *testing.T) {
 						lc.Done()
 					}
 					if shared {
-						awaitViews(t, ds, syncs, workers)
+						awaitViews(t, syncs, workers)
 					}
 				}
 				t.Logf("worst max-min in-flight per worker after a round: %d; slowest propagation to every peer: %s", worst, lag)
@@ -95,22 +95,27 @@ func TestLoadSyncHerding(t *testing.T) {
 	}
 }
 
-// awaitViews waits until every gateway's view of its peers matches what the others have in
-// flight, and returns how long that took.
-func awaitViews(t *testing.T, ds []*router.Dispatcher, syncs []*LoadSync, workers []kvkey.Target) time.Duration {
+// awaitViews waits until every gateway's view of its peers equals, field by field, what the
+// others have published, and returns how long that took. Whole vectors, not request counts: a
+// route publishes its request count (load tracker) and its queued prefill (time model) as two
+// increments, and a batch can close between them, so equal counts alone can precede the prefill
+// that kv prices.
+func awaitViews(t *testing.T, syncs []*LoadSync, workers []kvkey.Target) time.Duration {
 	t.Helper()
 	start := time.Now()
 	for {
 		ok := true
-		for g := range ds {
+		for g := range syncs {
 			for _, w := range workers {
-				others := 0
-				for h, d := range ds {
+				var others router.LoadVector
+				for h, ls := range syncs {
 					if h != g {
-						others += d.Load().Load(w).Requests
+						ls.mu.Lock()
+						others.Add(ls.totals[w])
+						ls.mu.Unlock()
 					}
 				}
-				if int(syncs[g].Peers().Sum(w).Requests) != others {
+				if syncs[g].Peers().Sum(w) != others {
 					ok = false
 				}
 			}
