@@ -1,7 +1,6 @@
 package router
 
 import (
-	"runtime"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -111,45 +110,27 @@ type PeerLoads struct {
 	stats PeerStats
 }
 
-// peerSum is Σ peers' contribution to one target, as atomics behind a sequence lock: the one
-// writer (under PeerLoads.mu) makes seq odd, updates the fields, and makes it even again; a
-// reader retries until it reads the same even seq before and after. So scoring never sees half
-// of one message applied (the request count of a new request without its prefill tokens), which
-// would price that target as cheaper than it is.
+// peerSum is Σ peers' contribution to one target: an immutable vector behind an atomic
+// pointer. The one writer (under PeerLoads.mu) stores a new vector per increment, so a read
+// never sees half of one message applied (the count of a new request without its prefill
+// tokens, which would price that target as cheaper than it is).
 type peerSum struct {
-	seq                                              atomic.Uint64
-	requests, prefillRequests, prefillTokens, blocks atomic.Int64
-	aheadTokens, aheadPairs, decodes, decodeKV       atomic.Int64
+	v atomic.Pointer[LoadVector]
 }
 
 // add applies d. Callers hold PeerLoads.mu, so there is one writer at a time.
 func (s *peerSum) add(d LoadVector) {
-	s.seq.Add(1)
-	s.requests.Add(d.Requests)
-	s.prefillRequests.Add(d.PrefillRequests)
-	s.prefillTokens.Add(d.PrefillTokens)
-	s.blocks.Add(d.Blocks)
-	s.aheadTokens.Add(d.AheadTokens)
-	s.aheadPairs.Add(d.AheadPairs)
-	s.decodes.Add(d.Decodes)
-	s.decodeKV.Add(d.DecodeKV)
-	s.seq.Add(1)
+	v := s.load()
+	v.Add(d)
+	s.v.Store(&v)
 }
 
-// load reads a consistent copy: the fields as they stood between two whole updates.
+// load returns the vector as the last whole increment left it.
 func (s *peerSum) load() LoadVector {
-	for {
-		before := s.seq.Load()
-		if before&1 == 1 {
-			runtime.Gosched()
-			continue
-		}
-		v := LoadVector{s.requests.Load(), s.prefillRequests.Load(), s.prefillTokens.Load(), s.blocks.Load(),
-			s.aheadTokens.Load(), s.aheadPairs.Load(), s.decodes.Load(), s.decodeKV.Load()}
-		if s.seq.Load() == before {
-			return v
-		}
+	if p := s.v.Load(); p != nil {
+		return *p
 	}
+	return LoadVector{}
 }
 
 // peerState is what is known of one peer replica.

@@ -233,6 +233,7 @@ func TestPeerLoadsSumWhole(t *testing.T) {
 			n * step.AheadTokens, n * step.AheadPairs, n * step.Decodes, n * step.DecodeKV}
 	}
 	done := make(chan struct{})
+	defer func() { <-done }() // the writer ends before the test does, failed or not
 	go func() {
 		defer close(done)
 		for i := range 20000 {
