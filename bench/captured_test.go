@@ -106,10 +106,64 @@ func TestCapturedInReports(t *testing.T) {
 		{"text", text.String(), "captured of theoretical    " + formatNum(want)},
 		{"csv", csv.String(), "Captured Cache Fraction,1.302"},
 		{"html", html.String(), "captured of theoretical"},
+		{"text, missed split", text.String(), "missed: same worker"},
+		{"csv, missed split", csv.String(), "Missed Same Worker Tokens,"},
+		{"json, missed split", string(raw), `"missed_cache":{"same_worker_tokens":`},
 	}
 	for _, tc := range tests {
 		if !strings.Contains(tc.out, tc.want) {
 			t.Errorf("%s report lacks %q:\n%s", tc.name, tc.want, tc.out)
+		}
+	}
+}
+
+// TestMissedCache: the theoretical hit a run missed is split by where each request went
+// against its conversation's previous turn: the same worker, another one, or none (a first
+// turn); the three fractions and the captured one add up to 1; a request without a worker
+// leaves the split out.
+func TestMissedCache(t *testing.T) {
+	rec := func(conv string, turn int, worker string, hit, prompt, cached int) Record {
+		return Record{Status: 200, HasUsage: true, ConversationID: conv, TurnIndex: turn, Worker: worker,
+			PromptTokens: prompt, CachedTokens: cached, TheoreticalHit: hit, TraceBlocks: prompt / 64}
+	}
+	tests := []struct {
+		name                    string
+		recs                    []Record
+		same, moved, first, all int // missed tokens, and the theoretical cacheable ones
+		none                    bool
+	}{
+		{"stayed and evicted", []Record{rec("a", 0, "w1", 0, 256, 0), rec("a", 1, "w1", 4, 512, 128)}, 128, 0, 0, 256, false},
+		{"moved", []Record{rec("a", 0, "w1", 0, 256, 0), rec("a", 1, "w2", 4, 512, 0)}, 0, 256, 0, 256, false},
+		{"first turn missed its shared prefix", []Record{rec("a", 0, "w1", 0, 256, 0), rec("b", 0, "w2", 2, 256, 64)}, 0, 0, 64, 128, false},
+		{"turns out of order are put in order", []Record{rec("a", 1, "w2", 4, 512, 0), rec("a", 0, "w1", 0, 256, 0)}, 0, 256, 0, 256, false},
+		{"reusing more than the theoretical hit misses nothing", []Record{rec("a", 0, "w1", 0, 256, 0), rec("a", 1, "w1", 2, 512, 192)}, 0, 0, 0, 128, false},
+		{"a failed turn does not count, nor break the chain", []Record{
+			rec("a", 0, "w1", 0, 256, 0),
+			{ErrorKind: "http_503", Status: 503, ConversationID: "a", TurnIndex: 1, Worker: "w2", TheoreticalHit: 4, TraceBlocks: 8},
+			rec("a", 2, "w1", 4, 512, 128),
+		}, 128, 0, 0, 256, false},
+		{"a request without a worker", []Record{rec("a", 0, "", 0, 256, 0), rec("a", 1, "w1", 4, 512, 0)}, 0, 0, 0, 256, true},
+	}
+	for _, tc := range tests {
+		s := Summarize("x", InputConfig{BlockSize: 64}, &Result{Records: tc.recs})
+		if s.TheoreticalCacheableTokens != tc.all {
+			t.Fatalf("%s: theoretical %d, want %d", tc.name, s.TheoreticalCacheableTokens, tc.all)
+		}
+		m := s.Missed
+		if tc.none {
+			if m != nil {
+				t.Errorf("%s: split %+v, want none", tc.name, *m)
+			}
+			continue
+		}
+		if m == nil {
+			t.Fatalf("%s: no split", tc.name)
+		}
+		if m.SameWorkerTokens != tc.same || m.MovedTokens != tc.moved || m.FirstTurnTokens != tc.first {
+			t.Errorf("%s: missed same/moved/first %d/%d/%d, want %d/%d/%d", tc.name, m.SameWorkerTokens, m.MovedTokens, m.FirstTurnTokens, tc.same, tc.moved, tc.first)
+		}
+		if sum := s.CapturedCacheFraction + m.SameWorkerFraction + m.MovedFraction + m.FirstTurnFraction; tc.name != "reusing more than the theoretical hit misses nothing" && math.Abs(sum-1) > 1e-9 {
+			t.Errorf("%s: captured + missed fractions = %v, want 1", tc.name, sum)
 		}
 	}
 }

@@ -163,6 +163,11 @@ func WriteCSV(w io.Writer, s *Summary) error {
 		_ = cw.Write([]string{"Capacity Cacheable Tokens", strconv.Itoa(s.CapacityCacheableTokens)})
 		_ = cw.Write([]string{"Captured Of Capacity", f(s.CapturedOfCapacity)})
 	}
+	if m := s.Missed; m != nil {
+		_ = cw.Write([]string{"Missed Same Worker Tokens", strconv.Itoa(m.SameWorkerTokens)})
+		_ = cw.Write([]string{"Missed Moved Tokens", strconv.Itoa(m.MovedTokens)})
+		_ = cw.Write([]string{"Missed First Turn Tokens", strconv.Itoa(m.FirstTurnTokens)})
+	}
 	_ = cw.Write([]string{"Total Usage Prompt Tokens", strconv.Itoa(s.TotalUsagePromptTokens)})
 	_ = cw.Write([]string{"Total Usage Prompt Cache Read Tokens", strconv.Itoa(s.TotalUsagePromptCacheReadTokens)})
 	_ = cw.Write([]string{"Benchmark Duration (sec)", f(s.BenchmarkDuration)})
@@ -258,6 +263,9 @@ func compareRows() []compareRow {
 		{"theoretical hit", func(s *Summary) float64 { return s.TheoreticalPrefixCacheHit }, false, ""},
 		{"captured of theoretical", func(s *Summary) float64 { return s.CapturedCacheFraction }, false, ""},
 		{"captured of pooled LRU", func(s *Summary) float64 { return s.CapturedOfCapacity }, false, ""},
+		{"missed: same worker", func(s *Summary) float64 { return s.Missed.sameWorker() }, true, ""},
+		{"missed: moved", func(s *Summary) float64 { return s.Missed.moved() }, true, ""},
+		{"missed: first turn", func(s *Summary) float64 { return s.Missed.firstTurn() }, true, ""},
 		{"requests ok", func(s *Summary) float64 { return float64(s.RequestCount) }, false, ""},
 		{"errors", func(s *Summary) float64 { return float64(s.ErrorCount) }, true, ""},
 	}

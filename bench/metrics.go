@@ -88,12 +88,103 @@ type Summary struct {
 	// CapacityCacheableTokens is the same sum over the pooled-LRU hit (kvbench
 	// --capacity-blocks), and CapturedOfCapacity the cached tokens divided by it: how close the
 	// run came to a fleet that is one LRU cache of the same total size. Both 0 without a capacity.
-	CapacityCacheableTokens int            `json:"capacity_cacheable_tokens,omitempty"`
-	CapturedOfCapacity      float64        `json:"captured_of_capacity,omitempty"`
-	BenchmarkDuration       float64        `json:"benchmark_duration"`
-	ErrorSummary            map[string]int `json:"error_summary"`
-	WorkerDistribution      map[string]int `json:"worker_distribution"`
-	ContextResets           int            `json:"context_resets"`
+	CapacityCacheableTokens int     `json:"capacity_cacheable_tokens,omitempty"`
+	CapturedOfCapacity      float64 `json:"captured_of_capacity,omitempty"`
+	// Missed splits the theoretical hit the workers did not report (theoretical cacheable
+	// minus cached, per request, when positive) by where the request went; nil unless every
+	// request counted names its worker.
+	Missed             *MissedCache   `json:"missed_cache,omitempty"`
+	BenchmarkDuration  float64        `json:"benchmark_duration"`
+	ErrorSummary       map[string]int `json:"error_summary"`
+	WorkerDistribution map[string]int `json:"worker_distribution"`
+	ContextResets      int            `json:"context_resets"`
+}
+
+// MissedCache is the theoretical hit a run missed, in prompt tokens, by where each request
+// went: to the worker its conversation's previous turn went to (the prefix was evicted there,
+// or never reused: capacity and queueing), to another worker (a routing move), or as a
+// conversation's first turn (its shared prefix, a system prompt or a parent's context, was
+// not cached where it went). Each is also given as a fraction of the theoretical cacheable
+// tokens, so captured + the three fractions = 1 (when no request reused more than its
+// theoretical hit).
+type MissedCache struct {
+	// The missed prompt tokens: same worker, moved, first turn.
+	SameWorkerTokens int `json:"same_worker_tokens"`
+	MovedTokens      int `json:"moved_tokens"`
+	FirstTurnTokens  int `json:"first_turn_tokens"`
+	// The same as fractions of the theoretical cacheable tokens.
+	SameWorkerFraction float64 `json:"same_worker_fraction"`
+	MovedFraction      float64 `json:"moved_fraction"`
+	FirstTurnFraction  float64 `json:"first_turn_fraction"`
+}
+
+// sameWorker, moved and firstTurn are the fractions of a possibly absent split (0 without).
+func (m *MissedCache) sameWorker() float64 {
+	if m == nil {
+		return 0
+	}
+	return m.SameWorkerFraction
+}
+
+func (m *MissedCache) moved() float64 {
+	if m == nil {
+		return 0
+	}
+	return m.MovedFraction
+}
+
+func (m *MissedCache) firstTurn() float64 {
+	if m == nil {
+		return 0
+	}
+	return m.FirstTurnFraction
+}
+
+// missedCache splits the theoretical hit the counted records (successful, with usage and
+// trace blocks) missed by where each went against its conversation's previous turn; nil when
+// one of them names no worker, or nothing was cacheable.
+func missedCache(recs []Record, blockSize, cacheable int) *MissedCache {
+	if cacheable <= 0 || blockSize <= 0 {
+		return nil
+	}
+	idx := make([]int, 0, len(recs))
+	for i := range recs {
+		r := &recs[i]
+		if r.OK() && r.HasUsage && r.TraceBlocks > 0 {
+			if r.Worker == "" {
+				return nil
+			}
+			idx = append(idx, i)
+		}
+	}
+	// A conversation's turns in order; its previous turn is the last counted one before.
+	sort.SliceStable(idx, func(a, b int) bool {
+		ra, rb := &recs[idx[a]], &recs[idx[b]]
+		if ra.ConversationID != rb.ConversationID {
+			return ra.ConversationID < rb.ConversationID
+		}
+		return ra.TurnIndex < rb.TurnIndex
+	})
+	m := &MissedCache{}
+	prev := map[string]string{} // conversation → worker of its last counted turn
+	for _, i := range idx {
+		r := &recs[i]
+		missed := max(min(r.TheoreticalHit*blockSize, r.PromptTokens)-r.CachedTokens, 0)
+		switch w, ok := prev[r.ConversationID]; {
+		case !ok:
+			m.FirstTurnTokens += missed
+		case w == r.Worker:
+			m.SameWorkerTokens += missed
+		default:
+			m.MovedTokens += missed
+		}
+		prev[r.ConversationID] = r.Worker
+	}
+	c := float64(cacheable)
+	m.SameWorkerFraction = float64(m.SameWorkerTokens) / c
+	m.MovedFraction = float64(m.MovedTokens) / c
+	m.FirstTurnFraction = float64(m.FirstTurnTokens) / c
+	return m
 }
 
 // InputConfig records how the run was made.
@@ -175,6 +266,7 @@ func Summarize(label string, cfg InputConfig, res *Result) *Summary {
 	if s.CapacityCacheableTokens > 0 {
 		s.CapturedOfCapacity = float64(capturedCached) / float64(s.CapacityCacheableTokens)
 	}
+	s.Missed = missedCache(res.Records, cfg.BlockSize, s.TheoreticalCacheableTokens)
 	s.OutputTokenThroughput = Stat{Unit: "tokens/sec"}
 	s.RequestThroughput = Stat{Unit: "requests/sec"}
 	if s.RequestCount > 0 && last > first {

@@ -143,7 +143,8 @@ func sweepTable(points []SweepPoint) [][]string {
 		header = append(header, m.title+" ("+m.unit+")")
 	}
 	header = append(header, "TTFT mean ÷ "+base, "TTFT p90 ÷ "+base, "TTFT mean range (ms)",
-		"cached ratio", "captured of theoretical", "captured of pooled LRU", "ok (per run)", "errors (all runs)")
+		"cached ratio", "captured of theoretical", "captured of pooled LRU",
+		"missed: same worker / moved / first turn", "ok (per run)", "errors (all runs)")
 	rows := [][]string{header}
 	mean := func(s *Summary) float64 { return s.TimeToFirstToken.Avg }
 	p90 := func(s *Summary) float64 { return s.TimeToFirstToken.P90 }
@@ -168,6 +169,9 @@ func sweepTable(points []SweepPoint) [][]string {
 			formatFraction(c.median(func(s *Summary) float64 { return s.CachedTokenRatio })),
 			formatFraction(c.median(func(s *Summary) float64 { return s.CapturedCacheFraction })),
 			formatFraction(c.median(func(s *Summary) float64 { return s.CapturedOfCapacity })),
+			formatFraction(c.median(func(s *Summary) float64 { return s.Missed.sameWorker() }))+" / "+
+				formatFraction(c.median(func(s *Summary) float64 { return s.Missed.moved() }))+" / "+
+				formatFraction(c.median(func(s *Summary) float64 { return s.Missed.firstTurn() })),
 			formatNum(c.median(func(s *Summary) float64 { return float64(s.RequestCount) })),
 			strconv.Itoa(errs))
 		rows = append(rows, row)
