@@ -263,9 +263,9 @@ func compareRows() []compareRow {
 		{"theoretical hit", func(s *Summary) float64 { return s.TheoreticalPrefixCacheHit }, false, ""},
 		{"captured of theoretical", func(s *Summary) float64 { return s.CapturedCacheFraction }, false, ""},
 		{"captured of pooled LRU", func(s *Summary) float64 { return s.CapturedOfCapacity }, false, ""},
-		{"missed: same worker", func(s *Summary) float64 { return s.Missed.sameWorker() }, true, ""},
-		{"missed: moved", func(s *Summary) float64 { return s.Missed.moved() }, true, ""},
-		{"missed: first turn", func(s *Summary) float64 { return s.Missed.firstTurn() }, true, ""},
+		{"missed: same worker", func(s *Summary) float64 { return s.Missed.or().SameWorkerFraction }, true, ""},
+		{"missed: moved", func(s *Summary) float64 { return s.Missed.or().MovedFraction }, true, ""},
+		{"missed: first turn", func(s *Summary) float64 { return s.Missed.or().FirstTurnFraction }, true, ""},
 		{"requests ok", func(s *Summary) float64 { return float64(s.RequestCount) }, false, ""},
 		{"errors", func(s *Summary) float64 { return float64(s.ErrorCount) }, true, ""},
 	}

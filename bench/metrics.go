@@ -118,26 +118,12 @@ type MissedCache struct {
 	FirstTurnFraction  float64 `json:"first_turn_fraction"`
 }
 
-// sameWorker, moved and firstTurn are the fractions of a possibly absent split (0 without).
-func (m *MissedCache) sameWorker() float64 {
+// or is the split, or a zero one when there is none.
+func (m *MissedCache) or() MissedCache {
 	if m == nil {
-		return 0
+		return MissedCache{}
 	}
-	return m.SameWorkerFraction
-}
-
-func (m *MissedCache) moved() float64 {
-	if m == nil {
-		return 0
-	}
-	return m.MovedFraction
-}
-
-func (m *MissedCache) firstTurn() float64 {
-	if m == nil {
-		return 0
-	}
-	return m.FirstTurnFraction
+	return *m
 }
 
 // missedCache splits the theoretical hit the counted records (successful, with usage and

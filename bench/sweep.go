@@ -169,9 +169,9 @@ func sweepTable(points []SweepPoint) [][]string {
 			formatFraction(c.median(func(s *Summary) float64 { return s.CachedTokenRatio })),
 			formatFraction(c.median(func(s *Summary) float64 { return s.CapturedCacheFraction })),
 			formatFraction(c.median(func(s *Summary) float64 { return s.CapturedOfCapacity })),
-			formatFraction(c.median(func(s *Summary) float64 { return s.Missed.sameWorker() }))+" / "+
-				formatFraction(c.median(func(s *Summary) float64 { return s.Missed.moved() }))+" / "+
-				formatFraction(c.median(func(s *Summary) float64 { return s.Missed.firstTurn() })),
+			formatFraction(c.median(func(s *Summary) float64 { return s.Missed.or().SameWorkerFraction }))+" / "+
+				formatFraction(c.median(func(s *Summary) float64 { return s.Missed.or().MovedFraction }))+" / "+
+				formatFraction(c.median(func(s *Summary) float64 { return s.Missed.or().FirstTurnFraction })),
 			formatNum(c.median(func(s *Summary) float64 { return float64(s.RequestCount) })),
 			strconv.Itoa(errs))
 		rows = append(rows, row)
