@@ -813,6 +813,39 @@ func TestWorkingSets(t *testing.T) {
 	}
 }
 
+// TestWorkingSetsMove: a prompt routed to another target takes its deep keys along (its
+// session will not ask the old worker for them again), leaving the shared first heldExact
+// blocks on both; expiry and forget leave no owner behind.
+func TestWorkingSetsMove(t *testing.T) {
+	now := time.Unix(1000, 0)
+	ws := newWorkingSets()
+	turn := chain(1, 64+16*40)
+	steps := []struct {
+		name         string
+		to           int
+		want0, want1 float64
+	}{
+		{"first on 0", 0, 64 + 16*40, 0},
+		{"moved to 1", 1, 64, 64 + 16*40},
+		{"back on 0", 0, 64 + 16*40, 64},
+	}
+	for i, st := range steps {
+		ws.record(tgt(st.to), turn, now.Add(time.Duration(i)*time.Second))
+		if got0, got1 := ws.blocks(tgt(0)), ws.blocks(tgt(1)); got0 != st.want0 || got1 != st.want1 {
+			t.Fatalf("%s: %v and %v blocks, want %v and %v", st.name, got0, got1, st.want0, st.want1)
+		}
+	}
+	ws.forget(tgt(0))
+	ws.record(tgt(1), turn, now.Add(10*time.Second)) // the forgotten set is no owner any more
+	if got := ws.blocks(tgt(1)); got != 64+16*40 {
+		t.Fatalf("after forget and a new route: %v blocks", got)
+	}
+	ws.expire(now.Add(time.Hour))
+	if got, n := ws.blocks(tgt(1)), len(ws.owner); got != 0 || n != 0 {
+		t.Fatalf("after expiry: %v blocks, %d owned keys", got, n)
+	}
+}
+
 // allSources is the default config with the fit learning from every sample source
 // (router.latency.learn_from lists only gateway_ttft by default).
 func allSources() KVConfig {
