@@ -87,7 +87,8 @@ type kvRow struct {
 	prefill   float64 // uncached prompt blocks after credits (hints included)
 	noHint    float64 // the same without hints, to tell whether a hint decided
 	load      float64
-	evict     float64 // kv: the eviction term, ms
+	evict     float64 // kv: the eviction terms (overflow included), ms
+	overflow  float64 // kv: the overflow term, ms
 	recompute float64 // kv: the recompute term, ms
 	queueLoss float64 // kv: the share of the cached prefix priced as lost to the queue ahead
 	busy      bool

@@ -32,6 +32,7 @@ type timeModel struct {
 	fleetWeight     float64
 	evictWeight     float64
 	recomputeWeight float64
+	overflowWeight  float64
 	queueLossWeight float64
 	// workset is each target's working set for the eviction term (nil when it is off).
 	workset *workingSets
@@ -266,7 +267,7 @@ func newTimeModel(c routerconfig.Latency) (*timeModel, error) {
 			KVPressureWeight: c.KVPressureWeight},
 		prior: latency.Theta{c.FrontendMs, c.PrefillMsPerToken, c.AttentionMsPerPair, c.StepMs, c.StepMsPerKVToken},
 		fit:   fc, learn: c.Learn, fleetWeight: c.FleetWeight, evictWeight: c.EvictWeight,
-		recomputeWeight: c.RecomputeWeight, queueLossWeight: c.QueueLossWeight,
+		recomputeWeight: c.RecomputeWeight, overflowWeight: c.OverflowWeight, queueLossWeight: c.QueueLossWeight,
 		targets: newPerTarget[targetTime](),
 	}
 	if !tm.prior.Valid() {
@@ -279,7 +280,7 @@ func newTimeModel(c routerconfig.Latency) (*timeModel, error) {
 			}
 		}
 	}
-	if tm.evictWeight > 0 {
+	if tm.evictWeight > 0 || tm.overflowWeight > 0 {
 		tm.workset = newWorkingSets()
 	}
 	return tm, nil
@@ -443,25 +444,36 @@ func (p *KVPolicy) timeOf(r *kvRow, tr *timeRow, c Candidate, promptTokens, bs f
 	if r.prefHint > 0 {
 		hintMs = latency.PrefillMs(th, r.prefHint*bs, math.Max(promptTokens-u, 0))
 	}
-	evictMs := 0.0
+	evictMs, overflowMs := 0.0, 0.0
 	if fresh && p.timed.workset != nil {
-		evictMs = p.evictOf(th, c.Target, r.prefill, float64(m.NumGPUBlocks), promptTokens, bs)
+		evictMs, overflowMs = p.evictOf(th, c.Target, r.prefill, float64(m.NumGPUBlocks), promptTokens, bs)
+		evictMs += overflowMs
 	}
 	*tr = timeRow{pred: pred, ownNoHint: predNo.OwnMs, decodes: st.DecodeRequests, evictMs: evictMs, theta: th}
 	r.load = pred.QueuedMs + pred.DecodeMs + pred.PressureMs
-	r.evict = evictMs
+	r.evict, r.overflow = evictMs, overflowMs
 	r.queueLoss = qloss
 	r.cost = pred.TotalMs - hintMs + evictMs
 	r.costNoHnt = predNo.TotalMs + evictMs
 }
 
-// evictOf is the eviction term of a prefill of newBlocks on t: the blocks of t's working set
-// (what was routed there within approximate.ttl, this request's cached prefix included) it
-// pushes out of a cache of capacity blocks (latency.EvictBlocks), priced as their prefill
-// when they are asked for again (latency.EvictMs, after the rest of a prompt this long).
-func (p *KVPolicy) evictOf(th latency.Theta, t kvkey.Target, newBlocks, capacity, promptTokens, bs float64) float64 {
-	ev := latency.EvictBlocks(newBlocks, p.timed.workset.blocks(t), capacity) * bs
-	return latency.EvictMs(th, ev, math.Max(promptTokens-ev, 0), p.timed.evictWeight)
+// evictOf is the eviction terms of a prefill of newBlocks on t, against t's working set W (what
+// was routed there within approximate.ttl, this request's cached prefix included) and a cache
+// of capacity blocks: evict prices the blocks of W the prefill pushes out (latency.EvictBlocks)
+// and overflow the rest of t's overflow this prompt's cached prefix shares in
+// (latency.OverflowBlocks), each as their prefill when they are asked for again
+// (latency.EvictMs, after the rest of a prompt this long) times its weight.
+func (p *KVPolicy) evictOf(th latency.Theta, t kvkey.Target, newBlocks, capacity, promptTokens, bs float64) (evict, overflow float64) {
+	w := p.timed.workset.blocks(t)
+	if p.timed.evictWeight > 0 {
+		ev := latency.EvictBlocks(newBlocks, w, capacity) * bs
+		evict = latency.EvictMs(th, ev, math.Max(promptTokens-ev, 0), p.timed.evictWeight)
+	}
+	if p.timed.overflowWeight > 0 {
+		ov := latency.OverflowBlocks(newBlocks, math.Ceil(promptTokens/bs), w, capacity) * bs
+		overflow = latency.EvictMs(th, ov, math.Max(promptTokens-ov, 0), p.timed.overflowWeight)
+	}
+	return evict, overflow
 }
 
 // addFleet adds the fleet term to every row: the request's own prefill on a target stretches

@@ -779,6 +779,62 @@ func TestKVEvictionTerm(t *testing.T) {
 	}
 }
 
+// TestKVOverflowTerm: a prompt mostly cached on a target whose working set already exceeds its
+// cache pays, beyond the eviction of its own new blocks, for the rest of the overflow up to its
+// whole prompt (latency.OverflowBlocks); a target with room, or the term turned off, pays none.
+func TestKVOverflowTerm(t *testing.T) {
+	const capacity = 1000
+	for _, tc := range []struct {
+		name         string
+		weight       float64
+		other        int     // blocks of another prompt routed to target 0
+		wantOverflow float64 // blocks of overflow priced on target 0
+	}{
+		// 896 other blocks + the cached 250 (240 counted, see TestKVEvictionTerm) + 50 new
+		// in 1,000: an overflow of 186, 50 of it the eviction term's, 136 the overflow term's.
+		{"cache over", 1, 896, 136},
+		{"cache over, weight 3", 3, 896, 136},
+		// 640 + 240 + 50 fit.
+		{"room", 1, 640, 0},
+		{"term off", 0, 896, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			clk := &fakeClock{t: time.Unix(1000, 0)}
+			cfg := DefaultKVConfig()
+			cfg.Latency.OverflowWeight = tc.weight
+			prompt := chain(1, 300)
+			p := newTestKV(t, PolicyKV, cfg, KVDeps{Matcher: fixedMatcher{tgt(0): indexers.TierMatch{G1: 250}}}, clk)
+			d0 := Decision{Chosen: Choice{Target: tgt(0)}}
+			p.begin(d0, request(chain(9, tc.other))).Done()
+			p.begin(d0, request(prompt[:250])).Done()
+			for i := range 2 {
+				p.load.UpdateMetrics(tgt(i), WorkerMetrics{NumGPUBlocks: capacity, At: clk.now()})
+			}
+			d, err := p.Pick(context.Background(), request(prompt), kvCands(2))
+			if err != nil {
+				t.Fatal(err)
+			}
+			th := p.timed.prior
+			ov := tc.wantOverflow * 16
+			want := tc.weight * latency.PrefillMs(th, ov, 300*16-ov)
+			c0 := d.Candidates[0]
+			if math.Abs(c0.OverflowMs-want) > 1e-9 {
+				t.Fatalf("overflow_ms on target 0 = %v, want %v (%v blocks): %s", c0.OverflowMs, want, tc.wantOverflow, js(d))
+			}
+			evict := 0.0
+			if tc.other+240+50 > capacity {
+				evict = cfg.Latency.EvictWeight * latency.PrefillMs(th, 50*16, 250*16)
+			}
+			if math.Abs(c0.EvictMs-(evict+want)) > 1e-9 {
+				t.Fatalf("evict_ms on target 0 = %v, want the eviction %v plus the overflow %v: %s", c0.EvictMs, evict, want, js(d))
+			}
+			if c1 := d.Candidates[1]; c1.OverflowMs != 0 {
+				t.Fatalf("overflow_ms on the empty target = %v", c1.OverflowMs)
+			}
+		})
+	}
+}
+
 // TestWorkingSets: a conversation's next turn, which extends the last prompt, adds only its new
 // blocks (to within the stride kept out at its end); an unrelated prompt adds its own; keys
 // older than the window leave, and the count follows them.

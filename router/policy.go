@@ -53,6 +53,9 @@ type CandidateScore struct {
 	// EvictMs is the part of Cost that prices the working-set blocks this prefill would evict
 	// from the target's full KV cache (kv).
 	EvictMs float64 `json:"evict_ms,omitempty"`
+	// OverflowMs is the part of EvictMs that prices the rest of the target's overflow this
+	// prompt's cached prefix shares in (kv, latency.overflow_weight).
+	OverflowMs float64 `json:"overflow_ms,omitempty"`
 	// RecomputeMs is the part of Cost that prices the prompt blocks this target would compute
 	// that the best-cached candidate holds (kv, latency.recompute_weight).
 	RecomputeMs float64 `json:"recompute_ms,omitempty"`

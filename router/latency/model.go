@@ -210,6 +210,22 @@ func EvictBlocks(newBlocks, workingSet, capacity float64) float64 {
 	return math.Min(newBlocks, math.Max(0, workingSet+newBlocks-capacity))
 }
 
+// OverflowBlocks is the rest of a target's overflow that a prompt of promptBlocks, newBlocks of
+// them computed there, shares in: with the working set plus the new blocks beyond capacity,
+// the overflow O = max(0, workingSet + newBlocks − capacity) is pushed out again each time the
+// sessions that hold it come back (an LRU cache cycled by a working set larger than itself
+// misses on every pass), and this prompt's cached prefix is part of that cycle. It is the
+// overflow up to the whole prompt less what EvictBlocks already counts:
+// min(promptBlocks, O) − min(newBlocks, O). A prompt on a target with room, or one that brings
+// all its blocks (nothing cached there), has none.
+func OverflowBlocks(newBlocks, promptBlocks, workingSet, capacity float64) float64 {
+	if capacity <= 0 || promptBlocks <= newBlocks {
+		return 0
+	}
+	o := math.Max(0, workingSet+math.Max(newBlocks, 0)-capacity)
+	return math.Max(0, math.Min(promptBlocks, o)-math.Min(math.Max(newBlocks, 0), o))
+}
+
 // EvictMs prices evicting tokens of prefixes that will be asked for again: weight times their
 // prefill when they are, after context tokens each (the evicted blocks are the deep ends of
 // prompts, the last blocks a finished request frees).

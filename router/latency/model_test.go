@@ -153,6 +153,31 @@ func TestEvictBlocks(t *testing.T) {
 	}
 }
 
+// OverflowBlocks: the overflow beyond what EvictBlocks counts, up to the whole prompt.
+func TestOverflowBlocks(t *testing.T) {
+	for _, tc := range []struct {
+		name                        string
+		newBlocks, prompt, ws, capa float64
+		want                        float64
+	}{
+		{"room for it", 100, 500, 800, 1000, 0},
+		{"overflow within the new blocks", 300, 500, 800, 1000, 0},
+		{"overflow past the new blocks", 100, 500, 1200, 1000, 200},
+		{"overflow past the prompt: capped at it", 100, 500, 2000, 1000, 400},
+		{"nothing cached: all counted by EvictBlocks", 500, 500, 2000, 1000, 0},
+		{"nothing new, cache over", 0, 500, 1300, 1000, 300},
+		{"capacity unknown", 100, 500, 2000, 0, 0},
+	} {
+		got := OverflowBlocks(tc.newBlocks, tc.prompt, tc.ws, tc.capa)
+		if got != tc.want {
+			t.Errorf("%s: OverflowBlocks(%v, %v, %v, %v) = %v, want %v", tc.name, tc.newBlocks, tc.prompt, tc.ws, tc.capa, got, tc.want)
+		}
+		if tot := got + EvictBlocks(tc.newBlocks, tc.ws, tc.capa); tc.capa > 0 && tot > tc.prompt {
+			t.Errorf("%s: eviction and overflow %v exceed the prompt's %v blocks", tc.name, tot, tc.prompt)
+		}
+	}
+}
+
 // QueueLossFraction: nothing ahead loses nothing, no free blocks loses everything ahead of
 // any queue, and in between the queue's blocks over the free ones, capped at 1.
 func TestQueueLossFraction(t *testing.T) {

@@ -145,6 +145,12 @@ type Latency struct {
 	// moving a request away from its cache, which delays what queues behind it there
 	// (default 2).
 	RecomputeWeight float64 `yaml:"recompute_weight"`
+	// OverflowWeight prices, as a fraction of their prefill time, the part of a target's
+	// overflow (its working set plus this prefill beyond num_gpu_blocks) that this prompt's
+	// cached prefix shares in (latency.OverflowBlocks; 0 = off): sessions whose live contexts
+	// outgrow one worker's cache evict each other on every turn, so staying there costs a
+	// recompute each time they cycle, and one move while contexts are smaller costs it once.
+	OverflowWeight float64 `yaml:"overflow_weight"`
 	// QueueLossWeight scales the part of a target's cached prefix counted as lost to the
 	// prefill queued ahead of the request there (latency.QueueLossFraction; 0 = off): those
 	// tokens are priced as uncached.
@@ -240,6 +246,7 @@ func (c KV) Validate() error {
 		{"latency.fleet_weight", c.Latency.FleetWeight},
 		{"latency.evict_weight", c.Latency.EvictWeight},
 		{"latency.recompute_weight", c.Latency.RecomputeWeight},
+		{"latency.overflow_weight", c.Latency.OverflowWeight},
 		{"latency.queue_loss_weight", c.Latency.QueueLossWeight},
 	}
 	for _, w := range weights {
