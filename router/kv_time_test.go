@@ -711,30 +711,38 @@ func TestKVGatewayITLSample(t *testing.T) {
 
 // TestKVEvictionTerm: a prefill that would push blocks routed to a target within the
 // approximate TTL out of its full KV cache pays their prefill; a target with room, a prompt
-// mostly cached there, an expired working set or the term turned off pay nothing.
+// mostly cached there, an expired working set or the term turned off pay nothing. With the
+// overflow term on, a prompt mostly cached on a target already over its cache pays as well
+// for the rest of the overflow, up to its whole prompt (latency.OverflowBlocks).
 func TestKVEvictionTerm(t *testing.T) {
 	const capacity = 1000
 	for _, tc := range []struct {
-		name      string
-		weight    float64
-		other     int          // blocks of another prompt routed to target 0
-		cached    int          // blocks of the request cached on target 0
-		expire    bool         // the working set's window passed before the request
-		wantEvict float64      // blocks evicted on target 0
-		want      kvkey.Target // chosen
+		name         string
+		weight       float64
+		overflow     float64      // latency.overflow_weight
+		other        int          // blocks of another prompt routed to target 0
+		cached       int          // blocks of the request cached on target 0
+		expire       bool         // the working set's window passed before the request
+		wantEvict    float64      // blocks evicted on target 0
+		wantOverflow float64      // blocks of the rest of the overflow on target 0
+		want         kvkey.Target // chosen
 	}{
 		// 896 other blocks + 300 new in 1,000: 196 evicted.
-		{"overflow on the full target", 1, 896, 0, false, 196, tgt(1)},
+		{"overflow on the full target", 1, 1, 896, 0, false, 196, 0, tgt(1)},
 		// 640 + the cached 250 (240 of them counted: the set keys every 16th block beyond
 		// the first 64) + 50 new fit.
-		{"mostly cached: fits", 1, 640, 250, false, 0, tgt(0)},
-		{"working set expired", 1, 896, 0, true, 0, kvkey.Target{}},
-		{"term off", 0, 896, 0, false, 0, kvkey.Target{}},
+		{"mostly cached: fits", 1, 1, 640, 250, false, 0, 0, tgt(0)},
+		// 896 + 240 + 50 in 1,000: an overflow of 186, 50 of it the new blocks' eviction.
+		{"mostly cached, cache over", 1, 0, 896, 250, false, 50, 0, kvkey.Target{}},
+		{"mostly cached, cache over, overflow on", 1, 1, 896, 250, false, 50, 136, kvkey.Target{}},
+		{"working set expired", 1, 1, 896, 0, true, 0, 0, kvkey.Target{}},
+		{"term off", 0, 0, 896, 0, false, 0, 0, kvkey.Target{}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			clk := &fakeClock{t: time.Unix(1000, 0)}
 			cfg := DefaultKVConfig()
 			cfg.Latency.EvictWeight = tc.weight
+			cfg.Latency.OverflowWeight = tc.overflow
 			prompt := chain(1, 300)
 			m := fixedMatcher{}
 			if tc.cached > 0 {
@@ -764,72 +772,20 @@ func TestKVEvictionTerm(t *testing.T) {
 				t.Fatal(err)
 			}
 			th := p.timed.prior
-			ev := tc.wantEvict * 16
-			want := tc.weight * latency.PrefillMs(th, ev, 300*16-ev)
+			ev, ov := tc.wantEvict*16, tc.wantOverflow*16
+			wantOv := tc.overflow * latency.PrefillMs(th, ov, 300*16-ov)
+			want := tc.weight*latency.PrefillMs(th, ev, 300*16-ev) + wantOv
+			if got := d.Candidates[0].OverflowMs; math.Abs(got-wantOv) > 1e-9 {
+				t.Fatalf("overflow_ms on target 0 = %v, want %v (%v blocks): %s", got, wantOv, tc.wantOverflow, js(d))
+			}
 			if got := d.Candidates[0].EvictMs; math.Abs(got-want) > 1e-9 {
-				t.Fatalf("evict_ms on target 0 = %v, want %v (%v blocks): %s", got, want, tc.wantEvict, js(d))
+				t.Fatalf("evict_ms on target 0 = %v, want %v (%v blocks evicted, %v of overflow): %s", got, want, tc.wantEvict, tc.wantOverflow, js(d))
 			}
 			if got := d.Candidates[1].EvictMs; got != 0 {
 				t.Fatalf("evict_ms on the empty target = %v", got)
 			}
 			if tc.want != (kvkey.Target{}) && d.Chosen.Target != tc.want {
 				t.Fatalf("chose %v, want %v: %s", d.Chosen.Target, tc.want, js(d))
-			}
-		})
-	}
-}
-
-// TestKVOverflowTerm: a prompt mostly cached on a target whose working set already exceeds its
-// cache pays, beyond the eviction of its own new blocks, for the rest of the overflow up to its
-// whole prompt (latency.OverflowBlocks); a target with room, or the term turned off, pays none.
-func TestKVOverflowTerm(t *testing.T) {
-	const capacity = 1000
-	for _, tc := range []struct {
-		name         string
-		weight       float64
-		other        int     // blocks of another prompt routed to target 0
-		wantOverflow float64 // blocks of overflow priced on target 0
-	}{
-		// 896 other blocks + the cached 250 (240 counted, see TestKVEvictionTerm) + 50 new
-		// in 1,000: an overflow of 186, 50 of it the eviction term's, 136 the overflow term's.
-		{"cache over", 1, 896, 136},
-		{"cache over, weight 3", 3, 896, 136},
-		// 640 + 240 + 50 fit.
-		{"room", 1, 640, 0},
-		{"term off", 0, 896, 0},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			clk := &fakeClock{t: time.Unix(1000, 0)}
-			cfg := DefaultKVConfig()
-			cfg.Latency.OverflowWeight = tc.weight
-			prompt := chain(1, 300)
-			p := newTestKV(t, PolicyKV, cfg, KVDeps{Matcher: fixedMatcher{tgt(0): indexers.TierMatch{G1: 250}}}, clk)
-			d0 := Decision{Chosen: Choice{Target: tgt(0)}}
-			p.begin(d0, request(chain(9, tc.other))).Done()
-			p.begin(d0, request(prompt[:250])).Done()
-			for i := range 2 {
-				p.load.UpdateMetrics(tgt(i), WorkerMetrics{NumGPUBlocks: capacity, At: clk.now()})
-			}
-			d, err := p.Pick(context.Background(), request(prompt), kvCands(2))
-			if err != nil {
-				t.Fatal(err)
-			}
-			th := p.timed.prior
-			ov := tc.wantOverflow * 16
-			want := tc.weight * latency.PrefillMs(th, ov, 300*16-ov)
-			c0 := d.Candidates[0]
-			if math.Abs(c0.OverflowMs-want) > 1e-9 {
-				t.Fatalf("overflow_ms on target 0 = %v, want %v (%v blocks): %s", c0.OverflowMs, want, tc.wantOverflow, js(d))
-			}
-			evict := 0.0
-			if tc.other+240+50 > capacity {
-				evict = cfg.Latency.EvictWeight * latency.PrefillMs(th, 50*16, 250*16)
-			}
-			if math.Abs(c0.EvictMs-(evict+want)) > 1e-9 {
-				t.Fatalf("evict_ms on target 0 = %v, want the eviction %v plus the overflow %v: %s", c0.EvictMs, evict, want, js(d))
-			}
-			if c1 := d.Candidates[1]; c1.OverflowMs != 0 {
-				t.Fatalf("overflow_ms on the empty target = %v", c1.OverflowMs)
 			}
 		})
 	}

@@ -216,14 +216,14 @@ func EvictBlocks(newBlocks, workingSet, capacity float64) float64 {
 // sessions that hold it come back (an LRU cache cycled by a working set larger than itself
 // misses on every pass), and this prompt's cached prefix is part of that cycle. It is the
 // overflow up to the whole prompt less what EvictBlocks already counts:
-// min(promptBlocks, O) − min(newBlocks, O). A prompt on a target with room, or one that brings
-// all its blocks (nothing cached there), has none.
+// min(promptBlocks, O) − EvictBlocks. A prompt on a target with room, or one that brings all
+// its blocks (nothing cached there), has none.
 func OverflowBlocks(newBlocks, promptBlocks, workingSet, capacity float64) float64 {
 	if capacity <= 0 || promptBlocks <= newBlocks {
 		return 0
 	}
-	o := math.Max(0, workingSet+math.Max(newBlocks, 0)-capacity)
-	return math.Max(0, math.Min(promptBlocks, o)-math.Min(math.Max(newBlocks, 0), o))
+	o := math.Max(0, workingSet+newBlocks-capacity)
+	return math.Min(promptBlocks, o) - EvictBlocks(newBlocks, workingSet, capacity)
 }
 
 // EvictMs prices evicting tokens of prefixes that will be asked for again: weight times their
