@@ -131,7 +131,7 @@ func newKV(name string, noLoad bool, cfg KVConfig, deps KVDeps) (*KVPolicy, erro
 		p.load = NewLoadTracker(cfg.LoadExpiry.D())
 	}
 	if name == PolicyKV {
-		tm, err := newTimeModel(cfg.Latency)
+		tm, err := newTimeModel(cfg.Latency, cfg.Approximate.TTL.D())
 		if err != nil {
 			return nil, fmt.Errorf("%s policy: %w", name, err)
 		}
@@ -279,7 +279,7 @@ func (p *KVPolicy) evaluate(req *Request, cands []Candidate, s *kvScratch) {
 		r.noHint = math.Max(reqBlocks-credit, 0)
 		r.prefill = math.Max(reqBlocks-credit-(r.hint-r.prefHint), 0)
 		if p.timed != nil {
-			p.timeOf(r, &s.times[i], cands[i], reqBlocks*bs, bs, now)
+			p.timeOf(r, &s.times[i], cands[i], hashes, reqBlocks*bs, bs, now)
 			continue
 		}
 		if !p.noLoad {

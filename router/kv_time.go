@@ -31,6 +31,7 @@ type timeModel struct {
 	learnFrom       [latency.NumSources]bool
 	fleetWeight     float64
 	evictWeight     float64
+	evictStale      time.Duration // evict_stale_after (0: every working-set block counts)
 	recomputeWeight float64
 	overflowWeight  float64
 	queueLossWeight float64
@@ -256,7 +257,8 @@ func (w *workerWindow) add(r windowReading, p latency.Params) windowSamples {
 	return out
 }
 
-func newTimeModel(c routerconfig.Latency) (*timeModel, error) {
+// newTimeModel returns the kv policy's time model; window is the working set's (approximate.ttl).
+func newTimeModel(c routerconfig.Latency, window time.Duration) (*timeModel, error) {
 	fc := latency.DefaultFitConfig()
 	fc.Lambda, fc.ReadySamples = c.Forgetting, c.ReadySamples
 	if err := fc.Validate(); err != nil {
@@ -266,7 +268,7 @@ func newTimeModel(c routerconfig.Latency) (*timeModel, error) {
 		params: latency.Params{MaxBatchedTokens: c.MaxNumBatchedTokens, KVPressureStart: c.KVPressureStart,
 			KVPressureWeight: c.KVPressureWeight},
 		prior: latency.Theta{c.FrontendMs, c.PrefillMsPerToken, c.AttentionMsPerPair, c.StepMs, c.StepMsPerKVToken},
-		fit:   fc, learn: c.Learn, fleetWeight: c.FleetWeight, evictWeight: c.EvictWeight,
+		fit:   fc, learn: c.Learn, fleetWeight: c.FleetWeight, evictWeight: c.EvictWeight, evictStale: c.EvictStaleAfter.D(),
 		recomputeWeight: c.RecomputeWeight, overflowWeight: c.OverflowWeight, queueLossWeight: c.QueueLossWeight,
 		targets: newPerTarget[targetTime](),
 	}
@@ -280,8 +282,8 @@ func newTimeModel(c routerconfig.Latency) (*timeModel, error) {
 			}
 		}
 	}
-	if tm.evictWeight > 0 || tm.overflowWeight > 0 {
-		tm.workset = newWorkingSets()
+	if tm.evictWeight > 0 || tm.overflowWeight > 0 || tm.queueLossWeight > 0 {
+		tm.workset = newWorkingSets(window)
 	}
 	return tm, nil
 }
@@ -407,7 +409,7 @@ type timeRow struct {
 // for the target, raised to what its fresh /metrics report (decodes running, requests
 // waiting that the gateway did not send, each sized like waiting_weight blocks), and the
 // worker's KV usage for the pressure term. Preference hints subtract the prefill they save.
-func (p *KVPolicy) timeOf(r *kvRow, tr *timeRow, c Candidate, promptTokens, bs float64, now time.Time) {
+func (p *KVPolicy) timeOf(r *kvRow, tr *timeRow, c Candidate, hashes []kvkey.BlockHash, promptTokens, bs float64, now time.Time) {
 	var snap TargetLoad
 	var m WorkerMetrics
 	fresh := false
@@ -428,16 +430,20 @@ func (p *KVPolicy) timeOf(r *kvRow, tr *timeRow, c Candidate, promptTokens, bs f
 			st.AheadPairs += unseen * latency.Pairs(each, 0)
 		}
 	}
+	qloss := 0.0
+	if w := p.timed.queueLossWeight; w > 0 && fresh && m.NumGPUBlocks > 0 && p.timed.workset != nil && r.match.G1 > 0 {
+		// The GPU-cached prefix's place in the worker's LRU order: the working set routed
+		// there since the prefix was last used. What the queue ahead evicts of it is
+		// computed here after all, for the eviction and recompute terms too.
+		cached := float64(r.match.G1)
+		newer := p.timed.workset.newerThanPrefix(c.Target, hashes, r.match.G1)
+		lost := math.Min(w*latency.QueueLossBlocks(cached, st.AheadTokens/bs, newer, float64(m.NumGPUBlocks)), cached)
+		r.prefill = math.Min(r.prefill+lost, promptTokens/bs)
+		r.noHint = math.Min(r.noHint+lost, promptTokens/bs)
+		qloss = lost / cached
+	}
 	u := math.Min(math.Max(r.prefill*bs, 1), math.Max(promptTokens, 1))
 	uNo := math.Min(math.Max(r.noHint*bs, 1), math.Max(promptTokens, 1))
-	qloss := 0.0
-	if w := p.timed.queueLossWeight; w > 0 && fresh && m.NumGPUBlocks > 0 {
-		free := float64(m.NumGPUBlocks) * (1 - math.Min(math.Max(m.KVUsage, 0), 1))
-		f := math.Min(w*latency.QueueLossFraction(st.AheadTokens/bs, free), 1)
-		u += f * math.Max(promptTokens-u, 0)
-		uNo += f * math.Max(promptTokens-uNo, 0)
-		qloss = f
-	}
 	pred := latency.PredictTTFT(th, p.timed.params, st, latency.Req{Uncached: u, Cached: math.Max(promptTokens-u, 0)})
 	predNo := latency.PredictTTFT(th, p.timed.params, st, latency.Req{Uncached: uNo, Cached: math.Max(promptTokens-uNo, 0)})
 	hintMs := 0.0
@@ -466,7 +472,13 @@ func (p *KVPolicy) timeOf(r *kvRow, tr *timeRow, c Candidate, promptTokens, bs f
 func (p *KVPolicy) evictOf(th latency.Theta, t kvkey.Target, newBlocks, capacity, promptTokens, bs float64) (evict, overflow float64) {
 	w := p.timed.workset.blocks(t)
 	if p.timed.evictWeight > 0 {
-		ev := latency.EvictBlocks(newBlocks, w, capacity) * bs
+		ev := latency.EvictBlocks(newBlocks, w, capacity)
+		if ev > 0 && p.timed.evictStale > 0 {
+			// The oldest blocks go first; those left longer than evict_stale_after are free.
+			stale := w - p.timed.workset.routedSince(t, p.now().Add(-p.timed.evictStale))
+			ev = math.Max(0, ev-stale)
+		}
+		ev *= bs
 		evict = latency.EvictMs(th, ev, math.Max(promptTokens-ev, 0), p.timed.evictWeight)
 	}
 	if p.timed.overflowWeight > 0 {

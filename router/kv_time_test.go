@@ -12,6 +12,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/kvgate/kvgate/confval"
 	"github.com/kvgate/kvgate/indexers"
 	"github.com/kvgate/kvgate/kvkey"
 	"github.com/kvgate/kvgate/router/latency"
@@ -252,42 +253,56 @@ func TestKVCacheLostBeforeSchedule(t *testing.T) {
 	}
 }
 
-// TestQueueLossTerm: with latency.queue_loss_weight on, a target whose cached prefix sits
-// behind more queued prefill than it has free KV blocks prices that prefix as uncached, so a
-// cold target with room wins; with the weight 0 the cached target wins. Both report the same
-// ten waiting requests (waiting_weight blocks each: 320 blocks queued ahead).
+// TestQueueLossTerm: with latency.queue_loss_weight on, a target whose cached prefix was used
+// before most of its cache's working set loses to the prefill queued ahead of it what that
+// queue allocates beyond its capacity, so a cold target with an empty queue wins; with the
+// weight 0, or with the prefix used after the rest, the cached target wins. The cached target
+// reports 15 waiting requests (48 blocks each: 720 blocks queued ahead) and 4,000 KV blocks;
+// its working set holds the prompt and an unrelated 3,700-block prompt (3,696 of its blocks
+// counted), 696 blocks beyond capacity with the 1,000 cached.
 func TestQueueLossTerm(t *testing.T) {
+	prompt, other := chain(1, 1024), chain(7, 3700)
 	cases := []struct {
-		name   string
-		weight float64
-		want   int
+		name         string
+		weight       float64
+		prefixRecent bool
+		want         int
+		wantLoss     float64
 	}{
-		{"off: the cache wins", 0, 0},
-		{"on: the prefix would be evicted before it runs", 1, 1},
+		{"off: the cache wins", 0, false, 0, 0},
+		{"on, prefix older than the rest: the queue evicts it", 1, false, 1, 696.0 / 1000},
+		{"on, prefix used last: nothing lost", 1, true, 0, 0},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := DefaultKVConfig()
 			cfg.Latency.QueueLossWeight = tc.weight
 			cfg.Latency.RecomputeWeight = 0 // this term alone
+			cfg.Latency.EvictWeight = 0
+			cfg.WaitingWeight = 48
 			p := newTestKV(t, PolicyKV, cfg, KVDeps{Matcher: fixedMatcher{tgt(0): {G1: 1000}}}, nil)
-			p.load.UpdateMetrics(tgt(0), WorkerMetrics{Waiting: 10, KVUsage: 0.95, NumGPUBlocks: 4000}) // 200 free
-			p.load.UpdateMetrics(tgt(1), WorkerMetrics{Waiting: 10, KVUsage: 0.5, NumGPUBlocks: 4000})  // 2,000 free
-			d, err := p.Pick(context.Background(), request(chain(1, 1024)), kvCands(2))
+			if p.timed.workset != nil {
+				first, second := prompt, other
+				if tc.prefixRecent {
+					first, second = other, prompt
+				}
+				p.timed.workset.record(tgt(0), first, time.Now().Add(-10*time.Second))
+				p.timed.workset.record(tgt(0), second, time.Now().Add(-5*time.Second))
+			}
+			p.load.UpdateMetrics(tgt(0), WorkerMetrics{Waiting: 15, KVUsage: 0.5, NumGPUBlocks: 4000})
+			p.load.UpdateMetrics(tgt(1), WorkerMetrics{KVUsage: 0.5, NumGPUBlocks: 4000})
+			d, err := p.Pick(context.Background(), request(prompt), kvCands(2))
 			if err != nil {
 				t.Fatal(err)
 			}
 			if d.Chosen.Target != tgt(tc.want) {
 				t.Fatalf("chose %s, want %s: %s", d.Chosen.Target, tgt(tc.want), js(d))
 			}
-			wantLoss := [2]float64{0, 0}
-			if tc.weight > 0 {
-				wantLoss = [2]float64{1, 320.0 / 2000}
+			if got := d.Candidates[0].QueueLoss; math.Abs(got-tc.wantLoss) > 1e-9 {
+				t.Fatalf("queue_loss %v, want %v: %s", got, tc.wantLoss, js(d))
 			}
-			for i, w := range wantLoss {
-				if got := d.Candidates[i].QueueLoss; math.Abs(got-w) > 1e-9 {
-					t.Fatalf("target %d queue_loss %v, want %v", i, got, w)
-				}
+			if got := d.Candidates[1].QueueLoss; got != 0 {
+				t.Fatalf("queue_loss %v on the cold target", got)
 			}
 		})
 	}
@@ -726,23 +741,30 @@ func TestKVEvictionTerm(t *testing.T) {
 		wantEvict    float64      // blocks evicted on target 0
 		wantOverflow float64      // blocks of the rest of the overflow on target 0
 		want         kvkey.Target // chosen
+		otherAge     time.Duration
+		staleAfter   time.Duration // latency.evict_stale_after
 	}{
 		// 896 other blocks + 300 new in 1,000: 196 evicted.
-		{"overflow on the full target", 1, 1, 896, 0, false, 196, 0, tgt(1)},
+		{"overflow on the full target", 1, 1, 896, 0, false, 196, 0, tgt(1), 0, 0},
 		// 640 + the cached 250 (240 of them counted: the set keys every 16th block beyond
 		// the first 64) + 50 new fit.
-		{"mostly cached: fits", 1, 1, 640, 250, false, 0, 0, tgt(0)},
+		{"mostly cached: fits", 1, 1, 640, 250, false, 0, 0, tgt(0), 0, 0},
 		// 896 + 240 + 50 in 1,000: an overflow of 186, 50 of it the new blocks' eviction.
-		{"mostly cached, cache over", 1, 0, 896, 250, false, 50, 0, kvkey.Target{}},
-		{"mostly cached, cache over, overflow on", 1, 1, 896, 250, false, 50, 136, kvkey.Target{}},
-		{"working set expired", 1, 1, 896, 0, true, 0, 0, kvkey.Target{}},
-		{"term off", 0, 0, 896, 0, false, 0, 0, kvkey.Target{}},
+		{"mostly cached, cache over", 1, 0, 896, 250, false, 50, 0, kvkey.Target{}, 0, 0},
+		{"mostly cached, cache over, overflow on", 1, 1, 896, 250, false, 50, 136, kvkey.Target{}, 0, 0},
+		{"working set expired", 1, 1, 896, 0, true, 0, 0, kvkey.Target{}, 0, 0},
+		{"term off", 0, 0, 896, 0, false, 0, 0, kvkey.Target{}, 0, 0},
+		// The other prompt was routed a minute ago: an LRU cache evicts it first, and with
+		// evict_stale_after 30s it is free to.
+		{"overflow, the evicted blocks stale", 1, 0, 896, 0, false, 0, 0, kvkey.Target{}, time.Minute, 30 * time.Second},
+		{"overflow, the evicted blocks fresh", 1, 0, 896, 0, false, 196, 0, tgt(1), 10 * time.Second, 30 * time.Second},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			clk := &fakeClock{t: time.Unix(1000, 0)}
 			cfg := DefaultKVConfig()
 			cfg.Latency.EvictWeight = tc.weight
 			cfg.Latency.OverflowWeight = tc.overflow
+			cfg.Latency.EvictStaleAfter = confval.Duration(tc.staleAfter)
 			prompt := chain(1, 300)
 			m := fixedMatcher{}
 			if tc.cached > 0 {
@@ -757,6 +779,7 @@ func TestKVEvictionTerm(t *testing.T) {
 			// there just now.
 			d0 := Decision{Chosen: Choice{Target: tgt(0)}}
 			e.kv.begin(d0, request(chain(9, tc.other))).Done()
+			clk.advance(tc.otherAge)
 			if tc.cached > 0 {
 				e.kv.begin(d0, request(prompt[:tc.cached])).Done()
 			}
@@ -796,7 +819,7 @@ func TestKVEvictionTerm(t *testing.T) {
 // older than the window leave, and the count follows them.
 func TestWorkingSets(t *testing.T) {
 	now := time.Unix(1000, 0)
-	ws := newWorkingSets()
+	ws := newWorkingSets(time.Minute)
 	turn := chain(1, 64+16*40) // 704 blocks: every block a key or a stride's end
 	for _, tc := range []struct {
 		name   string
@@ -825,12 +848,60 @@ func TestWorkingSets(t *testing.T) {
 	}
 }
 
+// TestWorkingSetsNewerThanPrefix: the blocks routed to a target after a cached prefix was last
+// used there are those of later prompts only; using the prefix again makes it the newest;
+// expiry takes the expired keys out of the count; a prefix the set does not hold is older
+// than all of it; an old bucket reused after the window counts only its new keys.
+func TestWorkingSetsNewerThanPrefix(t *testing.T) {
+	now := time.Unix(1000, 0)
+	ws := newWorkingSets(time.Minute)
+	a, b, c := chain(1, 64+16*20), chain(2, 100), chain(3, 64+16*10) // 384, 96 and 224 blocks
+	steps := []struct {
+		name   string
+		hashes []kvkey.BlockHash // routed at step i seconds (nil: none)
+		expire time.Duration     // expire keys older than this (0: none)
+		prefix []kvkey.BlockHash
+		cached int
+		want   float64
+	}{
+		{"a alone", a, 0, a, len(a), 0},
+		{"b after a", b, 0, a, len(a), 96},
+		{"c after both", c, 0, a, 100, 96 + 224},
+		{"the newest has none newer", nil, 0, c, len(c), 0},
+		{"a used again", a, 0, b, len(b), 224 + 384},
+		{"a is the newest now", nil, 0, a, len(a), 0},
+		{"b expired: c and a newer than the unknown b", nil, 2 * time.Second, b, len(b), 224 + 384},
+		{"a prefix the set never held is older than it all", nil, 0, chain(9, 10), 10, 224 + 384},
+		{"nothing cached", nil, 0, a, 0, 0},
+	}
+	for i, st := range steps {
+		at := now.Add(time.Duration(i) * time.Second)
+		if st.hashes != nil {
+			ws.record(tgt(0), st.hashes, at)
+		}
+		if st.expire > 0 {
+			ws.expire(now.Add(st.expire))
+		}
+		if got := ws.newerThanPrefix(tgt(0), st.prefix, st.cached); got != st.want {
+			t.Fatalf("%s: %v blocks newer, want %v", st.name, got, st.want)
+		}
+	}
+	// Long after the window, in slots the first keys used: only the new prompt counts.
+	later := now.Add(ageSlots * time.Second)
+	ws.expire(later.Add(-time.Minute))
+	ws.record(tgt(0), b, later)
+	ws.record(tgt(0), c, later.Add(time.Second))
+	if got := ws.newerThanPrefix(tgt(0), b, len(b)); got != 224 {
+		t.Fatalf("after the window: %v blocks newer than b, want 224", got)
+	}
+}
+
 // TestWorkingSetsMove: a prompt routed to another target takes its deep keys along (its
 // session will not ask the old worker for them again), leaving the shared first heldExact
 // blocks on both; expiry and forget leave no owner behind.
 func TestWorkingSetsMove(t *testing.T) {
 	now := time.Unix(1000, 0)
-	ws := newWorkingSets()
+	ws := newWorkingSets(time.Minute)
 	turn := chain(1, 64+16*40)
 	steps := []struct {
 		name         string

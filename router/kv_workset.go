@@ -18,9 +18,13 @@ import (
 // make common to many sessions) belong to one target at a time: routing them to another moves
 // them there, since a session that moved will not ask its old worker for them again, and a
 // worker its sessions left must not look full until the window passes.
-// Scoring reads one atomic per target; recording takes mu, then the targets' locks.
+// Each set also sums its keys' weights by the time they were last routed (ageBuckets), so
+// scoring can tell how much of the set is newer than a cached prefix: what LRU eviction keeps
+// ahead of it. Scoring reads one atomic per target, and takes a target's lock for that
+// count; recording takes mu, then the targets' locks.
 type workingSets struct {
 	targets *perTarget[targetSet]
+	width   int64                          // ns per age bucket
 	mu      sync.Mutex                     // guards owner; taken before any targetSet.mu
 	owner   map[kvkey.BlockHash]*targetSet // the set each deep key was last routed to
 }
@@ -32,6 +36,7 @@ type targetSet struct {
 	blocks atomic.Int64 // Σ weights of the keys seen within the window
 	mu     sync.Mutex
 	seen   map[kvkey.BlockHash]setKey
+	ages   ageBuckets // Σ weights of seen by when they were last routed
 }
 
 // setKey is one key of a working set: when it was last routed and the blocks it stands for.
@@ -40,8 +45,85 @@ type setKey struct {
 	weight int64
 }
 
-func newWorkingSets() *workingSets {
-	return &workingSets{targets: newPerTarget[targetSet](), owner: make(map[kvkey.BlockHash]*targetSet)}
+// ageSlots is how many age buckets a set keeps; the window spans at most ageSlots−8 of them,
+// so a bucket is reused only after its keys have expired.
+const ageSlots = 128
+
+// newWorkingSets returns working sets over a window of ttl: age buckets of a second, or of
+// ttl/(ageSlots−8) when that is longer.
+func newWorkingSets(ttl time.Duration) *workingSets {
+	width := max(int64(time.Second), int64(ttl)/(ageSlots-8)+1)
+	return &workingSets{targets: newPerTarget[targetSet](), owner: make(map[kvkey.BlockHash]*targetSet), width: width}
+}
+
+// ageBuckets sums weights by the bucket of the time they were last routed: slot e mod
+// ageSlots holds bucket e (its epoch); a slot whose epoch is older is reset on reuse.
+type ageBuckets struct {
+	epoch [ageSlots]int64
+	sum   [ageSlots]int64
+}
+
+func (a *ageBuckets) add(e, w int64) {
+	i := e % ageSlots
+	if a.epoch[i] != e {
+		if a.epoch[i] > e {
+			return // older than the window
+		}
+		a.epoch[i], a.sum[i] = e, 0
+	}
+	a.sum[i] += w
+}
+
+func (a *ageBuckets) sub(e, w int64) {
+	if i := e % ageSlots; a.epoch[i] == e {
+		a.sum[i] -= w
+	}
+}
+
+// after is the weight last routed in a bucket later than e.
+func (a *ageBuckets) after(e int64) int64 {
+	var n int64
+	for i, ep := range a.epoch {
+		if ep > e {
+			n += a.sum[i]
+		}
+	}
+	return n
+}
+
+// routedSince is how many blocks of t's working set were last routed at or after since (to the
+// width of an age bucket).
+func (ws *workingSets) routedSince(t kvkey.Target, since time.Time) float64 {
+	s := ws.targets.get(t)
+	if s == nil {
+		return 0
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return float64(s.ages.after(since.UnixNano()/ws.width - 1))
+}
+
+// newerThanPrefix is how many blocks of t's working set were routed after the first cached
+// blocks of hashes were last routed there: the blocks an LRU cache keeps ahead of that
+// prefix. The prefix's age is its deepest key within cached; a prefix not in the set (older
+// than the window, or routed elsewhere since) is older than the whole set.
+func (ws *workingSets) newerThanPrefix(t kvkey.Target, hashes []kvkey.BlockHash, cached int) float64 {
+	s := ws.targets.get(t)
+	if s == nil || cached <= 0 {
+		return 0
+	}
+	cached = min(cached, len(hashes))
+	p := cached - 1
+	if p >= heldExact {
+		p = heldExact - 1 + (p-heldExact+1)/heldStride*heldStride
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	k, ok := s.seen[hashes[p]]
+	if !ok {
+		return float64(s.blocks.Load())
+	}
+	return float64(s.ages.after(k.at / ws.width))
 }
 
 // blocks is t's working set in blocks (0 for a target never routed to).
@@ -75,13 +157,16 @@ func (ws *workingSets) record(t kvkey.Target, hashes []kvkey.BlockHash, now time
 			}
 		}
 		h, w := hashes[p], heldWeight(p)
-		if _, ok := s.seen[h]; !ok {
+		if k, ok := s.seen[h]; ok {
+			s.ages.sub(k.at/ws.width, k.weight)
+		} else {
 			if len(s.seen) >= maxSetKeys {
 				break
 			}
 			s.blocks.Add(w)
 		}
 		s.seen[h] = setKey{at: ns, weight: w}
+		s.ages.add(ns/ws.width, w)
 		if p < heldExact {
 			continue
 		}
@@ -100,6 +185,7 @@ func (ws *workingSets) record(t kvkey.Target, hashes []kvkey.BlockHash, now time
 			if k, ok := prev.seen[h]; ok {
 				delete(prev.seen, h)
 				prev.blocks.Add(-k.weight)
+				prev.ages.sub(k.at/ws.width, k.weight)
 			}
 		}
 		prev.mu.Unlock()
@@ -121,6 +207,7 @@ func (ws *workingSets) expire(cutoff time.Time) {
 			if k.at < c {
 				delete(s.seen, h)
 				s.blocks.Add(-k.weight)
+				s.ages.sub(k.at/ws.width, k.weight)
 				if ws.owner[h] == s {
 					delete(ws.owner, h)
 				}

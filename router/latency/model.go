@@ -149,21 +149,22 @@ func FleetMs(prefillMs, decodeRequests, weight float64) float64 {
 	return weight * prefillMs * decodeRequests
 }
 
-// QueueLossFraction is the expected fraction of a request's cached prefix that the prefill
-// queued ahead of it on a target evicts before the request is scheduled there: vLLM looks a
-// waiting request's prefix up only when it admits it (vllm/v1/core/sched/scheduler.py,
-// Scheduler.schedule, kv_cache_manager.get_computed_blocks), and every block the queue ahead
-// allocates comes from the free queue, cached blocks least recently used first
-// (vllm/v1/core/block_pool.py, BlockPool.get_new_blocks). With the prefix's place in that
-// queue unknown, aheadBlocks / freeBlocks, capped at 1; nothing ahead loses nothing.
-func QueueLossFraction(aheadBlocks, freeBlocks float64) float64 {
-	if aheadBlocks <= 0 {
+// QueueLossBlocks is how many blocks of a request's cached prefix (cached blocks on the GPU)
+// the prefill queued ahead of it on a target (ahead blocks) evicts before the request is
+// scheduled there: vLLM looks a waiting request's prefix up only when it admits it
+// (vllm/v1/core/sched/scheduler.py, Scheduler.schedule, kv_cache_manager.get_computed_blocks),
+// and every block the queue ahead allocates comes from the free queue, cached blocks least
+// recently used first (vllm/v1/core/block_pool.py, BlockPool.get_new_blocks). The prefix
+// survives while the blocks used after it (newer, the queue ahead's included) and the prefix
+// itself fit in the cache; the excess, max(0, newer + cached − capacity), is lost, at most
+// the prefix and at most what the queue ahead allocates (the index says the prefix is there
+// now, so whatever excess is not yet allocated is the queue's). No capacity known (≤ 0) or
+// nothing ahead loses nothing.
+func QueueLossBlocks(cached, ahead, newer, capacity float64) float64 {
+	if capacity <= 0 || cached <= 0 || ahead <= 0 {
 		return 0
 	}
-	if freeBlocks <= 0 {
-		return 1
-	}
-	return math.Min(aheadBlocks/freeBlocks, 1)
+	return math.Min(math.Min(cached, ahead), math.Max(0, newer+cached-capacity))
 }
 
 // RecomputeMs prices prefilling tokens that another target already holds in its cache: weight

@@ -178,22 +178,26 @@ func TestOverflowBlocks(t *testing.T) {
 	}
 }
 
-// QueueLossFraction: nothing ahead loses nothing, no free blocks loses everything ahead of
-// any queue, and in between the queue's blocks over the free ones, capped at 1.
-func TestQueueLossFraction(t *testing.T) {
+// QueueLossBlocks: a prefix used after most of the cache loses what the queue ahead pushes
+// past capacity, never more than itself or than the queue allocates; a recent prefix, an
+// empty queue or an unknown capacity loses nothing.
+func TestQueueLossBlocks(t *testing.T) {
 	cases := []struct {
-		ahead, free, want float64
+		name                                 string
+		cached, ahead, newer, capacity, want float64
 	}{
-		{0, 100, 0},
-		{0, 0, 0},
-		{10, 0, 1},
-		{25, 100, 0.25},
-		{100, 100, 1},
-		{300, 100, 1},
+		{"nothing ahead", 1000, 0, 20000, 16384, 0},
+		{"capacity unknown", 1000, 500, 20000, 0, 0},
+		{"nothing cached", 0, 500, 20000, 16384, 0},
+		{"recent prefix fits", 1000, 2000, 5000, 16384, 0},
+		{"just fits", 1000, 2000, 15384, 16384, 0},
+		{"oldest prefix, small queue: the queue's blocks", 1220, 500, 18000, 16384, 500},
+		{"oldest prefix, large queue: all of it", 1220, 1931, 18000, 16384, 1220},
+		{"partly over", 1000, 2000, 15884, 16384, 500},
 	}
 	for _, tc := range cases {
-		if got := QueueLossFraction(tc.ahead, tc.free); got != tc.want {
-			t.Errorf("QueueLossFraction(%v, %v) = %v, want %v", tc.ahead, tc.free, got, tc.want)
+		if got := QueueLossBlocks(tc.cached, tc.ahead, tc.newer, tc.capacity); got != tc.want {
+			t.Errorf("%s: QueueLossBlocks(%v, %v, %v, %v) = %v, want %v", tc.name, tc.cached, tc.ahead, tc.newer, tc.capacity, got, tc.want)
 		}
 	}
 }

@@ -140,6 +140,10 @@ type Latency struct {
 	// approximate.ttl): the prefill time of the blocks it pushes out, times this (default 1; 0
 	// turns it off). Higher keeps prompts where they fit, and off workers full of live prefixes.
 	EvictWeight float64 `yaml:"evict_weight"`
+	// EvictStaleAfter, when > 0, prices as free the evicted working-set blocks last routed
+	// longer ago than this: an LRU cache evicts its oldest blocks first, and a prefix left
+	// that long is seldom asked for again (0 = every block of the working set counts).
+	EvictStaleAfter confval.Duration `yaml:"evict_stale_after"`
 	// RecomputeWeight prices, as a fraction of their prefill time, the prompt blocks a target
 	// would compute that the best-cached candidate already holds (0 = off): the fleet's share of
 	// moving a request away from its cache, which delays what queues behind it there
@@ -152,8 +156,8 @@ type Latency struct {
 	// recompute each time they cycle, and one move while contexts are smaller costs it once.
 	OverflowWeight float64 `yaml:"overflow_weight"`
 	// QueueLossWeight scales the part of a target's cached prefix counted as lost to the
-	// prefill queued ahead of the request there (latency.QueueLossFraction; 0 = off): those
-	// tokens are priced as uncached.
+	// prefill queued ahead of the request there (latency.QueueLossBlocks, the prefix placed in
+	// the target's LRU order by its working set; 0 = off): those tokens are priced as uncached.
 	QueueLossWeight float64 `yaml:"queue_loss_weight"`
 	// Learn turns the online fit on (default true); false scores every worker with the prior.
 	Learn bool `yaml:"learn"`
@@ -248,6 +252,9 @@ func (c KV) Validate() error {
 		{"latency.recompute_weight", c.Latency.RecomputeWeight},
 		{"latency.overflow_weight", c.Latency.OverflowWeight},
 		{"latency.queue_loss_weight", c.Latency.QueueLossWeight},
+	}
+	if c.Latency.EvictStaleAfter.D() < 0 {
+		p.Addf("latency.evict_stale_after", "must be >= 0, got %v", c.Latency.EvictStaleAfter.D())
 	}
 	for _, w := range weights {
 		if !(w.v >= 0) || math.IsInf(w.v, 0) {
