@@ -142,7 +142,8 @@ type Latency struct {
 	EvictWeight float64 `yaml:"evict_weight"`
 	// EvictStaleAfter, when > 0, prices as free the evicted working-set blocks last routed
 	// longer ago than this: an LRU cache evicts its oldest blocks first, and a prefix left
-	// that long is seldom asked for again (0 = every block of the working set counts).
+	// that long is seldom asked for again (default 30s; 0 = every block of the working set
+	// counts).
 	EvictStaleAfter confval.Duration `yaml:"evict_stale_after"`
 	// RecomputeWeight prices, as a fraction of their prefill time, the prompt blocks a target
 	// would compute that the best-cached candidate already holds (0 = off): the fleet's share of
@@ -211,7 +212,8 @@ func Default() KV {
 			FrontendMs: 10, PrefillMsPerToken: 0.0152, AttentionMsPerPair: 8.4e-7,
 			StepMs: 16.5, StepMsPerKVToken: 2e-4, MaxNumBatchedTokens: 8192,
 			KVPressureStart: 0.9, KVPressureWeight: 1, FleetWeight: 0.05, EvictWeight: 1, RecomputeWeight: 2,
-			Learn: true, LearnFrom: []string{"gateway_ttft"}, Forgetting: 0.997, ReadySamples: 20,
+			EvictStaleAfter: confval.Duration(30 * time.Second),
+			Learn:           true, LearnFrom: []string{"gateway_ttft"}, Forgetting: 0.997, ReadySamples: 20,
 		},
 		Hold: Hold{Enabled: true, MinBlocks: 64, Margin: confval.Duration(250 * time.Millisecond)},
 	}
