@@ -431,7 +431,7 @@ func (p *KVPolicy) timeOf(r *kvRow, tr *timeRow, c Candidate, hashes []kvkey.Blo
 		}
 	}
 	qloss := 0.0
-	if w := p.timed.queueLossWeight; w > 0 && fresh && m.NumGPUBlocks > 0 && p.timed.workset != nil && r.match.G1 > 0 {
+	if w := p.timed.queueLossWeight; w > 0 && fresh && m.NumGPUBlocks > 0 && r.match.G1 > 0 { // workset is on with the weight
 		// The GPU-cached prefix's place in the worker's LRU order: the working set routed
 		// there since the prefix was last used. What the queue ahead evicts of it is
 		// computed here after all, for the eviction and recompute terms too.
@@ -452,7 +452,7 @@ func (p *KVPolicy) timeOf(r *kvRow, tr *timeRow, c Candidate, hashes []kvkey.Blo
 	}
 	evictMs, overflowMs := 0.0, 0.0
 	if fresh && p.timed.workset != nil {
-		evictMs, overflowMs = p.evictOf(th, c.Target, r.prefill, float64(m.NumGPUBlocks), promptTokens, bs)
+		evictMs, overflowMs = p.evictOf(th, c.Target, r.prefill, float64(m.NumGPUBlocks), promptTokens, bs, now)
 		evictMs += overflowMs
 	}
 	*tr = timeRow{pred: pred, ownNoHint: predNo.OwnMs, decodes: st.DecodeRequests, evictMs: evictMs, theta: th}
@@ -468,15 +468,15 @@ func (p *KVPolicy) timeOf(r *kvRow, tr *timeRow, c Candidate, hashes []kvkey.Blo
 // of capacity blocks: evict prices the blocks of W the prefill pushes out (latency.EvictBlocks)
 // and overflow the rest of t's overflow this prompt's cached prefix shares in
 // (latency.OverflowBlocks), each as their prefill when they are asked for again
-// (latency.EvictMs, after the rest of a prompt this long) times its weight.
-func (p *KVPolicy) evictOf(th latency.Theta, t kvkey.Target, newBlocks, capacity, promptTokens, bs float64) (evict, overflow float64) {
+// (latency.EvictMs, after the rest of a prompt this long) times its weight. The evicted blocks
+// are W's oldest, so with evict_stale_after set those last routed before now minus it are
+// taken off the evicted ones first, for free.
+func (p *KVPolicy) evictOf(th latency.Theta, t kvkey.Target, newBlocks, capacity, promptTokens, bs float64, now time.Time) (evict, overflow float64) {
 	w := p.timed.workset.blocks(t)
 	if p.timed.evictWeight > 0 {
 		ev := latency.EvictBlocks(newBlocks, w, capacity)
 		if ev > 0 && p.timed.evictStale > 0 {
-			// The oldest blocks go first; those left longer than evict_stale_after are free.
-			stale := w - p.timed.workset.routedSince(t, p.now().Add(-p.timed.evictStale))
-			ev = math.Max(0, ev-stale)
+			ev = math.Max(0, ev-p.timed.workset.staleBlocks(t, now.Add(-p.timed.evictStale)))
 		}
 		ev *= bs
 		evict = latency.EvictMs(th, ev, math.Max(promptTokens-ev, 0), p.timed.evictWeight)

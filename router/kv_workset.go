@@ -91,16 +91,16 @@ func (a *ageBuckets) after(e int64) int64 {
 	return n
 }
 
-// routedSince is how many blocks of t's working set were last routed at or after since (to the
-// width of an age bucket).
-func (ws *workingSets) routedSince(t kvkey.Target, since time.Time) float64 {
+// staleBlocks is how many blocks of t's working set were last routed before cutoff (to the
+// width of an age bucket): the ones an LRU cache evicts first.
+func (ws *workingSets) staleBlocks(t kvkey.Target, cutoff time.Time) float64 {
 	s := ws.targets.get(t)
 	if s == nil {
 		return 0
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return float64(s.ages.after(since.UnixNano()/ws.width - 1))
+	return float64(max(0, s.blocks.Load()-s.ages.after(cutoff.UnixNano()/ws.width-1)))
 }
 
 // newerThanPrefix is how many blocks of t's working set were routed after the first cached
