@@ -292,6 +292,7 @@ type routeJSON struct {
 		Cost     float64 `json:"cost"`
 	} `json:"candidates"`
 	SessionID string `json:"session_id"`
+	raw       string // the whole response, for failure messages
 }
 
 // dryRun asks POST /debug/route for req's decision.
@@ -301,7 +302,7 @@ func (f *fleet) dryRun(req any, h map[string]string) routeJSON {
 	if code != http.StatusOK {
 		f.t.Fatalf("/debug/route: %d %s", code, body)
 	}
-	var d routeJSON
+	d := routeJSON{raw: string(body)}
 	if err := json.Unmarshal(body, &d); err != nil {
 		f.t.Fatal(err)
 	}
@@ -357,16 +358,20 @@ func (f *fleet) awaitIdle() {
 }
 
 // awaitSettled waits until the gateway accounts no load and every worker's latest scraped
-// metrics (taken after that) show an idle worker.
+// metrics, taken after that, show an idle worker. A scrape from before then may predate the
+// last request altogether, and the next one may still catch the worker finishing it (its
+// running count and KV usage are freed by the engine loop after the response is sent).
 func (f *fleet) awaitSettled() {
 	f.t.Helper()
 	f.awaitIdle()
-	deadline := time.Now().Add(5 * time.Second)
+	idleAt := time.Now()
+	deadline := idleAt.Add(5 * time.Second)
 	for {
 		idle := true
 		for _, v := range f.targets() {
 			m := v.Metrics
-			if m == nil || m.Running != 0 || m.Waiting != 0 || m.KVUsage != 0 {
+			scrapedAfter := m != nil && time.Duration(m.AgeSeconds*float64(time.Second)) < time.Since(idleAt)
+			if !scrapedAfter || m.Running != 0 || m.Waiting != 0 || m.KVUsage != 0 {
 				idle = false
 			}
 		}
