@@ -358,9 +358,10 @@ func (f *fleet) awaitIdle() {
 }
 
 // awaitSettled waits until the gateway accounts no load and every worker's latest scraped
-// metrics, taken after that, show an idle worker. A scrape from before then may predate the
-// last request altogether, and the next one may still catch the worker finishing it (its
-// running count and KV usage are freed by the engine loop after the response is sent).
+// metrics, sent after that, show an idle worker. The latest scrape may predate the last
+// request (idle) while one sent during it has yet to arrive and replace it; and one sent just
+// after may still catch the worker finishing it (the simulator, like vLLM, updates its
+// running count at the end of the engine step, after the response may have gone out).
 func (f *fleet) awaitSettled() {
 	f.t.Helper()
 	f.awaitIdle()
