@@ -86,6 +86,11 @@ func (c *sweepCell) stat(get func(*Summary) float64) Stat {
 
 func (c *sweepCell) median(get func(*Summary) float64) float64 { return c.stat(get).P50 }
 
+// mean is get averaged over the cell's runs. Between two sweeps of five runs it moves less than
+// the median does (the median of a few runs uses little of them), so the ratio of the mean TTFT
+// averaged over runs is the one to compare when asking whether a sweep repeats.
+func (c *sweepCell) mean(get func(*Summary) float64) float64 { return c.stat(get).Avg }
+
 // sweepCells groups the points into one cell per policy and level, and returns the policy
 // labels in first-seen order and the cells sorted by policy order, then load, then level.
 func sweepCells(points []SweepPoint) ([]string, []*sweepCell) {
@@ -135,6 +140,7 @@ func baselineCell(policies []string, cells []*sweepCell, c *sweepCell) *sweepCel
 // sweepTable is the sweep's table: a header and one row per policy and level. With repeated
 // runs every number is the median over them, the ratios to the first policy (the baseline,
 // round_robin in the scripts) are ratios of medians, and the mean TTFT's range shows the spread.
+// One more ratio divides the mean TTFTs averaged over the runs (sweepCell.mean).
 func sweepTable(points []SweepPoint) [][]string {
 	policies, cells := sweepCells(points)
 	base := policies[0]
@@ -142,7 +148,7 @@ func sweepTable(points []SweepPoint) [][]string {
 	for _, m := range sweepMetrics() {
 		header = append(header, m.title+" ("+m.unit+")")
 	}
-	header = append(header, "TTFT mean ÷ "+base, "TTFT p90 ÷ "+base, "TTFT mean range (ms)",
+	header = append(header, "TTFT mean ÷ "+base, "TTFT p90 ÷ "+base, "TTFT mean ÷ "+base+", mean of runs", "TTFT mean range (ms)",
 		"cached ratio", "captured of theoretical", "captured of pooled LRU",
 		"missed: same worker / moved / first turn", "ok (per run)", "errors (all runs)")
 	rows := [][]string{header}
@@ -153,19 +159,20 @@ func sweepTable(points []SweepPoint) [][]string {
 		for _, m := range sweepMetrics() {
 			row = append(row, formatNum(c.median(m.get)))
 		}
-		ratio := func(get func(*Summary) float64) string {
+		ratioOf := func(summarise func(*sweepCell, func(*Summary) float64) float64, get func(*Summary) float64) string {
 			b := baselineCell(policies, cells, c)
-			if b == nil || b.median(get) <= 0 {
+			if b == nil || summarise(b, get) <= 0 {
 				return "-"
 			}
-			return strconv.FormatFloat(c.median(get)/b.median(get), 'f', 2, 64)
+			return strconv.FormatFloat(summarise(c, get)/summarise(b, get), 'f', 3, 64)
 		}
+		ratio := func(get func(*Summary) float64) string { return ratioOf((*sweepCell).median, get) }
 		spread := c.stat(mean)
 		errs := 0
 		for _, s := range c.runs {
 			errs += s.ErrorCount
 		}
-		row = append(row, ratio(mean), ratio(p90), formatNum(spread.Min)+"–"+formatNum(spread.Max),
+		row = append(row, ratio(mean), ratio(p90), ratioOf((*sweepCell).mean, mean), formatNum(spread.Min)+"–"+formatNum(spread.Max),
 			formatFraction(c.median(func(s *Summary) float64 { return s.CachedTokenRatio })),
 			formatFraction(c.median(func(s *Summary) float64 { return s.CapturedCacheFraction })),
 			formatFraction(c.median(func(s *Summary) float64 { return s.CapturedOfCapacity })),

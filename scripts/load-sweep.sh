@@ -21,7 +21,8 @@
 #   PARALLEL=1    run the policies of one level at the same time, each on its own fleet and ports
 #   REPEATS       run the whole sweep this many times [1]; the table and curves show the median of
 #                 each number over the runs and the range of the mean TTFT (a single run above
-#                 the cache's capacity can move a policy's mean TTFT by a third)
+#                 the cache's capacity can move a policy's mean TTFT by a third), and the ratio
+#                 to the first policy of the mean TTFT averaged over the runs
 #   OUT           output directory [out/sweep-<UTC time>]: OUT/<users>_<scale>/<label>/… (with
 #                 REPEATS > 1, OUT/<users>_<scale>/run<N>/<label>/…), OUT/sweep.html, OUT/sweep.md
 #   plus compare-policies.sh's WORKERS, SPEEDUP [1], SIM_ARGS, GATEWAY_ARGS, GATEWAY_ARGS_<label>,
