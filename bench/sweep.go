@@ -86,9 +86,10 @@ func (c *sweepCell) stat(get func(*Summary) float64) Stat {
 
 func (c *sweepCell) median(get func(*Summary) float64) float64 { return c.stat(get).P50 }
 
-// mean is get averaged over the cell's runs. Between two sweeps of five runs it moves less than
-// the median does (the median of a few runs uses little of them), so the ratio of the mean TTFT
-// averaged over runs is the one to compare when asking whether a sweep repeats.
+// mean is get averaged over the cell's runs. The median of a few runs is one of them, so when
+// runs vary independently the mean moves less from sweep to sweep: the ratio of the mean TTFTs
+// averaged over runs is the one to compare when asking whether a sweep repeats (README, "Five
+// runs per level").
 func (c *sweepCell) mean(get func(*Summary) float64) float64 { return c.stat(get).Avg }
 
 // sweepCells groups the points into one cell per policy and level, and returns the policy
