@@ -86,11 +86,11 @@ func (c *sweepCell) stat(get func(*Summary) float64) Stat {
 
 func (c *sweepCell) median(get func(*Summary) float64) float64 { return c.stat(get).P50 }
 
-// mean is get averaged over the cell's runs. The median of a few runs is one of them, so when
-// runs vary independently the mean moves less from sweep to sweep: the ratio of the mean TTFTs
-// averaged over runs is the one to compare when asking whether a sweep repeats (README, "Five
-// runs per level").
-func (c *sweepCell) mean(get func(*Summary) float64) float64 { return c.stat(get).Avg }
+// meanOverRuns is get averaged over the cell's runs. The median of a few runs is one of them,
+// so when runs vary independently the mean moves less from sweep to sweep: the ratio of the
+// mean TTFTs averaged over runs is the one to compare when asking whether a sweep repeats
+// (README, "Five runs per level").
+func (c *sweepCell) meanOverRuns(get func(*Summary) float64) float64 { return c.stat(get).Avg }
 
 // sweepCells groups the points into one cell per policy and level, and returns the policy
 // labels in first-seen order and the cells sorted by policy order, then load, then level.
@@ -141,7 +141,7 @@ func baselineCell(policies []string, cells []*sweepCell, c *sweepCell) *sweepCel
 // sweepTable is the sweep's table: a header and one row per policy and level. With repeated
 // runs every number is the median over them, the ratios to the first policy (the baseline,
 // round_robin in the scripts) are ratios of medians, and the mean TTFT's range shows the spread.
-// One more ratio divides the mean TTFTs averaged over the runs (sweepCell.mean).
+// One more ratio divides the mean TTFTs averaged over the runs (sweepCell.meanOverRuns).
 func sweepTable(points []SweepPoint) [][]string {
 	policies, cells := sweepCells(points)
 	base := policies[0]
@@ -160,20 +160,20 @@ func sweepTable(points []SweepPoint) [][]string {
 		for _, m := range sweepMetrics() {
 			row = append(row, formatNum(c.median(m.get)))
 		}
-		ratioOf := func(summarise func(*sweepCell, func(*Summary) float64) float64, get func(*Summary) float64) string {
-			b := baselineCell(policies, cells, c)
-			if b == nil || summarise(b, get) <= 0 {
+		baseCell := baselineCell(policies, cells, c)
+		median, overRuns := (*sweepCell).median, (*sweepCell).meanOverRuns
+		ratio := func(summarise func(*sweepCell, func(*Summary) float64) float64, get func(*Summary) float64) string {
+			if baseCell == nil || summarise(baseCell, get) <= 0 {
 				return "-"
 			}
-			return strconv.FormatFloat(summarise(c, get)/summarise(b, get), 'f', 3, 64)
+			return strconv.FormatFloat(summarise(c, get)/summarise(baseCell, get), 'f', 3, 64)
 		}
-		ratio := func(get func(*Summary) float64) string { return ratioOf((*sweepCell).median, get) }
 		spread := c.stat(mean)
 		errs := 0
 		for _, s := range c.runs {
 			errs += s.ErrorCount
 		}
-		row = append(row, ratio(mean), ratio(p90), ratioOf((*sweepCell).mean, mean), formatNum(spread.Min)+"–"+formatNum(spread.Max),
+		row = append(row, ratio(median, mean), ratio(median, p90), ratio(overRuns, mean), formatNum(spread.Min)+"–"+formatNum(spread.Max),
 			formatFraction(c.median(func(s *Summary) float64 { return s.CachedTokenRatio })),
 			formatFraction(c.median(func(s *Summary) float64 { return s.CapturedCacheFraction })),
 			formatFraction(c.median(func(s *Summary) float64 { return s.CapturedOfCapacity })),
