@@ -44,6 +44,8 @@ type Options struct {
 	// Details are further components /health and GET /debug/workers report (the cluster
 	// link); a degraded one is shown, never a reason to answer 503.
 	Details []HealthDetail
+	// Readiness are the components GET /ready asks besides the server's own checks.
+	Readiness []ReadinessCheck
 }
 
 // HealthDetail is a component whose state /health and GET /debug/workers report under its

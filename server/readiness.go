@@ -1,0 +1,11 @@
+package server
+
+// ReadinessCheck is a component that can hold the gateway out of service: a discovery source
+// that has not synced yet, a model pool with no routable worker, a KV-event subscription that
+// hears nothing. GET /ready asks every check and answers 503 with the reasons of those not
+// ready. Checks must be quick and safe for concurrent use.
+type ReadinessCheck interface {
+	// Readiness names the component and says whether it is ready; reason explains why not
+	// (empty when ready).
+	Readiness() (name string, ready bool, reason string)
+}
