@@ -78,6 +78,11 @@ func (r *Request) parseAnthropic(preserveInline bool) *Error {
 	if !isList {
 		return badRequest("messages", "messages: Input should be a valid list")
 	}
+	if n == 0 {
+		// vLLM would render an empty conversation; Anthropic refuses it, and so do Anthropic
+		// clients' expectations (https://docs.claude.com/en/api/messages: at least one message).
+		return badRequest("messages", "messages: at least one message is required")
+	}
 	if r.Endpoint == Messages {
 		v, ok := d.Get("max_tokens")
 		switch {
@@ -98,7 +103,7 @@ func (r *Request) parseAnthropic(preserveInline bool) *Error {
 		if err != nil || !m.IsDict() {
 			return badRequest("messages", fmt.Sprintf("messages[%d]: Input should be a valid dictionary", i))
 		}
-		if e := checkAnthropicMessage(m.AsDict(), i); e != nil {
+		if e := checkAnthropicMessage(m.AsDict(), i, i == n-1); e != nil {
 			return e
 		}
 		msgs = append(msgs, m)
@@ -167,7 +172,9 @@ func decodeRaw(raw []byte) (jinja.Value, error) {
 	return v, nil
 }
 
-func checkAnthropicMessage(m *jinja.Dict, i int) *Error {
+// checkAnthropicMessage validates message i as vLLM's schema does, plus Anthropic's refusal of
+// an empty block list except on a final assistant message (a prefill).
+func checkAnthropicMessage(m *jinja.Dict, i int, last bool) *Error {
 	role, _ := m.Get("role")
 	if !role.IsString() {
 		return badRequest("messages", fmt.Sprintf("messages[%d].role: Field required", i))
@@ -181,10 +188,14 @@ func checkAnthropicMessage(m *jinja.Dict, i int) *Error {
 	switch {
 	case !ok:
 		return badRequest("messages", fmt.Sprintf("messages[%d].content: Field required", i))
-	case c.IsString():
-		return nil
-	case !c.IsList():
+	case !c.IsString() && !c.IsList():
 		return badRequest("messages", fmt.Sprintf("messages[%d].content: Input should be a valid string or a list of content blocks", i))
+	}
+	if c.IsList() && len(c.AsList().Items) == 0 && !(last && role.AsString() == "assistant") {
+		return badRequest("messages", fmt.Sprintf("messages.%d: all messages must have non-empty content except for the optional final assistant message", i))
+	}
+	if c.IsString() {
+		return nil
 	}
 	for k, b := range c.AsList().Items {
 		if !b.IsDict() {

@@ -277,3 +277,39 @@ func FuzzParseMessages(f *testing.F) {
 		}
 	})
 }
+
+// messages: [] and an empty block list are refused as Anthropic refuses them
+// (https://docs.claude.com/en/api/errors, invalid_request_error), on /v1/messages and on
+// count_tokens alike; only a final assistant message (a prefill) may have an empty list.
+func TestMessagesEmptyRefused(t *testing.T) {
+	p := NewParser(DefaultIdentity())
+	cases := []struct {
+		name, messages, want string // want "" = accepted
+	}{
+		{"no messages", `[]`, "messages: at least one message is required"},
+		{"empty user content", `[{"role":"user","content":[]}]`, "messages.0: all messages must have non-empty content except for the optional final assistant message"},
+		{"empty middle assistant", `[{"role":"user","content":"a"},{"role":"assistant","content":[]},{"role":"user","content":"b"}]`, "messages.1: all messages must have non-empty content"},
+		{"empty last user", `[{"role":"user","content":"a"},{"role":"assistant","content":"b"},{"role":"user","content":[]}]`, "messages.2: all messages must have non-empty content"},
+		{"empty final assistant", `[{"role":"user","content":"a"},{"role":"assistant","content":[]}]`, ""},
+	}
+	for _, ep := range []Endpoint{Messages, MessagesCountTokens} {
+		for _, tc := range cases {
+			t.Run(string(ep)+"/"+tc.name, func(t *testing.T) {
+				body := `{"model":"m","max_tokens":4,"messages":` + tc.messages + `}`
+				if ep == MessagesCountTokens {
+					body = `{"model":"m","messages":` + tc.messages + `}`
+				}
+				_, e := p.Parse(ep, []byte(body))
+				if tc.want == "" {
+					if e != nil {
+						t.Fatalf("refused: %v", e)
+					}
+					return
+				}
+				if e == nil || e.Status != http.StatusBadRequest || !strings.HasPrefix(e.Message, tc.want) || e.Param != "messages" {
+					t.Fatalf("got %+v, want a 400 %q", e, tc.want)
+				}
+			})
+		}
+	}
+}

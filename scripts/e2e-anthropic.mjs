@@ -91,7 +91,7 @@ test('countTokens matches the worker', async () => {
 test('errors are Anthropic-shaped', async () => {
   await assert.rejects(
     client.messages.create({ model: 'no-such-model', max_tokens: 4, messages: [{ role: 'user', content: 'x' }] }),
-    (err) => err.status === 404 && err.error?.type === 'error' && err.error?.error?.type === 'NotFoundError',
+    (err) => err.status === 404 && err.error?.type === 'error' && err.error?.error?.type === 'not_found_error',
   );
 });
 

@@ -61,34 +61,73 @@ const (
 	msgBadAPIKey = "Incorrect API key provided. Check the API key in your Authorization header (Authorization: Bearer YOUR_KEY)."
 )
 
-// clientAuth checks the client's API key on every path of the client listener except
-// /health and /metrics (left open for probes and scrapers, as vLLM leaves them). A missing
-// key gets OpenAI's "You didn't provide an API key" error (code null), a wrong one its
-// "Incorrect API key provided" error (code invalid_api_key); both 401. The key is never
-// echoed back.
+// clientKeys returns the API keys a client request presents: the Authorization Bearer token
+// (OpenAI SDKs) and the x-api-key header (Anthropic SDKs, Claude Code with ANTHROPIC_API_KEY),
+// in that order; empty ones are left out.
+func clientKeys(h http.Header) []string {
+	var out []string
+	if t, ok := bearerToken(h); ok {
+		out = append(out, t)
+	}
+	if k := strings.TrimSpace(h.Get("X-Api-Key")); k != "" {
+		out = append(out, k)
+	}
+	return out
+}
+
+// Anthropic's 401 messages (authentication_error), for /v1/messages*.
+const (
+	msgNoAPIKeyAnthropic  = "x-api-key header is required (or Authorization: Bearer YOUR_KEY)"
+	msgBadAPIKeyAnthropic = "invalid x-api-key"
+)
+
+// clientAuth checks the client's API key, sent as Authorization: Bearer or as x-api-key, on
+// every path of the client listener except /health and /metrics (left open for probes and
+// scrapers, as vLLM leaves them). A missing key gets OpenAI's "You didn't provide an API key"
+// error (code null), a wrong one its "Incorrect API key provided" error (code
+// invalid_api_key); both 401. On /v1/messages* both are Anthropic's authentication_error.
+// The key is never echoed back.
 func (s *Server) clientAuth(c *gin.Context) {
 	switch c.Request.URL.Path {
 	case "/health", "/metrics":
 		c.Next()
 		return
 	}
-	token, ok := bearerToken(c.Request.Header)
-	if ok && s.clientKeys.has(token) {
-		c.Next()
+	presented := clientKeys(c.Request.Header)
+	for _, k := range presented {
+		if s.clientKeys.has(k) {
+			c.Next()
+			return
+		}
+	}
+	s.m.authFailures.WithLabelValues("client").Inc()
+	if anthropicRoute(c) {
+		msg := msgNoAPIKeyAnthropic
+		if len(presented) > 0 {
+			msg = msgBadAPIKeyAnthropic
+		}
+		writeError(c, &apiError{Status: http.StatusUnauthorized, Message: msg})
 		return
 	}
 	var body openAIAuthError
 	body.Error.Type = "invalid_request_error"
 	body.Error.Message = msgNoAPIKey
-	if ok {
+	if len(presented) > 0 {
 		code := "invalid_api_key"
 		body.Error.Message, body.Error.Code = msgBadAPIKey, &code
 	}
-	s.m.authFailures.WithLabelValues("client").Inc()
 	data, _ := json.Marshal(body)
 	c.Header("Content-Type", "application/json")
 	c.AbortWithStatus(http.StatusUnauthorized)
 	_, _ = c.Writer.Write(data)
+}
+
+// dropClientKey removes the x-api-key a client authenticated with from a request to a worker:
+// that key is the gateway's (auth.api_keys), and vLLM has no use for it.
+func (s *Server) dropClientKey(h http.Header) {
+	if len(s.clientKeys) > 0 {
+		h.Del("X-Api-Key")
+	}
 }
 
 // adminAuth requires admin_token on every admin request: 401 with WWW-Authenticate otherwise.

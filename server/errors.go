@@ -76,7 +76,7 @@ func writeError(c *gin.Context, e *apiError) {
 		c.Header("Retry-After", strconv.Itoa(e.RetryAfter))
 	}
 	c.AbortWithStatus(e.Status)
-	if c.GetBool(anthropicKey) {
+	if anthropicRoute(c) {
 		_, _ = c.Writer.Write(anthropicError(e))
 		return
 	}

@@ -76,12 +76,13 @@ func TestMessagesStreamFirstTokenAndEnd(t *testing.T) {
 	var all strings.Builder
 	_, _ = bufio.NewReader(resp.Body).WriteTo(&all)
 	resp.Body.Close()
-	if s := all.String(); !strings.Contains(s, "event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"internal_error\"") || strings.Contains(s, "[DONE]") {
+	if s := all.String(); !strings.Contains(s, "event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"api_error\"") || strings.Contains(s, "[DONE]") {
 		t.Errorf("broken stream ends %q", s)
 	}
 }
 
-// The gateway's own errors on the Messages routes are Anthropic-shaped, with vLLM's status.
+// The gateway's own errors on the Messages routes are Anthropic-shaped, with vLLM's status and
+// Anthropic's type for it.
 func TestMessagesErrorShape(t *testing.T) {
 	up := fakeUpstream(t, func(w http.ResponseWriter, r *http.Request) { http.NotFound(w, r) })
 	g := startGateway(t, nil, up.URL)
@@ -90,9 +91,9 @@ func TestMessagesErrorShape(t *testing.T) {
 		status     int
 		typ        string
 	}{
-		{pathMessages, `{"model":"nope","max_tokens":1,"messages":[{"role":"user","content":"x"}]}`, 404, "NotFoundError"},
-		{pathMessages, `{"model":"test-model","messages":[{"role":"user","content":"x"}]}`, 400, "BadRequestError"},
-		{pathCountTokens, `{"model":"test-model","messages":[{"role":"user","content":[{"type":"document"}]}]}`, 400, "BadRequestError"},
+		{pathMessages, `{"model":"nope","max_tokens":1,"messages":[{"role":"user","content":"x"}]}`, 404, "not_found_error"},
+		{pathMessages, `{"model":"test-model","messages":[{"role":"user","content":"x"}]}`, 400, "invalid_request_error"},
+		{pathCountTokens, `{"model":"test-model","messages":[{"role":"user","content":[{"type":"document"}]}]}`, 400, "invalid_request_error"},
 	}
 	for _, tc := range cases {
 		resp, body := g.post(t, tc.path, tc.body, nil)

@@ -120,6 +120,7 @@ func (s *Server) forwardAs(c *gin.Context, w *workers.Worker, rank int, body []b
 		return 0, false, &apiError{Status: http.StatusInternalServerError, Message: "building upstream request: " + err.Error()}
 	}
 	copyRequestHeaders(up.Header, c.Request.Header)
+	s.dropClientKey(up.Header)
 	w.Authorize(up.Header)
 	up.ContentLength = int64(len(body))
 	resp, err := w.Client().Do(up)

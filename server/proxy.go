@@ -196,6 +196,7 @@ func (s *Server) send(ctx context.Context, c *gin.Context, a *call) (outcome, in
 		return failed, 0, &apiError{Status: http.StatusInternalServerError, Message: "building upstream request: " + err.Error()}
 	}
 	copyRequestHeaders(up.Header, c.Request.Header)
+	s.dropClientKey(up.Header)
 	w.Authorize(up.Header) // the worker's key replaces the client's; without one it passes through
 	// The session id goes to the worker in the parser's forward header (X-Session-ID: vLLM reads
 	// it for the session_id of its KV events).
@@ -284,7 +285,7 @@ func (s *Server) send(ctx context.Context, c *gin.Context, a *call) (outcome, in
 	// An Anthropic stream opens with message_start before any token: its first token is its
 	// first content_block_delta (relaySSE reports it). Anything else: the first byte.
 	firstToken := a.life.FirstToken
-	if !(stream && resp.StatusCode == http.StatusOK && c.GetBool(anthropicKey)) {
+	if !(stream && resp.StatusCode == http.StatusOK && anthropicRoute(c)) {
 		a.life.FirstToken()
 		firstToken = nil
 	}
@@ -293,6 +294,25 @@ func (s *Server) send(ctx context.Context, c *gin.Context, a *call) (outcome, in
 	if s.cfg.Proxy.ExposeRoutingHeaders {
 		h.Set("X-Kvgate-Worker", w.URL())
 		h.Set(router.HeaderCachedBlocks, router.CachedBlocksHeader(d))
+	}
+	if !stream && resp.StatusCode >= 400 && anthropicRoute(c) && rerr == nil {
+		// Read the rest of a worker's error (bounded) so it can be given Anthropic's shape.
+		rest, err := io.ReadAll(io.LimitReader(body, maxUsageBody))
+		buf = append(buf[:n:n], rest...)
+		n, rerr = len(buf), err
+		if err == nil {
+			rerr = io.EOF
+			if len(rest) == maxUsageBody {
+				rerr = nil // larger than any error body: relayed as it is
+			}
+		}
+	}
+	if !stream && resp.StatusCode >= 400 && anthropicRoute(c) && errors.Is(rerr, io.EOF) {
+		if out, ok := anthropicWorkerError(resp.StatusCode, buf[:n]); ok {
+			buf, n = out, len(out)
+			h.Del("Content-Length")
+			h.Set("Content-Type", "application/json")
+		}
 	}
 	if stream {
 		h.Set("X-Accel-Buffering", "no")
@@ -401,7 +421,7 @@ func (s *Server) relaySSE(ctx context.Context, c *gin.Context, w *workers.Worker
 	r := bufio.NewReaderSize(src, 64<<10)
 	event := make([]byte, 0, 4096)
 	sawDone := false
-	anthropic := c.GetBool(anthropicKey)
+	anthropic := anthropicRoute(c)
 	emit := func() bool {
 		if len(event) < 32 && bytes.Contains(event, []byte("data: [DONE]")) {
 			sawDone = true
@@ -479,7 +499,7 @@ func (s *Server) relaySSE(ctx context.Context, c *gin.Context, w *workers.Worker
 	s.m.upstreamErrors.WithLabelValues(w.URL(), kind).Inc()
 	s.log.Warn("stream failed after it started", "worker", w.URL(), "endpoint", endpoint, "err", msg)
 	ev := sseErrorEvent(&apiError{Status: http.StatusBadGateway, Message: msg})
-	if c.GetBool(anthropicKey) {
+	if anthropicRoute(c) {
 		ev = anthropicSSEError(&apiError{Status: http.StatusBadGateway, Message: msg})
 	}
 	if _, werr := c.Writer.Write(ev); werr == nil {

@@ -128,7 +128,7 @@ func TestMessagesThroughGateway(t *testing.T) {
 		t.Errorf("the gateway added to a complete Anthropic stream: %s", body)
 	}
 
-	// Errors the gateway answers itself are Anthropic-shaped, with vLLM's status.
+	// Errors the gateway answers itself are Anthropic-shaped, with vLLM's status and Anthropic's type.
 	bad := messagesBody(false)
 	bad["model"] = "nope"
 	code, _, body = f.post("/v1/messages", bad, nil)
@@ -139,7 +139,7 @@ func TestMessagesThroughGateway(t *testing.T) {
 			Message string `json:"message"`
 		} `json:"error"`
 	}
-	if err := json.Unmarshal(body, &eb); code != http.StatusNotFound || err != nil || eb.Type != "error" || eb.Error.Type != "NotFoundError" || !strings.Contains(eb.Error.Message, "nope") {
+	if err := json.Unmarshal(body, &eb); code != http.StatusNotFound || err != nil || eb.Type != "error" || eb.Error.Type != "not_found_error" || !strings.Contains(eb.Error.Message, "nope") {
 		t.Errorf("unknown model: %d %s", code, body)
 	}
 	delete(bad, "max_tokens")
