@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sort"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -169,6 +170,14 @@ type bindValue struct {
 	AtMs   int64  `json:"at"`
 	// Parent is the parent session's key, for the shared sibling groups.
 	Parent string `json:"p,omitempty"`
+	// MAC is the fleet-key signature (cluster/msgauth.go) over the bucket, the key and the
+	// fields above; absent without a fleet key.
+	MAC string `json:"mac,omitempty"`
+}
+
+// macFields are the signed fields of v, in order.
+func (v bindValue) macFields() []string {
+	return []string{strconv.Itoa(v.V), v.Worker, strconv.Itoa(v.Rank), v.Writer, strconv.FormatInt(v.AtMs, 10), v.Parent}
 }
 
 // NewBindings returns the bindings of node's fleet. Start runs them.
@@ -440,8 +449,8 @@ func (b *Bindings) fetch(ctx context.Context, kv jetstream.KeyValue, k string) e
 	if err != nil {
 		return err
 	}
-	var v bindValue
-	if err := json.Unmarshal(e.Value(), &v); err != nil || v.Worker == "" {
+	v, ok := b.decode(e, "binding")
+	if !ok {
 		return nil
 	}
 	b.opsTotal.WithLabelValues("get", "ok").Inc()
@@ -471,9 +480,9 @@ func (b *Bindings) watched(e jetstream.KeyValueEntry) {
 		b.forget(e.Key()) // the session ended fleet-wide: nothing keeps it alive any more
 		return
 	}
-	var v bindValue
-	if err := json.Unmarshal(e.Value(), &v); err != nil || v.Worker == "" {
-		return // not ours (or a newer schema): ignore
+	v, ok := b.decode(e, "binding")
+	if !ok {
+		return // not ours, a newer schema, or not signed with the fleet key: ignore
 	}
 	b.put(e.Key(), v, e.Revision())
 }
@@ -686,7 +695,7 @@ func (b *Bindings) SharePin(ctx context.Context, responseID string, t kvkey.Targ
 	}
 	ctx, cancel := context.WithTimeout(ctx, b.deadline)
 	defer cancel()
-	if _, err := kv.pins.Put(ctx, key("p", responseID), b.encode(t, "")); err != nil {
+	if _, err := kv.pins.Put(ctx, key("p", responseID), b.encode(b.node.Bucket("pins"), key("p", responseID), t, "")); err != nil {
 		b.opsTotal.WithLabelValues("pin", "error").Inc()
 		b.node.CountError("pins", err)
 		return fmt.Errorf("share pin: %w", err)
@@ -723,10 +732,10 @@ func (b *Bindings) LookupPin(ctx context.Context, responseID string) (kvkey.Targ
 		b.node.CountError("pins", err)
 		return kvkey.Target{}, false, fmt.Errorf("shared pin: %w", err)
 	}
-	var v bindValue
-	if err := json.Unmarshal(e.Value(), &v); err != nil || v.Worker == "" {
+	v, ok := b.decode(e, "pin")
+	if !ok {
 		b.opsTotal.WithLabelValues("pin_get", "error").Inc()
-		return kvkey.Target{}, false, fmt.Errorf("shared pin: bad value %q", e.Value())
+		return kvkey.Target{}, false, fmt.Errorf("shared pin: bad or unsigned value %q", e.Value())
 	}
 	b.opsTotal.WithLabelValues("pin_get", "ok").Inc()
 	return kvkey.Target{Worker: v.Worker, DPRank: v.Rank}, true, nil
@@ -786,7 +795,11 @@ func (b *Bindings) apply(ctx context.Context, op bindOp) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, b.deadline)
 	defer cancel()
-	val := b.encode(op.target, op.parent)
+	bucket := b.node.Bucket("sessions")
+	if op.kind == opPin {
+		bucket = b.node.Bucket("pins")
+	}
+	val := b.encode(bucket, op.key, op.target, op.parent)
 	var err error
 	switch op.kind {
 	case opPin:
@@ -852,10 +865,30 @@ func (b *Bindings) bind(ctx context.Context, kv jetstream.KeyValue, op bindOp, v
 	return nil
 }
 
-func (b *Bindings) encode(t kvkey.Target, parent string) []byte {
-	v, _ := json.Marshal(bindValue{V: 1, Worker: t.Worker, Rank: t.DPRank, Writer: b.node.ReplicaID(),
-		AtMs: b.now().UnixMilli(), Parent: parent})
-	return v
+// encode is the stored value of key k in bucket, signed with the fleet key (if any).
+func (b *Bindings) encode(bucket, k string, t kvkey.Target, parent string) []byte {
+	v := bindValue{V: 1, Worker: t.Worker, Rank: t.DPRank, Writer: b.node.ReplicaID(),
+		AtMs: b.now().UnixMilli(), Parent: parent}
+	if b.node.key != nil {
+		v.MAC = b.node.key.kvMAC(bucket, k, v.macFields()...)
+	}
+	out, _ := json.Marshal(v)
+	return out
+}
+
+// decode reads a stored value; with a fleet key it must be signed for its bucket and key, at
+// the time the server stored it (a replayed old value fails), else it is counted under kind
+// and refused.
+func (b *Bindings) decode(e jetstream.KeyValueEntry, kind string) (bindValue, bool) {
+	var v bindValue
+	if err := json.Unmarshal(e.Value(), &v); err != nil || v.Worker == "" {
+		return v, false
+	}
+	if err := b.node.key.checkKV(v.MAC, v.AtMs, e.Created(), e.Bucket(), e.Key(), v.macFields()...); err != nil {
+		b.node.rejected(kind, fmt.Errorf("%s %s: %w", kind, e.Key(), err))
+		return v, false
+	}
+	return v, true
 }
 
 func (b *Bindings) cached(k string) (bindEntry, bool) {

@@ -31,7 +31,7 @@ const (
 // publisher is the part of *nats.Conn the load sync publishes with (tests wrap it to lose
 // chosen messages).
 type publisher interface {
-	Publish(subj string, data []byte) error
+	PublishMsg(m *nats.Msg) error
 }
 
 // LoadSync shares this replica's in-flight load and approximate-mode routing with its peers
@@ -309,9 +309,16 @@ func (ls *LoadSync) approxMsgsLocked() [][]byte {
 	return msgs
 }
 
+// publish signs b with the fleet key and publishes it on subj.
+func (ls *LoadSync) publish(subj string, b []byte) error {
+	m := &nats.Msg{Subject: subj, Data: b}
+	ls.node.key.signMsg(m)
+	return ls.pub.PublishMsg(m)
+}
+
 func (ls *LoadSync) send(msgs [][]byte, what string) {
 	for _, b := range msgs {
-		if err := ls.pub.Publish(ls.loadSubj, b); err != nil {
+		if err := ls.publish(ls.loadSubj, b); err != nil {
 			ls.m.load.WithLabelValues("publish_failed").Inc()
 			ls.node.CountError("load", fmt.Errorf("publish %s: %w", what, err))
 			continue
@@ -322,7 +329,7 @@ func (ls *LoadSync) send(msgs [][]byte, what string) {
 
 func (ls *LoadSync) sendApprox(msgs [][]byte) {
 	for _, b := range msgs {
-		if err := ls.pub.Publish(ls.approxSubj, b); err != nil {
+		if err := ls.publish(ls.approxSubj, b); err != nil {
 			ls.m.approx.WithLabelValues("publish_failed").Inc()
 			ls.node.CountError("approx", fmt.Errorf("publish: %w", err))
 			continue
@@ -336,9 +343,16 @@ func (ls *LoadSync) onLoad(msg *nats.Msg) {
 	if strings.HasSuffix(msg.Subject, "."+ls.node.ReplicaID()) {
 		return // our own
 	}
+	if !ls.node.authentic(msg, "load") {
+		ls.m.load.WithLabelValues("unauthenticated").Inc()
+		return
+	}
 	m, err := decodeMsg(msg.Data)
 	if err == nil && m.kind == kindApprox {
 		err = errors.New("an approx message on the load subject")
+	}
+	if err == nil && !strings.HasSuffix(msg.Subject, "."+m.replica) {
+		err = fmt.Errorf("replica %q on another replica's subject", m.replica)
 	}
 	if err != nil {
 		ls.m.load.WithLabelValues("invalid").Inc()
@@ -365,9 +379,16 @@ func (ls *LoadSync) onApprox(msg *nats.Msg) {
 	if strings.HasSuffix(msg.Subject, "."+ls.node.ReplicaID()) {
 		return
 	}
+	if !ls.node.authentic(msg, "approx") {
+		ls.m.approx.WithLabelValues("unauthenticated").Inc()
+		return
+	}
 	m, err := decodeMsg(msg.Data)
 	if err == nil && m.kind != kindApprox {
 		err = fmt.Errorf("kind %d on the approx subject", m.kind)
+	}
+	if err == nil && !strings.HasSuffix(msg.Subject, "."+m.replica) {
+		err = fmt.Errorf("replica %q on another replica's subject", m.replica)
 	}
 	if err != nil {
 		ls.m.approx.WithLabelValues("invalid").Inc()
@@ -420,7 +441,7 @@ func (ls *LoadSync) Close() {
 		ls.seq++
 		b := encodeLoad(kindLeave, ls.node.ReplicaID(), ls.node.Epoch(), ls.seq, nil)
 		ls.mu.Unlock()
-		_ = ls.pub.Publish(ls.loadSubj, b) // best effort: peers expire us anyway
+		_ = ls.publish(ls.loadSubj, b) // best effort: peers expire us anyway
 		ls.unsubscribe()
 	})
 }
@@ -442,11 +463,11 @@ func newLoadMetrics(reg prometheus.Registerer, peers *router.PeerLoads) (*loadMe
 	m := &loadMetrics{
 		load: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvgate_cluster_load_messages_total",
-			Help: "Load-sync messages (in-flight load deltas and snapshots): sent, publish_failed, received from peers, dropped (slow consumer), invalid.",
+			Help: "Load-sync messages (in-flight load deltas and snapshots): sent, publish_failed, received from peers, dropped (slow consumer), invalid, unauthenticated (no valid fleet-key signature).",
 		}, []string{"event"}),
 		approx: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvgate_cluster_approx_messages_total",
-			Help: "Approximate-mode routing messages: sent, publish_failed, received from peers, dropped (queue full or slow consumer), invalid; unknown_target counts prompts for a target this replica does not have.",
+			Help: "Approximate-mode routing messages: sent, publish_failed, received from peers, dropped (queue full or slow consumer), invalid, unauthenticated; unknown_target counts prompts for a target this replica does not have.",
 		}, []string{"event"}),
 	}
 	if reg == nil {

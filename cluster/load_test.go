@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
@@ -108,15 +109,15 @@ type lossyPublisher struct {
 	drop func(i int, data []byte) bool
 }
 
-func (p *lossyPublisher) Publish(subj string, data []byte) error {
+func (p *lossyPublisher) PublishMsg(m *nats.Msg) error {
 	p.mu.Lock()
 	i := p.n
 	p.n++
 	p.mu.Unlock()
-	if p.drop != nil && p.drop(i, data) {
+	if p.drop != nil && p.drop(i, m.Data) {
 		return nil
 	}
-	return p.next.Publish(subj, data)
+	return p.next.PublishMsg(m)
 }
 
 // loadCluster is one embedded NATS server and client replicas on it, each with a load sync.

@@ -35,6 +35,8 @@ type Node struct {
 	disconnects atomic.Uint64
 	reconnects  atomic.Uint64
 	errs        *prometheus.CounterVec
+	key         *fleetKey              // nil: messages neither signed nor checked
+	unauth      *prometheus.CounterVec // kind
 
 	mu          sync.Mutex
 	lastErr     string
@@ -70,8 +72,21 @@ func Start(ctx context.Context, cfg clusterconfig.Config, o Options) (*Node, err
 		Name: "kvgate_cluster_errors_total",
 		Help: "NATS calls that failed and fell back to local state, by component (bindings, load, snapshot, ...).",
 	}, []string{"component"})
+	n.unauth = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "kvgate_cluster_unauthenticated_messages_total",
+		Help: "Replica messages dropped because their fleet-key signature was missing, wrong or outside cluster.message_window, by kind (load, approx, binding, pin, snapshot).",
+	}, []string{"kind"})
+	if cfg.FleetKeyFile != "" {
+		k, err := loadFleetKey(cfg.FleetKeyFile, cfg.MessageWindow.D())
+		if err != nil {
+			return nil, err
+		}
+		n.key = k
+	} else {
+		n.log.Warn("cluster.fleet_key_file is not set: replica messages are NOT authenticated; any client that can reach the NATS bus can move routing, rebind sessions and feed index snapshots (set a fleet key on every replica)")
+	}
 	if o.Registerer != nil {
-		o.Registerer.MustRegister(n.errs, prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		o.Registerer.MustRegister(n.errs, n.unauth, prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "kvgate_cluster_connected",
 			Help: "1 while this replica's NATS connection is up, 0 while it routes on local state only (degraded).",
 		}, func() float64 {
@@ -139,6 +154,33 @@ func Start(ctx context.Context, cfg clusterconfig.Config, o Options) (*Node, err
 	n.log.Info("cluster node started", "nats", strings.Join(urls, ","), "embedded", n.embedded != nil,
 		"connected", nc.IsConnected(), "fleet", cfg.Fleet)
 	return n, nil
+}
+
+// Authenticated reports whether replica messages are signed and checked with a fleet key.
+func (n *Node) Authenticated() bool { return n.key != nil }
+
+// publish sends data on subj, signed with the fleet key.
+func (n *Node) publish(subj string, data []byte) error {
+	m := &nats.Msg{Subject: subj, Data: data}
+	n.key.signMsg(m)
+	return n.nc.PublishMsg(m)
+}
+
+// authentic reports whether m carries a valid fleet-key signature (always, without a key);
+// a message that does not is counted under kind and noted as the node's last error.
+func (n *Node) authentic(m *nats.Msg, kind string) bool {
+	err := n.key.checkMsg(m)
+	if err == nil {
+		return true
+	}
+	n.rejected(kind, fmt.Errorf("%s on %s: %w", kind, m.Subject, err))
+	return false
+}
+
+// rejected counts an unauthenticated message of kind.
+func (n *Node) rejected(kind string, err error) {
+	n.unauth.WithLabelValues(kind).Inc()
+	n.noteErr("auth", err)
 }
 
 // Conn is the replica's NATS connection.

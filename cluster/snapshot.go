@@ -3,6 +3,7 @@ package cluster
 import (
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -102,6 +103,8 @@ type snapManifest struct {
 	Seq    uint64 `json:"seq"`
 	Bytes  int    `json:"bytes"`
 	Chunks int    `json:"chunks"`
+	// SHA256 is the whole snapshot's digest (hex): the chunks put together must match it.
+	SHA256 string `json:"sha256,omitempty"`
 	Error  string `json:"error,omitempty"`
 }
 
@@ -176,9 +179,51 @@ func (s *Snapshots) Close() {
 	s.mu.Unlock()
 }
 
+// respond answers request m with data (and hdr, if any), signed with the fleet key.
+func (s *Snapshots) respond(m *nats.Msg, data []byte, hdr nats.Header) error {
+	r := &nats.Msg{Subject: m.Reply, Data: data, Header: hdr}
+	s.node.key.signMsg(r)
+	return m.RespondMsg(r)
+}
+
+// request sends a signed request to subj and returns the reply once its signature checks.
+func (s *Snapshots) request(ctx context.Context, subj string, body []byte) (*nats.Msg, error) {
+	req := &nats.Msg{Subject: subj, Data: body}
+	// The reply subject is part of what is signed, so it is drawn first.
+	req.Reply = s.node.Conn().NewRespInbox()
+	s.node.key.signMsg(req)
+	sub, err := s.node.Conn().SubscribeSync(req.Reply)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	if err := s.node.Conn().PublishMsg(req); err != nil {
+		return nil, err
+	}
+	for {
+		m, err := sub.NextMsgWithContext(ctx)
+		if err != nil {
+			if errors.Is(err, context.DeadlineExceeded) {
+				return nil, fmt.Errorf("%w (%w)", err, nats.ErrTimeout)
+			}
+			return nil, err
+		}
+		if len(m.Data) == 0 && m.Header.Get("Status") == "503" {
+			return nil, nats.ErrNoResponders
+		}
+		if s.node.authentic(m, "snapshot") {
+			return m, nil
+		}
+		// An unsigned answer (an outsider racing the peer) is dropped: wait for the real one.
+	}
+}
+
 func (s *Snapshots) onOffer(m *nats.Msg) {
 	var req snapTarget
-	if err := json.Unmarshal(m.Data, &req); err != nil || req.From == s.node.ReplicaID() || m.Reply == "" {
+	if m.Reply == "" || !s.node.authentic(m, "snapshot") {
+		return
+	}
+	if err := json.Unmarshal(m.Data, &req); err != nil || req.From == s.node.ReplicaID() {
 		return
 	}
 	seq, ok := s.src.SnapshotOffer(kvkey.Target{Worker: req.Worker, DPRank: req.DPRank})
@@ -186,16 +231,19 @@ func (s *Snapshots) onOffer(m *nats.Msg) {
 		return // only peers that can serve answer: the first answer is the one to take
 	}
 	b, _ := json.Marshal(snapOffer{Replica: s.node.ReplicaID(), Seq: seq})
-	if err := m.Respond(b); err != nil {
+	if err := s.respond(m, b, nil); err != nil {
 		s.node.CountError("snapshot", err)
 	}
 }
 
 func (s *Snapshots) onOpen(m *nats.Msg) {
+	if !s.node.authentic(m, "snapshot") {
+		return // no snapshot leaves for a requester without the fleet key
+	}
 	var req snapTarget
 	reply := func(man snapManifest) {
 		b, _ := json.Marshal(man)
-		if err := m.Respond(b); err != nil {
+		if err := s.respond(m, b, nil); err != nil {
 			s.node.CountError("snapshot", err)
 		}
 	}
@@ -226,7 +274,8 @@ func (s *Snapshots) onOpen(m *nats.Msg) {
 	s.served.Inc()
 	s.log.Info("serving an index snapshot to a peer", "peer", req.From, "target", t.String(), "bytes", len(data))
 	chunk := s.chunkSize()
-	reply(snapManifest{ID: id, Seq: seq, Bytes: len(data), Chunks: (len(data) + chunk - 1) / chunk})
+	sum := sha256.Sum256(data)
+	reply(snapManifest{ID: id, Seq: seq, Bytes: len(data), Chunks: (len(data) + chunk - 1) / chunk, SHA256: hex.EncodeToString(sum[:])})
 }
 
 // expireLocked drops pinned snapshots past their TTL; s.mu must be held.
@@ -252,10 +301,13 @@ func (s *Snapshots) chunkSize() int {
 }
 
 func (s *Snapshots) onChunk(m *nats.Msg) {
+	if !s.node.authentic(m, "snapshot") {
+		return
+	}
 	fail := func(msg string) {
-		r := nats.NewMsg(m.Reply)
-		r.Header.Set(errHeader, msg)
-		if err := m.RespondMsg(r); err != nil {
+		h := nats.Header{}
+		h.Set(errHeader, msg)
+		if err := s.respond(m, nil, h); err != nil {
 			s.node.CountError("snapshot", err)
 		}
 	}
@@ -278,7 +330,7 @@ func (s *Snapshots) onChunk(m *nats.Msg) {
 		return
 	}
 	part := p.data[lo:min(lo+chunk, len(p.data))]
-	if err := m.Respond(part); err != nil {
+	if err := s.respond(m, part, nil); err != nil {
 		s.node.CountError("snapshot", err)
 		return
 	}
@@ -319,7 +371,7 @@ func (s *Snapshots) FetchSnapshot(ctx context.Context, t kvkey.Target) (data []b
 	}
 	octx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	msg, err := s.node.Conn().RequestWithContext(octx, s.node.Subject("snap", offer.Replica, "open"), req)
+	msg, err := s.request(octx, s.node.Subject("snap", offer.Replica, "open"), req)
 	if err != nil {
 		return nil, offer.Replica, fmt.Errorf("cluster: snapshot open at %s: %w", offer.Replica, err)
 	}
@@ -347,6 +399,9 @@ func (s *Snapshots) FetchSnapshot(ctx context.Context, t kvkey.Target) (data []b
 	if len(data) != man.Bytes {
 		return nil, offer.Replica, fmt.Errorf("cluster: snapshot from %s: %d of %d bytes", offer.Replica, len(data), man.Bytes)
 	}
+	if sum := sha256.Sum256(data); man.SHA256 != "" && man.SHA256 != hex.EncodeToString(sum[:]) || man.SHA256 == "" && s.node.Authenticated() {
+		return nil, offer.Replica, fmt.Errorf("cluster: snapshot from %s: its chunks do not match the manifest's digest", offer.Replica)
+	}
 	s.fetchedBytes.Add(float64(len(data)))
 	return data, offer.Replica, nil
 }
@@ -366,7 +421,9 @@ func (s *Snapshots) offer(ctx context.Context, req []byte) (snapOffer, error) {
 		return snapOffer{}, fmt.Errorf("cluster: snapshot offer: %w", err)
 	}
 	defer func() { _ = sub.Unsubscribe() }()
-	if err := s.node.Conn().PublishRequest(s.node.Subject("snap", "offer"), inbox, req); err != nil {
+	om := &nats.Msg{Subject: s.node.Subject("snap", "offer"), Reply: inbox, Data: req}
+	s.node.key.signMsg(om)
+	if err := s.node.Conn().PublishMsg(om); err != nil {
 		return snapOffer{}, fmt.Errorf("cluster: snapshot offer: %w", err)
 	}
 	for {
@@ -376,6 +433,9 @@ func (s *Snapshots) offer(ctx context.Context, req []byte) (snapOffer, error) {
 				return snapOffer{}, ErrNoPeer
 			}
 			return snapOffer{}, fmt.Errorf("cluster: snapshot offer: %w", err)
+		}
+		if !s.node.authentic(m, "snapshot") {
+			continue // only a replica holding the fleet key may offer
 		}
 		var o snapOffer
 		if json.Unmarshal(m.Data, &o) == nil && o.Replica != "" && o.Replica != s.node.ReplicaID() && validToken(o.Replica) {
@@ -398,7 +458,7 @@ func (s *Snapshots) chunk(ctx context.Context, peer string, req snapChunkReq) ([
 		if dl, ok := ctx.Deadline(); ok {
 			actx, cancel = context.WithTimeout(ctx, time.Until(dl)/time.Duration(chunkAttempts-attempt))
 		}
-		m, err := s.node.Conn().RequestWithContext(actx, subj, body)
+		m, err := s.request(actx, subj, body)
 		cancel()
 		switch {
 		case err == nil && m.Header.Get(errHeader) != "":

@@ -42,6 +42,13 @@ type Config struct {
 	PeerTimeout confval.Duration `yaml:"peer_timeout"`
 	// SnapshotTimeout bounds a cold replica's wait for a peer's index snapshot of a target.
 	SnapshotTimeout confval.Duration `yaml:"snapshot_timeout"`
+	// FleetKeyFile holds the fleet's shared secret (at least 32 bytes): every replica message
+	// (load, bindings, snapshots) is signed with it (HMAC-SHA256) and unsigned ones dropped.
+	// "" signs nothing (compatible with replicas without one; Start warns).
+	FleetKeyFile string `yaml:"fleet_key_file"`
+	// MessageWindow is how far a signed message's time may be from the receiver's clock (or a
+	// binding's from the time NATS stored it) before it counts as a replay and is dropped.
+	MessageWindow confval.Duration `yaml:"message_window"`
 }
 
 // Embedded configures the NATS server a replica may run in its own process.
@@ -72,6 +79,7 @@ func Default() Config {
 		LoadInterval:    confval.Duration(time.Second),
 		PeerTimeout:     confval.Duration(3 * time.Second),
 		SnapshotTimeout: confval.Duration(5 * time.Second),
+		MessageWindow:   confval.Duration(30 * time.Second),
 		EmbeddedNATS:    Embedded{MaxMemory: 256 << 20},
 	}
 }
@@ -111,6 +119,9 @@ func (c Config) Validate() error {
 	}
 	if c.SnapshotTimeout <= 0 {
 		p.Addf("snapshot_timeout", "must be a positive duration, got %s", c.SnapshotTimeout)
+	}
+	if c.MessageWindow < confval.Duration(time.Second) {
+		p.Addf("message_window", "must be at least 1s, got %s", c.MessageWindow)
 	}
 	for _, u := range splitURLs(c.NATSURL) {
 		if !strings.Contains(u, "://") {
