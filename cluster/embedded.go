@@ -26,7 +26,7 @@ type embeddedServer struct {
 
 // startEmbedded starts the server cfg describes and waits until it accepts clients (and, with
 // routes, until its route listener is up).
-func startEmbedded(cfg clusterconfig.Embedded, name string, log *slog.Logger) (*embeddedServer, error) {
+func startEmbedded(cfg clusterconfig.Embedded, name, fleet string, log *slog.Logger) (*embeddedServer, error) {
 	host, port, err := splitHostPort(cfg.Listen)
 	if err != nil {
 		return nil, fmt.Errorf("cluster.embedded_nats.listen: %w", err)
@@ -51,6 +51,10 @@ func startEmbedded(cfg clusterconfig.Embedded, name string, log *slog.Logger) (*
 		JetStreamMaxStore:      int64(cfg.MaxMemory),
 		DisableJetStreamBanner: true,
 	}
+	if err := embeddedSecurity(opts, cfg, fleet); err != nil {
+		return nil, err
+	}
+	warnExposure(log, "cluster.embedded_nats.listen", host, cfg.Auth(), cfg.TLS.CertFile != "")
 	if cfg.ClusterListen != "" {
 		ch, cp, err := splitHostPort(cfg.ClusterListen)
 		if err != nil {
@@ -72,6 +76,19 @@ func startEmbedded(cfg clusterconfig.Embedded, name string, log *slog.Logger) (*
 		if peers > 0 {
 			opts.Cluster = server.ClusterOpts{Name: "kvgate", Host: ch, Port: cp}
 			opts.Routes = routes
+			if cfg.TLS.CertFile != "" {
+				// Routes are mutually authenticated by the CA when one is given.
+				tc, err := server.GenTLSConfig(&server.TLSConfigOpts{CertFile: cfg.TLS.CertFile, KeyFile: cfg.TLS.KeyFile,
+					CaFile: cfg.TLS.CAFile, Verify: cfg.TLS.CAFile != ""})
+				if err != nil {
+					return nil, fmt.Errorf("cluster.embedded_nats.tls (routes): %w", err)
+				}
+				// A server dials its routes as a TLS client: it checks the peer's certificate
+				// against the same CA (GenTLSConfig sets it only for verifying clients).
+				tc.RootCAs = tc.ClientCAs
+				opts.Cluster.TLSConfig, opts.Cluster.TLSTimeout = tc, 2
+			}
+			warnExposure(log, "cluster.embedded_nats.cluster_listen", ch, cfg.TLS.CAFile != "", cfg.TLS.CertFile != "")
 		} else {
 			// A NATS cluster of this server alone never gets a JetStream meta leader: with no
 			// routes JetStream refuses to start ("JetStream cluster requires configured
@@ -114,10 +131,74 @@ func (e *embeddedServer) removeTemp() {
 	}
 }
 
+// embeddedSecurity sets the server's client authentication and TLS from cfg: users get the
+// fleet's permissions (fleetPermissions), a token full access.
+func embeddedSecurity(opts *server.Options, cfg clusterconfig.Embedded, fleet string) error {
+	for _, u := range cfg.Users {
+		opts.Users = append(opts.Users, &server.User{Username: u.User, Password: u.Password, Permissions: fleetPermissions(fleet)})
+	}
+	opts.Authorization = cfg.Token
+	if cfg.TLS.CertFile != "" {
+		tc, err := server.GenTLSConfig(&server.TLSConfigOpts{CertFile: cfg.TLS.CertFile, KeyFile: cfg.TLS.KeyFile,
+			CaFile: cfg.TLS.CAFile, Verify: cfg.TLS.CAFile != ""})
+		if err != nil {
+			return fmt.Errorf("cluster.embedded_nats.tls: %w", err)
+		}
+		opts.TLSConfig, opts.TLS, opts.TLSVerify, opts.TLSTimeout = tc, true, cfg.TLS.CAFile != "", 2
+	}
+	return nil
+}
+
+// warnExposure warns when a listener is reachable beyond this host without authentication
+// (loudly: anyone on the network can then join the bus) or without TLS (traffic in clear).
+func warnExposure(log *slog.Logger, key, host string, auth, tls bool) {
+	ip := net.ParseIP(host)
+	if host == "localhost" || ip != nil && ip.IsLoopback() {
+		return
+	}
+	if !auth {
+		log.Error("SECURITY: "+key+" listens beyond this host WITHOUT authentication: anyone who can reach it can read and steer the fleet's routing state; set cluster.embedded_nats.users (and tls with ca_file for routes) or bind 127.0.0.1",
+			"addr", host)
+	} else if !tls {
+		log.Warn(key+" listens beyond this host without TLS: credentials and routing state cross the network in clear; set cluster.embedded_nats.tls",
+			"addr", host)
+	}
+}
+
+// inboxPrefix is the fleet's reply-subject prefix: the embedded users may subscribe only to
+// their fleet's inboxes.
+func inboxPrefix(fleet string) string { return "_INBOX_kvgate." + fleet }
+
+// fleetPermissions is what a user of fleet may do: the fleet's subjects
+// (kvgate.v1.<fleet>.>), its inboxes, and on its two buckets (KV_kvgate-<fleet>-sessions and
+// -pins, nats.go jetstream/kv.go) the writes and the JetStream API calls the replicas make:
+// account info, stream create/update/info (CreateOrUpdateKeyValue), message and direct get,
+// ordered-consumer create/delete/info and flow control (the watch), and the stream
+// advisories (leader elected, deleted). Not stream delete or purge: a client with these
+// credentials cannot delete the fleet's buckets. Subjects from nats-server server/jetstream_api.go.
+func fleetPermissions(fleet string) *server.Permissions {
+	pub := []string{"kvgate.v1." + fleet + ".>", inboxPrefix(fleet) + ".>", "$JS.API.INFO"}
+	sub := []string{"kvgate.v1." + fleet + ".>", inboxPrefix(fleet) + ".>"}
+	for _, what := range []string{"sessions", "pins"} {
+		b := "kvgate-" + fleet + "-" + what
+		st := "KV_" + b
+		pub = append(pub, "$KV."+b+".>",
+			"$JS.API.STREAM.INFO."+st, "$JS.API.STREAM.CREATE."+st, "$JS.API.STREAM.UPDATE."+st,
+			"$JS.API.STREAM.MSG.GET."+st, "$JS.API.DIRECT.GET."+st, "$JS.API.DIRECT.GET."+st+".>",
+			"$JS.API.CONSUMER.CREATE."+st, "$JS.API.CONSUMER.CREATE."+st+".>",
+			"$JS.API.CONSUMER.DELETE."+st+".>", "$JS.API.CONSUMER.INFO."+st+".>", "$JS.FC."+st+".>")
+		sub = append(sub, "$JS.EVENT.ADVISORY.STREAM.*."+st)
+	}
+	return &server.Permissions{Publish: &server.SubjectPermission{Allow: pub}, Subscribe: &server.SubjectPermission{Allow: sub}}
+}
+
 func splitHostPort(hp string) (string, int, error) {
 	h, p, err := net.SplitHostPort(hp)
 	if err != nil {
 		return "", 0, fmt.Errorf("%q: %w", hp, err)
+	}
+	if h == "" {
+		h = "127.0.0.1" // loopback unless a host is given (nats-server's default is every interface)
 	}
 	n, err := strconv.Atoi(p)
 	if err != nil || n < 0 || n > 65535 {
@@ -141,7 +222,7 @@ func isOwnRoute(host string, port int, u *url.URL) bool {
 		return true
 	}
 	ip := net.ParseIP(host)
-	unspecified := host == "" || (ip != nil && ip.IsUnspecified())
+	unspecified := host == "" || (ip != nil && (ip.IsUnspecified() || ip.IsLoopback()))
 	rip := net.ParseIP(h)
 	return unspecified && (h == "localhost" || (rip != nil && rip.IsLoopback()))
 }

@@ -102,7 +102,7 @@ func Start(ctx context.Context, cfg clusterconfig.Config, o Options) (*Node, err
 		if name == "" {
 			name = n.id
 		}
-		e, err := startEmbedded(cfg.EmbeddedNATS, name, n.log)
+		e, err := startEmbedded(cfg.EmbeddedNATS, name, cfg.Fleet, n.log)
 		if err != nil {
 			return nil, err
 		}
@@ -111,8 +111,15 @@ func Start(ctx context.Context, cfg clusterconfig.Config, o Options) (*Node, err
 			urls = []string{e.clientURL()}
 		}
 	}
-	nc, err := nats.Connect(strings.Join(urls, ","),
+	secOpts, err := connectSecurity(cfg)
+	if err != nil {
+		n.closeEmbedded()
+		return nil, err
+	}
+	nc, err := nats.Connect(strings.Join(urls, ","), append(secOpts,
 		nats.Name("kvgate-"+n.id),
+		// The fleet's own inboxes: an embedded user may subscribe to no other replies.
+		nats.CustomInboxPrefix(inboxPrefix(cfg.Fleet)),
 		nats.MaxReconnects(-1),
 		nats.ReconnectWait(250*time.Millisecond),
 		// Nothing stale replays after a reconnect: load deltas from before the outage would
@@ -135,7 +142,7 @@ func Start(ctx context.Context, cfg clusterconfig.Config, o Options) (*Node, err
 		}),
 		nats.ClosedHandler(func(*nats.Conn) { n.setConnected(false, "closed") }),
 		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { n.noteErr("async", err) }),
-	)
+	)...)
 	if err != nil {
 		n.closeEmbedded()
 		return nil, fmt.Errorf("cluster: nats connect: %w", err)
@@ -181,6 +188,48 @@ func (n *Node) authentic(m *nats.Msg, kind string) bool {
 func (n *Node) rejected(kind string, err error) {
 	n.unauth.WithLabelValues(kind).Inc()
 	n.noteErr("auth", err)
+}
+
+// connectSecurity is the connection's authentication and TLS. With none of cluster.nats_*
+// set and an embedded server requiring auth, the replica signs in to its own server as the
+// first embedded user (or with its token); with no cluster.tls and an embedded server on TLS,
+// it uses the embedded server's files.
+func connectSecurity(cfg clusterconfig.Config) ([]nats.Option, error) {
+	var o []nats.Option
+	e := cfg.EmbeddedNATS
+	own := e.Listen != "" && len(cfg.URLs()) == 0
+	switch {
+	case cfg.NATSUser != "":
+		o = append(o, nats.UserInfo(cfg.NATSUser, cfg.NATSPassword))
+	case cfg.NATSToken != "":
+		o = append(o, nats.Token(cfg.NATSToken))
+	case cfg.NATSNKeyFile != "":
+		opt, err := nats.NkeyOptionFromSeed(cfg.NATSNKeyFile)
+		if err != nil {
+			return nil, fmt.Errorf("cluster.nats_nkey_file: %w", err)
+		}
+		o = append(o, opt)
+	case cfg.NATSCreds != "":
+		if _, err := os.Stat(cfg.NATSCreds); err != nil {
+			return nil, fmt.Errorf("cluster.nats_creds: %w", err)
+		}
+		o = append(o, nats.UserCredentials(cfg.NATSCreds))
+	case own && len(e.Users) > 0:
+		o = append(o, nats.UserInfo(e.Users[0].User, e.Users[0].Password))
+	case own && e.Token != "":
+		o = append(o, nats.Token(e.Token))
+	}
+	t := cfg.TLS
+	if !t.Enabled() && own {
+		t = e.TLS
+	}
+	if t.CAFile != "" {
+		o = append(o, nats.RootCAs(t.CAFile))
+	}
+	if t.CertFile != "" {
+		o = append(o, nats.ClientCert(t.CertFile, t.KeyFile))
+	}
+	return o, nil
 }
 
 // Conn is the replica's NATS connection.

@@ -21,6 +21,18 @@ type Config struct {
 	// NATSURL is the NATS server (or comma-separated servers of one cluster) to connect to;
 	// "" with an embedded server connects to that one.
 	NATSURL string `yaml:"nats_url"`
+	// NATSUser and NATSPassword authenticate the connection as a NATS user.
+	NATSUser     string `yaml:"nats_user"`
+	NATSPassword string `yaml:"nats_password"`
+	// NATSToken authenticates the connection with a NATS token.
+	NATSToken string `yaml:"nats_token"`
+	// NATSNKeyFile is a file holding an NKey seed (SU...) the connection signs in with.
+	NATSNKeyFile string `yaml:"nats_nkey_file"`
+	// NATSCreds is a NATS credentials file (JWT and NKey seed, decentralised auth).
+	NATSCreds string `yaml:"nats_creds"`
+	// TLS encrypts the connection: the CA that signed the servers' certificates, and a client
+	// certificate when the servers require one.
+	TLS TLSFiles `yaml:"tls"`
 	// EmbeddedNATS runs a NATS server (JetStream on) inside this replica.
 	EmbeddedNATS Embedded `yaml:"embedded_nats"`
 	// ReplicaID names this replica to its peers; "" draws one at start (host name + random).
@@ -67,7 +79,34 @@ type Embedded struct {
 	StoreDir string `yaml:"store_dir"`
 	// MaxMemory caps JetStream's memory storage.
 	MaxMemory confval.ByteSize `yaml:"max_memory"`
+	// Users may connect with a password; each may publish and subscribe only to the fleet's
+	// subjects, its two buckets and the JetStream API calls on them (no bucket deletion).
+	Users []User `yaml:"users"`
+	// Token lets clients connect with this token (full access to the server; prefer Users).
+	Token string `yaml:"token"`
+	// TLS serves clients and routes over TLS; with CAFile clients and peer servers must
+	// present a certificate that CA signed.
+	TLS TLSFiles `yaml:"tls"`
 }
+
+// User is one NATS user of the embedded server.
+type User struct {
+	User     string `yaml:"user"`
+	Password string `yaml:"password"`
+}
+
+// TLSFiles are PEM files for a TLS endpoint.
+type TLSFiles struct {
+	CAFile   string `yaml:"ca_file"`
+	CertFile string `yaml:"cert_file"`
+	KeyFile  string `yaml:"key_file"`
+}
+
+// Enabled reports whether any file is set.
+func (t TLSFiles) Enabled() bool { return t.CAFile != "" || t.CertFile != "" || t.KeyFile != "" }
+
+// Auth reports whether the embedded server requires clients to authenticate.
+func (e Embedded) Auth() bool { return len(e.Users) > 0 || e.Token != "" }
 
 // Default returns the built-in defaults (configs/kvgate.yaml documents the same values).
 func Default() Config {
@@ -130,7 +169,35 @@ func (c Config) Validate() error {
 			}
 		}
 	}
+	creds := 0
+	for _, set := range []bool{c.NATSUser != "" || c.NATSPassword != "", c.NATSToken != "", c.NATSNKeyFile != "", c.NATSCreds != ""} {
+		if set {
+			creds++
+		}
+	}
+	if creds > 1 {
+		p.Addf("nats_user", "set one of nats_user+nats_password, nats_token, nats_nkey_file and nats_creds")
+	}
+	if (c.NATSUser == "") != (c.NATSPassword == "") {
+		p.Addf("nats_password", "nats_user and nats_password go together")
+	}
+	checkTLS(&p, "tls", c.TLS, false)
 	e := c.EmbeddedNATS
+	checkTLS(&p, "embedded_nats.tls", e.TLS, true)
+	if len(e.Users) > 0 && e.Token != "" {
+		p.Addf("embedded_nats.token", "set users or token, not both (NATS allows one)")
+	}
+	seen := map[string]bool{}
+	for i, u := range e.Users {
+		k := "embedded_nats.users[" + strconv.Itoa(i) + "]"
+		switch {
+		case u.User == "" || u.Password == "":
+			p.Addf(k, "needs user and password")
+		case seen[u.User]:
+			p.Addf(k, "user %q listed twice", u.User)
+		}
+		seen[u.User] = true
+	}
 	if e.Listen != "" && !hostPort(e.Listen) {
 		p.Addf("embedded_nats.listen", "%q is not host:port", e.Listen)
 	}
@@ -172,6 +239,16 @@ func splitURLs(s string) []string {
 		}
 	}
 	return out
+}
+
+// checkTLS checks a TLS file set: cert and key go together; a server needs them.
+func checkTLS(p *confval.Problems, k string, t TLSFiles, server bool) {
+	if (t.CertFile == "") != (t.KeyFile == "") {
+		p.Addf(k+".cert_file", "cert_file and key_file go together")
+	}
+	if server && t.CAFile != "" && t.CertFile == "" {
+		p.Addf(k+".cert_file", "a TLS server needs cert_file and key_file")
+	}
 }
 
 func hostPort(s string) bool {

@@ -40,6 +40,26 @@ func TestValidate(t *testing.T) {
 			c.EmbeddedNATS.Listen, c.EmbeddedNATS.ClusterListen = "127.0.0.1:4222", "127.0.0.1:6222"
 			c.EmbeddedNATS.Routes = []string{"nowhere"}
 		}, "embedded_nats.routes[0]: "},
+		{"client user", func(c *Config) { c.NATSURL = "nats://x:4222"; c.NATSUser, c.NATSPassword = "u", "p" }, ""},
+		{"user without password", func(c *Config) { c.NATSUser = "u" }, "nats_password: "},
+		{"user and token", func(c *Config) { c.NATSUser, c.NATSPassword, c.NATSToken = "u", "p", "t" }, "nats_user: "},
+		{"token and creds", func(c *Config) { c.NATSToken, c.NATSCreds = "t", "/x.creds" }, "nats_user: "},
+		{"client cert without key", func(c *Config) { c.TLS.CertFile = "/c.pem" }, "tls.cert_file: "},
+		{"embedded users", func(c *Config) {
+			c.EmbeddedNATS.Listen = "127.0.0.1:4222"
+			c.EmbeddedNATS.Users = []User{{User: "a", Password: "p"}, {User: "b", Password: "q"}}
+		}, ""},
+		{"embedded user twice", func(c *Config) {
+			c.EmbeddedNATS.Listen = "127.0.0.1:4222"
+			c.EmbeddedNATS.Users = []User{{User: "a", Password: "p"}, {User: "a", Password: "q"}}
+		}, "embedded_nats.users[1]: "},
+		{"embedded user without password", func(c *Config) { c.EmbeddedNATS.Users = []User{{User: "a"}} }, "embedded_nats.users[0]: "},
+		{"embedded users and token", func(c *Config) {
+			c.EmbeddedNATS.Users = []User{{User: "a", Password: "p"}}
+			c.EmbeddedNATS.Token = "t"
+		}, "embedded_nats.token: "},
+		{"embedded tls ca only", func(c *Config) { c.EmbeddedNATS.TLS.CAFile = "/ca.pem" }, "embedded_nats.tls.cert_file: "},
+		{"short message window", func(c *Config) { c.MessageWindow = 0 }, "message_window: "},
 		{"tiny memory", func(c *Config) { c.EmbeddedNATS.Listen = "127.0.0.1:4222"; c.EmbeddedNATS.MaxMemory = 10 }, "embedded_nats.max_memory: "},
 	}
 	for _, tc := range tests {
