@@ -43,7 +43,13 @@ type Config struct {
 	Anthropic Anthropic         `yaml:"anthropic"`
 	// Cluster joins this replica to its peers over NATS; off unless nats_url or
 	// embedded_nats.listen is set (clusterconfig.Config documents each key).
-	Cluster         Cluster  `yaml:"cluster"`
+	Cluster Cluster `yaml:"cluster"`
+	// ShutdownDrainDelay is how long, on SIGTERM, the gateway keeps accepting requests after
+	// GET /ready turned 503, so load balancers (Kubernetes Service endpoints) stop sending
+	// before the listener closes.
+	ShutdownDrainDelay Duration `yaml:"shutdown_drain_delay"`
+	// ShutdownTimeout is how long running requests may finish once the listener closed;
+	// streams still running then end with an error event.
 	ShutdownTimeout Duration `yaml:"shutdown_timeout"`
 	LogLevel        string   `yaml:"log_level"`
 
@@ -149,14 +155,15 @@ func Default() Config {
 			KV:        routerconfig.Default(),
 			Responses: routerconfig.DefaultResponses(),
 		},
-		Proxy:           serverconfig.DefaultProxy(),
-		Health:          healthconfig.Default(),
-		Limits:          serverconfig.DefaultLimits(),
-		Anthropic:       Anthropic{CountTokens: CountTokensLocal, InlineSystem: "merge"},
-		KVEvents:        eventsconfig.Default(),
-		Sessions:        sessionsconfig.Default(),
-		Cluster:         clusterconfig.Default(),
-		ShutdownTimeout: Duration(30 * time.Second),
-		LogLevel:        "info",
+		Proxy:              serverconfig.DefaultProxy(),
+		Health:             healthconfig.Default(),
+		Limits:             serverconfig.DefaultLimits(),
+		Anthropic:          Anthropic{CountTokens: CountTokensLocal, InlineSystem: "merge"},
+		KVEvents:           eventsconfig.Default(),
+		Sessions:           sessionsconfig.Default(),
+		Cluster:            clusterconfig.Default(),
+		ShutdownDrainDelay: Duration(5 * time.Second),
+		ShutdownTimeout:    Duration(30 * time.Second),
+		LogLevel:           "info",
 	}
 }

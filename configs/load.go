@@ -154,7 +154,8 @@ func Fields() []Field {
 		field("cluster.embedded_nats.tls.ca_file", "CA the embedded server requires client and route certificates from", func(c *Config) flag.Value { return stringValue{&c.Cluster.EmbeddedNATS.TLS.CAFile} }),
 		field("cluster.embedded_nats.tls.cert_file", "certificate of the embedded server (clients and routes over TLS)", func(c *Config) flag.Value { return stringValue{&c.Cluster.EmbeddedNATS.TLS.CertFile} }),
 		field("cluster.embedded_nats.tls.key_file", "key of cluster.embedded_nats.tls.cert_file", func(c *Config) flag.Value { return stringValue{&c.Cluster.EmbeddedNATS.TLS.KeyFile} }),
-		field("shutdown_timeout", "on SIGTERM, how long running streams may finish before they are cut", func(c *Config) flag.Value { return &c.ShutdownTimeout }),
+		field("shutdown_drain_delay", "on SIGTERM, how long new requests are still accepted after /ready turned 503 (so endpoints update) before the listener closes", func(c *Config) flag.Value { return &c.ShutdownDrainDelay }),
+		field("shutdown_timeout", "on SIGTERM, once the listener closed, how long running requests may finish before they are cut (a cut stream ends with an error event)", func(c *Config) flag.Value { return &c.ShutdownTimeout }),
 		field("log_level", "debug, info, warn or error", func(c *Config) flag.Value { return stringValue{&c.LogLevel} }),
 	}
 	for i := range fs {

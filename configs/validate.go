@@ -128,6 +128,9 @@ func (c *Config) Validate() error {
 	errs = append(errs, confval.Split(confval.Prefix("sessions.", c.Sessions.Validate()))...)
 	errs = append(errs, confval.Split(confval.Prefix("cluster.", c.Cluster.Validate()))...)
 	c.validateAuth(bad)
+	if c.ShutdownDrainDelay < 0 {
+		bad("shutdown_drain_delay", "must not be negative, got %s", c.ShutdownDrainDelay)
+	}
 	if c.ShutdownTimeout < 0 {
 		bad("shutdown_timeout", "must not be negative, got %s", c.ShutdownTimeout)
 	}
