@@ -99,6 +99,7 @@ func testGatewayConfig(urls ...string) configs.Config {
 	}
 	c.Health.Timeout = configs.Duration(time.Second)
 	c.Proxy.ExposeRoutingHeaders = true // most tests read X-Kvgate-Worker
+	c.ShutdownDrainDelay = 0            // no load balancer to wait for; drain tests set it
 	return c
 }
 

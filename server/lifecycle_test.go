@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -87,16 +88,29 @@ func TestHealthAndMetrics(t *testing.T) {
 }
 
 // Graceful shutdown: a running stream finishes, new connections are refused; past the
-// deadline the remaining stream is cut and its upstream cancelled.
+// deadline the remaining stream is cut, ends with an error event in its API's shape, and its
+// upstream is cancelled.
 func TestGracefulShutdown(t *testing.T) {
+	const (
+		openAIBody    = `{"model":"test-model","stream":true,"max_tokens":%d,"messages":[{"role":"user","content":"x"}]}`
+		anthropicBody = `{"model":"test-model","stream":true,"max_tokens":%d,"messages":[{"role":"user","content":"x"}]}`
+	)
 	cases := []struct {
 		name      string
+		path      string
+		body      string
 		deadline  time.Duration
 		maxTokens int
-		finishes  bool
+		// wantTail is how the stream ends.
+		wantTail string
+		finishes bool
 	}{
-		{"stream finishes within the deadline", 5 * time.Second, 15, true},
-		{"stream cut at the deadline", 100 * time.Millisecond, 1000, false},
+		{"stream finishes within the deadline", pathChat, openAIBody, 5 * time.Second, 15, "data: [DONE]\n\n", true},
+		{"stream cut at the deadline", pathChat, openAIBody, 100 * time.Millisecond, 1000,
+			`"type": "ServiceUnavailableError", "param": null, "code": 503}}` + "\n\ndata: [DONE]\n\n", false},
+		{"messages stream finishes within the deadline", pathMessages, anthropicBody, 5 * time.Second, 15, "event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n", true},
+		{"messages stream cut at the deadline", pathMessages, anthropicBody, 100 * time.Millisecond, 1000,
+			`event: error` + "\n" + `data: {"type":"error","error":{"type":"overloaded_error","message":"` + msgShutdownCut + `"}}` + "\n\n", false},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -120,8 +134,7 @@ func TestGracefulShutdown(t *testing.T) {
 			go func() { served <- s.Serve(ctx, ln) }()
 			url := "http://" + ln.Addr().String()
 
-			body := `{"model":"test-model","stream":true,"max_tokens":` + itoa(tc.maxTokens) + `,"messages":[{"role":"user","content":"x"}]}`
-			resp, err := http.Post(url+pathChat, "application/json", strings.NewReader(body))
+			resp, err := http.Post(url+tc.path, "application/json", strings.NewReader(fmt.Sprintf(tc.body, tc.maxTokens)))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -139,13 +152,15 @@ func TestGracefulShutdown(t *testing.T) {
 				return err != nil
 			})
 			rest, _ := io.ReadAll(resp.Body)
-			finished := strings.HasSuffix(string(rest), "data: [DONE]\n\n")
-			if finished != tc.finishes {
-				t.Errorf("stream finished=%v, want %v (tail %q)", finished, tc.finishes, tail(rest))
+			if !strings.HasSuffix(string(rest), tc.wantTail) {
+				t.Errorf("stream ends %q, want it to end %q", tail(rest, len(tc.wantTail)+20), tc.wantTail)
+			}
+			if cut := strings.Contains(string(rest), "error"); cut == tc.finishes {
+				t.Errorf("error event present=%v in a stream that finishes=%v", cut, tc.finishes)
 			}
 			select {
 			case err := <-served:
-				if err != nil && tc.finishes {
+				if err != nil {
 					t.Errorf("Serve: %v", err)
 				}
 			case <-time.After(5 * time.Second):
@@ -153,13 +168,16 @@ func TestGracefulShutdown(t *testing.T) {
 			}
 			if !tc.finishes {
 				waitFor(t, "the worker to see the cancel", func() bool { return w.Stats().Cancelled == 1 })
+				if st := reg.Workers()[0].Status(); !st.Healthy || st.LastError != "" {
+					t.Errorf("the cut was reported against the worker: %+v", st)
+				}
 			}
 			waitFor(t, "in flight to be released", func() bool { return reg.Workers()[0].InFlight(0) == 0 })
 		})
 	}
 }
 
-func tail(b []byte) string { return string(b[max(0, len(b)-40):]) }
+func tail(b []byte, n int) string { return string(b[max(0, len(b)-n):]) }
 
 func TestServeReportsListenerErrors(t *testing.T) {
 	cfg := testGatewayConfig("http://127.0.0.1:1")

@@ -89,6 +89,9 @@ func (s *Server) proxy(c *gin.Context, in *apireq.Request, rreq *router.Request,
 			return codeClientGone
 		}
 		last = e
+		if s.cutCtx.Err() != nil {
+			break // the shutdown deadline cut it: no other worker either
+		}
 		s.log.Warn("worker failed before the first byte", "worker", w.URL(), "attempt", attempt+1, "err", e.Message)
 	}
 	if ctx.Err() != nil {
@@ -163,6 +166,7 @@ func (s *Server) attempt(c *gin.Context, a *call) (res outcome, code int, e *api
 	clientCtx := c.Request.Context()
 	ctx, cancel := context.WithCancelCause(clientCtx)
 	defer cancel(nil)
+	defer s.watchCut(cancel)()
 
 	release := a.w.Acquire(a.d.Chosen.DPRank)
 	defer release()
@@ -225,6 +229,9 @@ func (s *Server) send(ctx context.Context, c *gin.Context, a *call) (outcome, in
 		if clientCtx.Err() != nil {
 			return clientGone, 0, nil
 		}
+		if cutByShutdown(ctx) {
+			return failed, 0, shutdownCutError()
+		}
 		if context.Cause(ctx) == errIdleTimeout {
 			err = fmt.Errorf("no response headers within proxy.stream_idle_timeout %s: %w", idle, errIdleTimeout)
 		}
@@ -257,6 +264,8 @@ func (s *Server) send(ctx context.Context, c *gin.Context, a *call) (outcome, in
 		switch {
 		case clientCtx.Err() != nil:
 			return clientGone, 0, nil
+		case cutByShutdown(ctx):
+			return failed, 0, shutdownCutError()
 		case errors.Is(rerr, io.EOF) && resp.StatusCode == http.StatusInternalServerError && a.scope.again:
 			// vLLM answers the requests in flight when its engine dies with a bare 500 and no
 			// body (the EngineDeadError and EngineGenerateError handlers of
@@ -380,6 +389,10 @@ func (s *Server) relayBody(ctx context.Context, c *gin.Context, w *workers.Worke
 	if c.Request.Context().Err() != nil || isWriteError(firstErr) {
 		return clientGone
 	}
+	if cutByShutdown(ctx) {
+		s.log.Warn("response cut at the shutdown deadline; aborting client connection", "worker", w.URL())
+		panic(http.ErrAbortHandler) // a JSON body cut short has no way to say why
+	}
 	kind := errMidStream
 	if context.Cause(ctx) == errIdleTimeout {
 		kind = errIdle
@@ -483,6 +496,14 @@ func (s *Server) relaySSE(ctx context.Context, c *gin.Context, w *workers.Worker
 	}
 	if c.Request.Context().Err() != nil {
 		return clientGone
+	}
+	if cutByShutdown(ctx) {
+		// The worker is not at fault: no failure reported against it.
+		s.log.Warn("stream cut at the shutdown deadline", "worker", w.URL(), "endpoint", endpoint)
+		if _, werr := c.Writer.Write(shutdownCutEvent(c.GetBool(anthropicKey))); werr == nil {
+			c.Writer.Flush()
+		}
+		return served
 	}
 	kind, msg := errMidStream, fmt.Sprintf("worker %s broke off the stream: %v", w.URL(), err)
 	switch {

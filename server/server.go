@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"sync/atomic"
 	"time"
 
 	"github.com/gin-gonic/gin"
@@ -44,8 +45,13 @@ type Options struct {
 	// Details are further components /health and GET /debug/workers report (the cluster
 	// link); a degraded one is shown, never a reason to answer 503.
 	Details []HealthDetail
-	// Readiness are the components GET /ready asks besides the server's own checks.
+	// Readiness are the components GET /ready asks besides the server's own checks (draining,
+	// and the single fleet's "at least one routable worker", which NoFleetReadiness leaves out
+	// for callers that check their pools themselves).
 	Readiness []ReadinessCheck
+	// NoFleetReadiness drops the built-in check that Registry has a routable worker (a caller
+	// with one ReadinessCheck per model pool asks those instead).
+	NoFleetReadiness bool
 }
 
 // HealthDetail is a component whose state /health and GET /debug/workers report under its
@@ -70,6 +76,11 @@ type Server struct {
 	adminToken keySet         // empty: the admin listener is open
 	tokenize   *tokenizeSlots // caps concurrent enrichments (tokenizations)
 	details    []HealthDetail
+	checks     []ReadinessCheck // what GET /ready asks besides the shutdown phase
+
+	state  atomic.Int32    // the client listener's shutdown phase (phaseServing...)
+	cutCtx context.Context // done when the shutdown deadline cuts running requests
+	cut    context.CancelFunc
 }
 
 // New builds a server; it does not start probing or listening (see Serve).
@@ -91,6 +102,11 @@ func New(opts Options) (*Server, error) {
 		tokenize: newTokenizeSlots(opts.Config.Limits),
 		details:  opts.Details,
 	}
+	s.cutCtx, s.cut = context.WithCancel(context.Background())
+	if !opts.NoFleetReadiness {
+		s.checks = append(s.checks, registryReadiness{s})
+	}
+	s.checks = append(s.checks, opts.Readiness...)
 	if err := s.requests.SetInlineSystem(opts.Config.Anthropic.InlineSystem); err != nil {
 		return nil, fmt.Errorf("server: anthropic.inline_system: %w", err)
 	}
@@ -104,6 +120,7 @@ func New(opts Options) (*Server, error) {
 	}
 	gin.SetMode(gin.ReleaseMode) // no route dump on stdout; gin keeps its mode globally
 	e := s.newEngine()
+	s.registerProbes(e) // before CORS and auth: probes carry no credentials
 	if o := opts.Config.CORS.AllowedOrigins; len(o) > 0 {
 		// Before auth: a preflight carries no credentials.
 		e.Use(s.cors(o))
@@ -195,22 +212,31 @@ func (s *Server) recovery(c *gin.Context) {
 	c.Next()
 }
 
-// Serve serves the client listener on ln until ctx ends, then shuts down gracefully: it stops
-// accepting, lets running requests finish for up to shutdown_timeout, then closes what remains
-// (which cancels their upstream requests). It returns nil after a clean shutdown.
+// Serve serves the client listener on ln until ctx ends, then shuts down in three steps:
+// GET /ready turns 503 at once while requests are still accepted for shutdown_drain_delay
+// (load balancers stop sending); then the listener closes (GET /live turns 503) and running
+// requests get up to shutdown_timeout; requests still running then are cut, a stream with a
+// final error event, and the remaining connections closed. It returns nil after a clean
+// shutdown, the cut included.
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	if n := s.cfg.Limits.MaxConnsPerIP; n > 0 {
 		ln = newPerIPListener(ln, n, s.log)
 	}
-	return s.serve(ctx, ln, s.engine)
+	return s.serve(ctx, ln, s.engine, true)
 }
 
-// ServeAdmin serves the admin listener (/debug/*) on ln until ctx ends, as Serve does.
+// ServeAdmin serves the admin listener (/debug/*) on ln until ctx ends, then stops accepting
+// and lets running requests finish for up to shutdown_timeout. It has no drain step: give it
+// a ctx that ends when Serve returns to keep it up while the client listener drains.
 func (s *Server) ServeAdmin(ctx context.Context, ln net.Listener) error {
-	return s.serve(ctx, ln, s.admin)
+	return s.serve(ctx, ln, s.admin, false)
 }
 
-func (s *Server) serve(ctx context.Context, ln net.Listener, h http.Handler) error {
+// cutGrace bounds how long requests cut at the shutdown deadline get to write their final
+// error event before their connections are closed.
+const cutGrace = 2 * time.Second
+
+func (s *Server) serve(ctx context.Context, ln net.Listener, h http.Handler, client bool) error {
 	srv := &http.Server{
 		Handler:           h,
 		ReadHeaderTimeout: 30 * time.Second,
@@ -226,12 +252,22 @@ func (s *Server) serve(ctx context.Context, ln net.Listener, h http.Handler) err
 		return fmt.Errorf("serve: %w", err)
 	case <-ctx.Done():
 	}
-	s.log.Info("shutting down", "deadline", s.cfg.ShutdownTimeout.D())
+	if client {
+		s.drain(srv, errc)
+	}
+	s.log.Info("closing the listener; running requests may finish", "addr", ln.Addr().String(), "deadline", s.cfg.ShutdownTimeout.D())
 	sdCtx, cancel := context.WithTimeout(context.Background(), s.cfg.ShutdownTimeout.D())
 	defer cancel()
 	err := srv.Shutdown(sdCtx)
+	if errors.Is(err, context.DeadlineExceeded) && client {
+		s.log.Warn("shutdown_timeout reached; cutting the running requests (streams end with an error event)")
+		s.cut()
+		graceCtx, cancelGrace := context.WithTimeout(context.Background(), cutGrace)
+		defer cancelGrace()
+		err = srv.Shutdown(graceCtx)
+	}
 	if errors.Is(err, context.DeadlineExceeded) {
-		s.log.Warn("shutdown deadline reached; closing remaining connections")
+		s.log.Warn("closing the remaining connections", "addr", ln.Addr().String())
 		err = srv.Close()
 	}
 	if serr := <-errc; serr != nil && !errors.Is(serr, http.ErrServerClosed) {
@@ -241,4 +277,25 @@ func (s *Server) serve(ctx context.Context, ln net.Listener, h http.Handler) err
 		return fmt.Errorf("shutdown: %w", err)
 	}
 	return nil
+}
+
+// drain is the client listener's first shutdown step: /ready turns 503 and, for
+// shutdown_drain_delay, requests are still served (each on a connection closed after its
+// response, so clients reconnect through the updated endpoints). A listener that fails
+// meanwhile ends the wait.
+func (s *Server) drain(srv *http.Server, errc chan error) {
+	s.state.Store(phaseDraining)
+	delay := s.cfg.ShutdownDrainDelay.D()
+	s.log.Info("draining: /ready answers 503; still accepting requests", "drain_delay", delay)
+	srv.SetKeepAlivesEnabled(false)
+	if delay > 0 {
+		t := time.NewTimer(delay)
+		select {
+		case <-t.C:
+		case err := <-errc:
+			t.Stop()
+			errc <- err // serve reads it after Shutdown
+		}
+	}
+	s.state.Store(phaseStopping)
 }
