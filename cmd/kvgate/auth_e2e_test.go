@@ -76,7 +76,7 @@ func TestServeAdminListener(t *testing.T) {
 	done := make(chan error, 1)
 	go func() {
 		done <- run(ctx, []string{"serve", "--model", "m", "--worker", worker, "--listen", addr,
-			"--admin-listen", admin, "--log-level", "error"}, io.Discard, io.Discard)
+			"--admin-listen", admin, "--log-level", "error", "--shutdown-drain-delay", "0s"}, io.Discard, io.Discard)
 	}()
 	t.Cleanup(func() {
 		stop()
@@ -122,7 +122,7 @@ func TestServeWithoutAdminListener(t *testing.T) {
 	ctx, stop := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
-		done <- run(ctx, []string{"serve", "--model", "m", "--worker", worker, "--listen", addr, "--log-level", "error"}, io.Discard, io.Discard)
+		done <- run(ctx, []string{"serve", "--model", "m", "--worker", worker, "--listen", addr, "--log-level", "error", "--shutdown-drain-delay", "0s"}, io.Discard, io.Discard)
 	}()
 	defer func() { stop(); <-done }()
 	waitUp(t, "http://"+addr+"/health")

@@ -88,17 +88,20 @@ func runServe(ctx context.Context, args []string, stderr io.Writer) error {
 		return srv.Serve(ctx, ln)
 	}
 	log.Info("kvgate admin listening", "addr", adminLn.Addr().String(), "token", cfg.AdminToken != "")
-	// Either listener failing stops both.
+	// Either listener failing stops both; on a signal the admin listener stays up while the
+	// client listener drains and shuts down, then stops.
 	sctx, stop := context.WithCancel(ctx)
 	defer stop()
+	actx, stopAdmin := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopAdmin()
 	adminErr := make(chan error, 1)
 	go func() {
-		err := srv.ServeAdmin(sctx, adminLn)
+		err := srv.ServeAdmin(actx, adminLn)
 		stop()
 		adminErr <- err
 	}()
 	err = srv.Serve(sctx, ln)
-	stop()
+	stopAdmin()
 	if aerr := <-adminErr; aerr != nil && err == nil {
 		err = fmt.Errorf("admin listener: %w", aerr)
 	}

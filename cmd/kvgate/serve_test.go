@@ -57,7 +57,7 @@ func TestServeLifecycle(t *testing.T) {
 	ctx, stop := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
-		done <- run(ctx, []string{"serve", "--model", "m", "--worker", worker.URL, "--listen", addr, "--log-level", "error"}, io.Discard, io.Discard)
+		done <- run(ctx, []string{"serve", "--model", "m", "--worker", worker.URL, "--listen", addr, "--log-level", "error", "--shutdown-drain-delay", "0s"}, io.Discard, io.Discard)
 	}()
 	var health *http.Response
 	var err error
