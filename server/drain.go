@@ -2,7 +2,6 @@ package server
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"net/http"
 )
@@ -41,17 +40,11 @@ func shutdownCutError() *apiError {
 }
 
 // shutdownCutEvent is the last event of a stream cut at the shutdown deadline: on the
-// Anthropic Messages route an `error` event of type overloaded_error (Anthropic's type for a
-// temporarily unavailable service, https://docs.anthropic.com/en/api/errors), elsewhere the
-// OpenAI error event then [DONE], as vLLM ends a failed stream.
+// Anthropic Messages route an `error` event of type overloaded_error (the 503's Anthropic
+// type), elsewhere the OpenAI error event then [DONE], as vLLM ends a failed stream.
 func shutdownCutEvent(anthropic bool) []byte {
-	if !anthropic {
-		return sseErrorEvent(shutdownCutError())
+	if anthropic {
+		return anthropicSSEError(shutdownCutError())
 	}
-	var b anthropicErrorBody
-	b.Type = "error"
-	b.Error.Type = "overloaded_error"
-	b.Error.Message = msgShutdownCut
-	data, _ := json.Marshal(b)
-	return append(append([]byte("event: error\ndata: "), data...), '\n', '\n')
+	return sseErrorEvent(shutdownCutError())
 }

@@ -500,7 +500,7 @@ func (s *Server) relaySSE(ctx context.Context, c *gin.Context, w *workers.Worker
 	if cutByShutdown(ctx) {
 		// The worker is not at fault: no failure reported against it.
 		s.log.Warn("stream cut at the shutdown deadline", "worker", w.URL(), "endpoint", endpoint)
-		if _, werr := c.Writer.Write(shutdownCutEvent(c.GetBool(anthropicKey))); werr == nil {
+		if _, werr := c.Writer.Write(shutdownCutEvent(anthropicRoute(c))); werr == nil {
 			c.Writer.Flush()
 		}
 		return served
