@@ -137,6 +137,9 @@ func (r *Request) Prompts() ([]chat.CompletionPrompt, error) {
 	return cb.Prompts, nil
 }
 
+// emptyToolsMessage is vLLM's refusal of "tools": [] on /v1/chat/completions.
+const emptyToolsMessage = "`tools` must not be an empty array. Either provide at least one tool or omit the field entirely."
+
 // Parser maps request bodies into Requests; it carries the session identity configuration.
 // It is safe for concurrent use.
 type Parser struct {
@@ -265,6 +268,12 @@ func (r *Request) fill() *Error {
 	case ChatCompletions:
 		if n, _ := d.Messages(); n == 0 {
 			return badRequest("messages", "messages: must be a non-empty array of messages")
+		}
+		if v, ok := d.Get("tools"); ok && v.IsList() && len(v.AsList().Items) == 0 {
+			// vLLM's chat endpoint refuses it as OpenAI does (chat_completion/protocol.py,
+			// ChatCompletionRequest.check_tool_usage, since vLLM #39780); Messages and
+			// Responses take an empty list as no tools.
+			return badRequest("tools", emptyToolsMessage)
 		}
 	case Responses:
 		if e := r.fillResponses(); e != nil {

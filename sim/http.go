@@ -184,6 +184,12 @@ func (w *Worker) parseRequest(r *http.Request, chat bool) (*admission, *apiError
 	if b.StreamOptions != nil && !b.Stream {
 		return nil, apiErrorf(http.StatusBadRequest, "Stream options can only be defined when `stream=True`.")
 	}
+	if chat && !fromMessages(r) && isEmptyJSONArray(b.Tools) {
+		// vLLM's chat endpoint refuses it (chat_completion/protocol.py,
+		// ChatCompletionRequest.check_tool_usage); its Anthropic path assigns the empty list
+		// after validation, so a Messages request with "tools": [] renders tools=[].
+		return nil, apiErrorf(http.StatusBadRequest, "`tools` must not be an empty array. Either provide at least one tool or omit the field entirely.")
+	}
 	if len(b.CacheSalt) > 0 && string(b.CacheSalt) != "null" {
 		if err := json.Unmarshal(b.CacheSalt, &a.salt); err != nil || a.salt == "" {
 			return nil, apiErrorf(http.StatusBadRequest, "Parameter 'cache_salt' must be a non-empty string if provided.")
@@ -517,4 +523,16 @@ func (w *Worker) stream(rw http.ResponseWriter, r *http.Request, a *admission, r
 func jsonEscape(s string) string {
 	b, _ := json.Marshal(s)
 	return string(b[1 : len(b)-1])
+}
+
+// messagesKey marks a request context as a Messages request converted to chat.
+type messagesKey struct{}
+
+// fromMessages reports whether r is a Messages request converted to chat (handleMessages).
+func fromMessages(r *http.Request) bool { return r.Context().Value(messagesKey{}) != nil }
+
+// isEmptyJSONArray reports whether raw is the JSON array [] (whitespace allowed).
+func isEmptyJSONArray(raw json.RawMessage) bool {
+	var v []json.RawMessage
+	return len(raw) > 0 && raw[0] == '[' && json.Unmarshal(raw, &v) == nil && len(v) == 0
 }

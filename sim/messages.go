@@ -2,6 +2,7 @@ package sim
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -473,7 +474,7 @@ func (w *Worker) handleMessages(rw http.ResponseWriter, r *http.Request, countTo
 		writeJSON(rw, http.StatusOK, omap{{"input_tokens", len(toks)}, {"context_management", omap{{"original_input_tokens", len(toks)}}}})
 		return
 	}
-	r2 := r.Clone(r.Context())
+	r2 := r.Clone(context.WithValue(r.Context(), messagesKey{}, true))
 	r2.Body = io.NopCloser(bytes.NewReader(chatBody))
 	r2.ContentLength = int64(len(chatBody))
 	cw := &anthWriter{rw: rw, stream: b.Stream}

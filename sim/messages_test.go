@@ -36,6 +36,8 @@ var messagesBodies = []string{
   {"role":"user","content":[{"type":"tool_result","tool_use_id":"t1","content":"a\nb"},{"type":"tool_result","tool_use_id":"t2","content":"plain","is_error":true}]},
   {"role":"system","content":[{"type":"text","text":"x-anthropic-billing-header: q"},{"type":"text","text":"Second."}]},
   {"role":"user","content":[{"type":"text","text":"and?"}]}]}`,
+	// Claude Code's session-title request: "tools": [] renders tools=[] (not None).
+	`{"model":"m","max_tokens":32,"tools":[],"system":[{"type":"text","text":"Generate a title."}],"messages":[{"role":"user","content":"fix the bug"}]}`,
 	`{"model":"m","max_tokens":8,"output_config":{"effort":"high"},"chat_template_kwargs":{"enable_thinking":false},
  "messages":[{"role":"user","content":""},{"role":"assistant","content":[{"type":"thinking","thinking":""},{"type":"text","text":"only"}]},{"role":"user","content":"again"}]}`,
 }

@@ -148,6 +148,7 @@ type completionBody struct {
 	CacheSalt           json.RawMessage `json:"cache_salt"`
 	N                   *int            `json:"n"`
 	SessionID           string          `json:"session_id"`
+	Tools               json.RawMessage `json:"tools"`
 	VLLMXargs           struct {
 		SessionID         string `json:"session_id"`
 		KVCacheReportMode string `json:"kv_cache_report_mode"`

@@ -162,3 +162,44 @@ func (f *fleet) dryRunPath(path string, req any) routeJSON {
 	}
 	return d
 }
+
+// Interactive Claude Code sends "tools": [] on its session-title request and its /context
+// count_tokens calls: through the gateway they are served (KV-routed with the prompt the worker
+// renders, no prompt-token mismatch), and counted as the worker counts them; chat keeps vLLM's
+// refusal, from the gateway and the worker alike.
+func TestEmptyToolsThroughGateway(t *testing.T) {
+	tok := needModel(t)
+	f := startFleet(t, tok, fleetSpec{workers: 1, events: true})
+	title := map[string]any{"model": servedModel, "max_tokens": 8, "tools": []any{},
+		"system":   []any{map[string]any{"type": "text", "text": "Write a 3-word title for the conversation."}},
+		"messages": []any{map[string]any{"role": "user", "content": "fix the failing test in server/"}}}
+	for _, stream := range []bool{false, true} {
+		title["stream"] = stream
+		if code, _, body := f.post("/v1/messages", title, nil); code != http.StatusOK {
+			t.Fatalf("messages stream=%v: %d %s", stream, code, body)
+		}
+	}
+	delete(title, "stream")
+	delete(title, "max_tokens")
+	code, _, gw := f.post("/v1/messages/count_tokens", title, nil)
+	_, _, direct := f.rawPost(f.urls[0]+"/v1/messages/count_tokens", title)
+	var gc, wc struct {
+		InputTokens int `json:"input_tokens"`
+	}
+	_ = json.Unmarshal(gw, &gc)
+	_ = json.Unmarshal(direct, &wc)
+	if code != http.StatusOK || gc.InputTokens == 0 || gc.InputTokens != wc.InputTokens {
+		t.Fatalf("count_tokens: gateway %d %s, worker %s", code, gw, direct)
+	}
+	chat := map[string]any{"model": servedModel, "max_tokens": 2, "tools": []any{},
+		"messages": []any{map[string]any{"role": "user", "content": "hi"}}}
+	code, _, gwBody := f.post("/v1/chat/completions", chat, nil)
+	wcode, _, wBody := f.rawPost(f.urls[0]+"/v1/chat/completions", chat)
+	const refusal = "`tools` must not be an empty array. Either provide at least one tool or omit the field entirely."
+	if code != 400 || wcode != 400 || !strings.Contains(string(gwBody), refusal) || !strings.Contains(string(wBody), refusal) {
+		t.Errorf("chat: gateway %d %s, worker %d %s", code, gwBody, wcode, wBody)
+	}
+	if n := f.metric("kvgate_router_prompt_token_mismatches_total", nil); n != 0 {
+		t.Errorf("%v prompt-token mismatches, want 0", n)
+	}
+}

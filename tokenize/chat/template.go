@@ -283,10 +283,10 @@ func dumpTools(tools jinja.Value) (jinja.Value, error) {
 	if !tools.IsList() {
 		return jinja.Undefined(), &RequestError{Message: "'tools' must be an array", Param: "tools"}
 	}
+	// An empty list reaches the template as an empty list, not None, as on vLLM's Anthropic
+	// path (serving.py, _convert_tools assigns req.tools = []); the chat endpoint's own refusal
+	// of "tools": [] is a request check (apireq), not a template one.
 	items := tools.AsList().Items
-	if len(items) == 0 {
-		return jinja.Undefined(), &RequestError{Message: "`tools` must not be an empty array. Either provide at least one tool or omit the field entirely.", Param: "tools"}
-	}
 	out := make([]jinja.Value, len(items))
 	for i, tv := range items {
 		param := fmt.Sprintf("tools[%d]", i)
