@@ -354,3 +354,16 @@ func (t *Tokenizer) encodeLimit(text string, addSpecialTokens bool, maxTokens in
 	}
 	return ids, err
 }
+
+// CacheMemory reports the accounted bytes and byte budgets of the tokenizer's two caches: the
+// engine's segment cache (Options.SegmentCacheBytes; 0 for a backend without one) and the chat
+// template's preprocessed-message cache (Options.MessageCacheBytes; 0 without a template).
+func (t *Tokenizer) CacheMemory() (segUsed, segBudget, msgUsed, msgBudget int64) {
+	if e, ok := t.enc.(interface{ SegmentCacheMemory() (int64, int64) }); ok {
+		segUsed, segBudget = e.SegmentCacheMemory()
+	}
+	if t.tmpl != nil {
+		msgUsed, msgBudget = t.tmpl.MessageCacheMemory()
+	}
+	return segUsed, segBudget, msgUsed, msgBudget
+}

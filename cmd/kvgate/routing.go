@@ -63,6 +63,7 @@ func buildRouting(ctx context.Context, cfg configs.Config, reg *workers.Registry
 	// Several replicas: session bindings and Responses pins are shared through the fleet's
 	// JetStream buckets (cluster.Bindings), read from a local cache and written behind.
 	var bindings *cluster.Bindings
+	var kv *kvParts
 	if node != nil {
 		if bindings, err = cluster.NewBindings(node, cluster.BindingsOptions{MaxEntries: cfg.Sessions.MaxSessions,
 			PinTTL: cfg.Router.Responses.PinTTL.D(), MaxRequestAge: cfg.Router.KV.LoadExpiry.D(),
@@ -79,6 +80,7 @@ func buildRouting(ctx context.Context, cfg configs.Config, reg *workers.Registry
 		if err != nil {
 			return nil, err
 		}
+		kv = k
 		closers = append(closers, k.close)
 		rt.enricher, rt.sessions, rt.events = k.enricher, k.sessions, k.events
 		opts.KVDeps = k.deps
@@ -95,6 +97,15 @@ func buildRouting(ctx context.Context, cfg configs.Config, reg *workers.Registry
 		return nil, fmt.Errorf("router.policy: %w", err)
 	}
 	rt.dispatcher = disp
+	if prom != nil {
+		mc := newMemoryCollector(func() int { return len(allTargets(reg)) }, disp, nil, nil, rt.sessions)
+		if kv != nil {
+			mc.tok, mc.index = kv.tok, kv.index
+		}
+		if err := prom.Register(mc); err != nil {
+			return nil, fmt.Errorf("memory metrics: %w", err)
+		}
+	}
 	if node != nil {
 		// In-flight load (and approximate-mode routing) shared with the peer replicas.
 		known := map[kvkey.Target]bool{}
@@ -148,6 +159,8 @@ type kvParts struct {
 	enricher server.RequestEnricher
 	sessions *sessions.Tracker
 	events   *indexers.Subscribers
+	tok      *tokenize.Tokenizer
+	index    *indexers.Index
 	close    func()
 }
 
@@ -188,7 +201,7 @@ func buildKV(ctx context.Context, cfg configs.Config, kvcfg router.KVConfig, reg
 		return nil, err
 	}
 	mgr.SetConsumer(&sessionFeed{m: sm})
-	parts := &kvParts{sessions: sm, events: mgr, close: func() {
+	parts := &kvParts{sessions: sm, events: mgr, tok: tok, index: ix, close: func() {
 		if err := mgr.Close(); err != nil {
 			log.Warn("closing KV-event subscriptions", "err", err)
 		}

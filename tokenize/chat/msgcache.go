@@ -156,3 +156,15 @@ func mayMutate(src string) bool {
 	}
 	return false
 }
+
+// MessageCacheMemory reports the preprocessed-message cache's accounted bytes and its byte
+// budget (TemplateOptions.MessageCacheBytes; both 0 when the cache is off).
+func (t *Template) MessageCacheMemory() (used, budget int64) {
+	c := t.msgs
+	if c == nil {
+		return 0, 0
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.size, c.maxBytes
+}

@@ -568,3 +568,13 @@ func (t *Tokenizer) SpecialTokens() []string {
 
 // CacheStats reports the segment cache's entry count and accounted bytes.
 func (t *Tokenizer) CacheStats() (entries, bytes int) { return t.segments.stats() }
+
+// SegmentCacheMemory reports the segment cache's accounted bytes and its byte budget (both 0
+// when the cache is off).
+func (t *Tokenizer) SegmentCacheMemory() (used, budget int64) {
+	if t.segments == nil {
+		return 0, 0
+	}
+	_, b := t.segments.stats()
+	return int64(b), int64(t.segments.maxBytes)
+}
