@@ -3,30 +3,56 @@ package configs
 import (
 	"bufio"
 	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
+	"io"
 	"net"
 	"os"
+	"regexp"
 	"strings"
 )
 
 // maxKeysFileBytes bounds auth.api_keys_file.
 const maxKeysFileBytes = 4 << 20
 
-// ClientAPIKeys returns the client keys: auth.api_keys followed by the keys of
-// auth.api_keys_file, without duplicates. None means the client listener is open. The file is
-// read on every call; an unreadable file, or one that holds no key, is an error (a configured
-// but empty file must never turn authentication off).
+// ClientAPIKeys returns the client keys' secrets, in ClientKeys' order. None means the client
+// listener is open.
 func (c *Config) ClientAPIKeys() ([]string, error) {
+	entries, err := c.ClientKeys()
+	if err != nil {
+		return nil, err
+	}
+	out := make([]string, len(entries))
+	for i, e := range entries {
+		out[i] = e.Key
+	}
+	return out, nil
+}
+
+// ClientKeys returns every client key as an entry: auth.keys, then auth.api_keys, then the
+// keys of auth.api_keys_file, without duplicate secrets (the first entry of a secret wins). A
+// plain key gets DerivedKeyName and no cache group. The file is read on every call; an
+// unreadable file, or one that holds no key, is an error (a configured but empty file must never
+// turn authentication off).
+func (c *Config) ClientKeys() ([]ClientKey, error) {
 	seen := map[string]bool{}
-	var out []string
-	add := func(k string) {
-		if !seen[k] {
-			seen[k] = true
-			out = append(out, k)
+	var out []ClientKey
+	add := func(k ClientKey) {
+		if seen[k.Key] {
+			return
 		}
+		seen[k.Key] = true
+		if k.Name == "" {
+			k.Name = DerivedKeyName(k.Key)
+		}
+		out = append(out, k)
+	}
+	for _, k := range c.Auth.Keys {
+		add(k)
 	}
 	for _, k := range c.Auth.APIKeys {
-		add(k)
+		add(ClientKey{Key: k})
 	}
 	if c.Auth.APIKeysFile == "" {
 		return out, nil
@@ -36,9 +62,58 @@ func (c *Config) ClientAPIKeys() ([]string, error) {
 		return nil, err
 	}
 	for _, k := range keys {
-		add(k)
+		add(ClientKey{Key: k})
 	}
 	return out, nil
+}
+
+// DerivedKeyName is the name of a client key configured without one: "key-" and the first 8 hex
+// digits of SHA-256 over a fixed prefix and the key. It tells keys apart in logs and /debug
+// views without revealing them (guessing a key from 32 bits of its hash is no easier than
+// guessing the key).
+func DerivedKeyName(key string) string {
+	h := sha256.Sum256([]byte("kvgate key name v1\x00" + key))
+	return "key-" + hex.EncodeToString(h[:4])
+}
+
+// keyNamePattern is what auth.keys[].name and cache_group may hold: they appear in logs,
+// metrics-free /debug views and the Responses pin keys (router.pinKey separates with a NUL).
+var keyNamePattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$`)
+
+// minSaltSecretBytes is the shortest auth.cache_salt_secret_file accepted.
+const minSaltSecretBytes = 32
+
+// CacheSaltSecret reads auth.cache_salt_secret_file (surrounding whitespace trimmed): the
+// secret cache groups' salts are derived from. "" is no secret (nil).
+func (c *Config) CacheSaltSecret() ([]byte, error) {
+	path := c.Auth.CacheSaltSecretFile
+	if path == "" {
+		return nil, nil
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("auth.cache_salt_secret_file: %w", err)
+	}
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, 64<<10))
+	if err != nil {
+		return nil, fmt.Errorf("auth.cache_salt_secret_file: %w", err)
+	}
+	data = bytes.TrimSpace(data)
+	if len(data) < minSaltSecretBytes {
+		return nil, fmt.Errorf("auth.cache_salt_secret_file: %s holds %d bytes; at least %d are needed (e.g. head -c 32 /dev/urandom | base64)", path, len(data), minSaltSecretBytes)
+	}
+	return data, nil
+}
+
+// usesCacheGroups reports whether any auth.keys entry names a cache group.
+func (c *Config) usesCacheGroups() bool {
+	for _, k := range c.Auth.Keys {
+		if k.CacheGroup != "" {
+			return true
+		}
+	}
+	return false
 }
 
 func readKeysFile(path string) ([]string, error) {
@@ -115,6 +190,36 @@ func (c *Config) validateAuth(bad func(key, format string, args ...any)) {
 			errs := strings.TrimPrefix(err.Error(), "auth.api_keys_file: ")
 			bad("auth.api_keys_file", "%s", errs)
 		}
+	}
+	names := map[string]int{}
+	for i, k := range c.Auth.Keys {
+		at := fmt.Sprintf("auth.keys[%d]", i)
+		if msg := checkSecret(k.Key); msg != "" {
+			bad(at+".key", "%s", msg)
+		}
+		if k.Name != "" {
+			if !keyNamePattern.MatchString(k.Name) {
+				bad(at+".name", "%q must be 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit", k.Name)
+			} else if j, dup := names[k.Name]; dup {
+				bad(at+".name", "%q is also the name of auth.keys[%d]", k.Name, j)
+			}
+			names[k.Name] = i
+		}
+		if k.CacheGroup != "" && !keyNamePattern.MatchString(k.CacheGroup) {
+			bad(at+".cache_group", "%q must be 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit", k.CacheGroup)
+		}
+	}
+	switch c.Auth.CacheIsolation {
+	case CacheIsolationNone, CacheIsolationPerKey:
+	default:
+		bad("auth.cache_isolation", "%q is not none or per_key", c.Auth.CacheIsolation)
+	}
+	if c.Auth.CacheSaltSecretFile != "" {
+		if _, err := c.CacheSaltSecret(); err != nil {
+			bad("auth.cache_salt_secret_file", "%s", strings.TrimPrefix(err.Error(), "auth.cache_salt_secret_file: "))
+		}
+	} else if c.Auth.CacheIsolation == CacheIsolationPerKey && c.usesCacheGroups() {
+		bad("auth.cache_salt_secret_file", "is required when auth.keys name a cache_group (the group's salt is derived from it)")
 	}
 	if c.Auth.WorkerAPIKey != "" {
 		if msg := checkSecret(c.Auth.WorkerAPIKey); msg != "" {

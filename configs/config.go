@@ -82,7 +82,35 @@ type Auth struct {
 	APIKeysFile string `yaml:"api_keys_file"`
 	// WorkerAPIKey is the fleet-wide default of workers[].api_key.
 	WorkerAPIKey string `yaml:"worker_api_key"`
+	// Keys are client keys with a name and a cache group (ClientKey); api_keys and
+	// api_keys_file stay the plain form, each key an entry with a derived name and no group.
+	Keys []ClientKey `yaml:"keys"`
+	// CacheIsolation is none (keys share the workers' prefix caches) or per_key (each key's
+	// requests are salted with a salt derived from its secret, or from its cache_group: see
+	// ClientKeySalts). It has no effect without client keys.
+	CacheIsolation string `yaml:"cache_isolation"`
+	// CacheSaltSecretFile holds the secret the salts of cache groups are derived from (at least
+	// 32 bytes; required when a key has a cache_group under per_key). Every replica needs the
+	// same file.
+	CacheSaltSecretFile string `yaml:"cache_salt_secret_file"`
 }
+
+// ClientKey is one entry of auth.keys (issue 33 adds priority and limits to the same entries).
+type ClientKey struct {
+	// Key is the secret the client sends (Authorization: Bearer, or x-api-key).
+	Key string `yaml:"key"`
+	// Name names the key in logs, /debug views, Responses ownership and POST /debug/route's
+	// ?as_key; "" derives one from the key ("key-" and 8 hex digits of a hash).
+	Name string `yaml:"name"`
+	// CacheGroup, when set, shares one cache salt among the keys that name the same group.
+	CacheGroup string `yaml:"cache_group"`
+}
+
+// The auth.cache_isolation values.
+const (
+	CacheIsolationNone   = "none"
+	CacheIsolationPerKey = "per_key"
+)
 
 // KVEvents configures how kvgate follows the workers' KV events; its owner is the indexers
 // package (eventsconfig.Config, which documents each key).
@@ -165,5 +193,6 @@ func Default() Config {
 		ShutdownDrainDelay: Duration(5 * time.Second),
 		ShutdownTimeout:    Duration(30 * time.Second),
 		LogLevel:           "info",
+		Auth:               Auth{CacheIsolation: CacheIsolationPerKey},
 	}
 }

@@ -98,7 +98,7 @@ func (a *attempt) UsageSeen(u Usage) {
 
 // Produced pins the response id to the attempt's target (bounded: router.responses), and
 // shares the pin with the fleet's other replicas when they share pins.
-func (a *attempt) Produced(id string) { a.e.pins.produced(id, a.d.Chosen.Target) }
+func (a *attempt) Produced(id string) { a.e.pins.produced(id, a.req.Owner, a.d.Chosen.Target) }
 
 // Done releases the attempt's load (feeding the latency fit if UsageSeen did not).
 func (a *attempt) Done() { a.end(true) }

@@ -76,7 +76,9 @@ type pinTable struct {
 }
 
 type pinEntry struct {
+	key    string // pinKey(owner, id): the table's and the fleet's key
 	id     string
+	owner  string
 	t      kvkey.Target
 	used   time.Time
 	source string
@@ -85,7 +87,9 @@ type pinEntry struct {
 
 // PinView is one pin in the debug view.
 type PinView struct {
-	ResponseID string       `json:"response_id"`
+	ResponseID string `json:"response_id"`
+	// Owner is the name of the client key that created the response ("" without client keys).
+	Owner      string       `json:"owner,omitempty"`
 	Target     kvkey.Target `json:"target"`
 	AgeSeconds float64      `json:"idle_seconds"`
 	// Source is where the pin came from: "local" (produced through this replica) or "shared"
@@ -106,18 +110,31 @@ func (p *pinTable) reshareEvery() time.Duration {
 	return time.Minute
 }
 
-// produced pins id to t as a response the worker of t produced through this replica, and
-// shares it with the fleet before the client can see the id.
-func (p *pinTable) produced(id string, t kvkey.Target) {
-	if p.put(id, t, PinLocal) && p.shared != nil {
+// pinKey is the key of owner's pin of response id, in this table and in the fleet's shared
+// pins: the owner is part of the key, so a request of another owner never finds the pin and
+// gets the same 404 as for an id nobody produced (nothing tells it the id exists). The
+// separator cannot occur in a key name (configs: auth.keys[].name).
+func pinKey(owner, id string) string {
+	if owner == "" {
+		return id
+	}
+	return owner + "\x00" + id
+}
+
+// produced pins owner's response id to t as a response the worker of t produced through this
+// replica, and shares it with the fleet before the client can see the id.
+func (p *pinTable) produced(id, owner string, t kvkey.Target) {
+	k := pinKey(owner, id)
+	if p.put(k, id, owner, t, PinLocal) && p.shared != nil {
 		// The store bounds the call by its deadline and counts a failure; the pin then stays
 		// local, as on a single replica.
-		_ = p.shared.SharePin(context.Background(), id, t)
+		_ = p.shared.SharePin(context.Background(), k, t)
 	}
 }
 
-// put pins id to t (a response id seen again moves to t); it reports whether it kept the pin.
-func (p *pinTable) put(id string, t kvkey.Target, source string) bool {
+// put pins key (owner's response id) to t (a key seen again moves to t); it reports whether it
+// kept the pin.
+func (p *pinTable) put(key, id, owner string, t kvkey.Target, source string) bool {
 	if id == "" || p.cfg.MaxPins <= 0 {
 		return false
 	}
@@ -128,35 +145,35 @@ func (p *pinTable) put(id string, t kvkey.Target, source string) bool {
 	if source == PinLocal && p.shared != nil {
 		shared = now
 	}
-	if el, ok := p.ids[id]; ok {
+	if el, ok := p.ids[key]; ok {
 		e := el.Value.(*pinEntry)
 		e.t, e.used, e.source, e.shared = t, now, source, shared
 		p.lru.MoveToFront(el)
 		return true
 	}
-	p.ids[id] = p.lru.PushFront(&pinEntry{id: id, t: t, used: now, source: source, shared: shared})
+	p.ids[key] = p.lru.PushFront(&pinEntry{key: key, id: id, owner: owner, t: t, used: now, source: source, shared: shared})
 	for p.lru.Len() > p.cfg.MaxPins {
 		old := p.lru.Back()
 		p.lru.Remove(old)
-		delete(p.ids, old.Value.(*pinEntry).id)
+		delete(p.ids, old.Value.(*pinEntry).key)
 	}
 	return true
 }
 
-// get returns id's target, refreshing its use (and the fleet's copy, every reshareEvery, after
-// releasing the lock); an expired pin is dropped.
-func (p *pinTable) get(id string) (kvkey.Target, bool) {
-	t, ok, reshare := p.getLocked(id)
+// get returns the target of key (pinKey), refreshing its use (and the fleet's copy, every
+// reshareEvery, after releasing the lock); an expired pin is dropped.
+func (p *pinTable) get(key string) (kvkey.Target, bool) {
+	t, ok, reshare := p.getLocked(key)
 	if reshare {
-		p.shared.TouchPin(id, t) // keeps the fleet's copy alive while the pin is in use here
+		p.shared.TouchPin(key, t) // keeps the fleet's copy alive while the pin is in use here
 	}
 	return t, ok
 }
 
-func (p *pinTable) getLocked(id string) (t kvkey.Target, ok, reshare bool) {
+func (p *pinTable) getLocked(key string) (t kvkey.Target, ok, reshare bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	el, ok := p.ids[id]
+	el, ok := p.ids[key]
 	if !ok {
 		return kvkey.Target{}, false, false
 	}
@@ -164,7 +181,7 @@ func (p *pinTable) getLocked(id string) (t kvkey.Target, ok, reshare bool) {
 	now := p.now()
 	if p.cfg.TTL > 0 && now.Sub(e.used) > p.cfg.TTL {
 		p.lru.Remove(el)
-		delete(p.ids, id)
+		delete(p.ids, key)
 		return kvkey.Target{}, false, false
 	}
 	e.used = now
@@ -176,23 +193,24 @@ func (p *pinTable) getLocked(id string) (t kvkey.Target, ok, reshare bool) {
 	return e.t, true, reshare
 }
 
-// lookup is get, falling back on a local miss to the fleet's shared pins (bounded by their
-// deadline); a pin found there is kept locally, marked "shared".
-func (p *pinTable) lookup(ctx context.Context, id string) (kvkey.Target, string, error) {
-	if t, ok := p.get(id); ok {
+// lookup is get of owner's pin of id, falling back on a local miss to the fleet's shared pins
+// (bounded by their deadline); a pin found there is kept locally, marked "shared".
+func (p *pinTable) lookup(ctx context.Context, id, owner string) (kvkey.Target, string, error) {
+	key := pinKey(owner, id)
+	if t, ok := p.get(key); ok {
 		return t, "", nil
 	}
 	if p.shared == nil || p.cfg.MaxPins <= 0 {
 		return kvkey.Target{}, "no worker is known to store it (never seen by this gateway, expired or evicted)", nil
 	}
-	t, ok, err := p.shared.LookupPin(ctx, id)
+	t, ok, err := p.shared.LookupPin(ctx, key)
 	if err != nil {
 		return kvkey.Target{}, "unknown here and the fleet's shared pins could not be read", err
 	}
 	if !ok {
 		return kvkey.Target{}, "no replica of the fleet knows a worker storing it (never seen, expired or evicted)", nil
 	}
-	p.put(id, t, PinShared)
+	p.put(key, id, owner, t, PinShared)
 	return t, "", nil
 }
 
@@ -207,7 +225,7 @@ func (p *pinTable) view(limit int) []PinView {
 		if p.cfg.TTL > 0 && now.Sub(e.used) > p.cfg.TTL {
 			continue
 		}
-		out = append(out, PinView{ResponseID: e.id, Target: e.t, AgeSeconds: now.Sub(e.used).Seconds(), Source: e.source})
+		out = append(out, PinView{ResponseID: e.id, Owner: e.owner, Target: e.t, AgeSeconds: now.Sub(e.used).Seconds(), Source: e.source})
 	}
 	return out
 }
@@ -217,7 +235,7 @@ func (p *pinTable) view(limit int) []PinView {
 // candidate the request fails (hard pin).
 func (e *Dispatcher) routePinned(ctx context.Context, req *Request, cands []Candidate) (Decision, Lifecycle, error) {
 	id := req.PinResponseID
-	t, reason, err := e.pins.lookup(ctx, id)
+	t, reason, err := e.pins.lookup(ctx, id, req.Owner)
 	if reason != "" {
 		if err != nil {
 			e.log.Debug("shared pin lookup failed", "response_id", id, "err", err)

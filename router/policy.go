@@ -32,7 +32,11 @@ type Request struct {
 	// response in that server's memory, so no other candidate may serve it (a hard pin; Route
 	// fails with ErrUnknownResponse instead).
 	PinResponseID string
-	Header        http.Header
+	// Owner is the client key (its auth name) the request came with, "" without client keys.
+	// Responses pins are the owner's: a pin made under one owner is unknown to every other
+	// (pins.go, pinKey), so another key's GET, DELETE, cancel or previous_response_id gets 404.
+	Owner  string
+	Header http.Header
 }
 
 // Candidate is a healthy routing target the policy may choose, with the load the gateway sees.

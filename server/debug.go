@@ -40,7 +40,15 @@ func (s *Server) handleDebugRoute(c *gin.Context) {
 		writeError(c, e)
 		return
 	}
-	d, rreq, err := s.decide(c.Request.Context(), endpoint, body, c.Request.Header)
+	// ?as_key=NAME shows the decision as that client key gets it (its cache salt and pins).
+	var tn *tenant
+	if name := c.Query("as_key"); name != "" {
+		if tn = s.tenants.byName[name]; tn == nil {
+			writeError(c, badRequest("as_key", fmt.Sprintf("no client key is named %q (auth.keys[].name, or the derived key-… name of a plain key)", name)))
+			return
+		}
+	}
+	d, rreq, err := s.decide(c.Request.Context(), endpoint, body, c.Request.Header, tn)
 	if err != nil {
 		WriteError(c, err)
 		return

@@ -42,7 +42,7 @@ func (s *Server) handleCompletion(endpoint string) gin.HandlerFunc {
 			fail(e)
 			return
 		}
-		in, rreq, e := s.prepare(c.Request.Context(), endpoint, body, c.Request.Header)
+		in, rreq, e := s.prepare(c.Request.Context(), endpoint, body, c.Request.Header, tenantOf(c))
 		if e != nil {
 			fail(e)
 			return
@@ -57,8 +57,10 @@ func (s *Server) handleCompletion(endpoint string) gin.HandlerFunc {
 
 // prepare parses and validates a body and builds the routing request (session ids, and the
 // enricher's prompt tokens and block hashes when one is configured), holding tokenization
-// slots (limits.max_concurrent_tokenizations) while it does.
-func (s *Server) prepare(ctx context.Context, endpoint string, body []byte, h http.Header) (*apireq.Request, *router.Request, *apiError) {
+// slots (limits.max_concurrent_tokenizations) while it does. tn is the client key's tenant
+// (nil without client keys): its cache salt goes into the hashes and the forwarded body, its
+// name onto the request's Responses pins.
+func (s *Server) prepare(ctx context.Context, endpoint string, body []byte, h http.Header, tn *tenant) (*apireq.Request, *router.Request, *apiError) {
 	// Parsing and tokenizing cost CPU and a few times the body in memory: bounded together.
 	release, e := s.tokenize.acquire(ctx, len(body))
 	if e != nil {
@@ -76,6 +78,9 @@ func (s *Server) prepare(ctx context.Context, endpoint string, body []byte, h ht
 	if e := s.requests.Identify(in, h); e != nil {
 		return nil, nil, fromRequestError(e)
 	}
+	if e := tn.isolate(in); e != nil {
+		return nil, nil, e
+	}
 	id := in.Session
 	model := in.Model
 	if model == "" {
@@ -88,6 +93,7 @@ func (s *Server) prepare(ctx context.Context, endpoint string, body []byte, h ht
 		ParentSessionID: id.ParentID,
 		EndsSession:     id.Final,
 		PinResponseID:   in.PreviousResponseID,
+		Owner:           tn.owner(),
 		Stream:          in.Stream,
 		Header:          h,
 	}
@@ -114,8 +120,8 @@ func (s *Server) prepare(ctx context.Context, endpoint string, body []byte, h ht
 // request it built; POST /debug/route answers with it. Nothing is accounted and no session
 // state changes (Pick only reads), though policies with state (round robin) advance. A request
 // error is returned as an error whose message is the client-facing one.
-func (s *Server) decide(ctx context.Context, endpoint string, body []byte, h http.Header) (router.Decision, *router.Request, error) {
-	_, rreq, e := s.prepare(ctx, endpoint, body, h)
+func (s *Server) decide(ctx context.Context, endpoint string, body []byte, h http.Header, tn *tenant) (router.Decision, *router.Request, error) {
+	_, rreq, e := s.prepare(ctx, endpoint, body, h, tn)
 	if e != nil {
 		return router.Decision{}, nil, e
 	}

@@ -195,7 +195,7 @@ func TestDecideDryRun(t *testing.T) {
 	g := startGateway(t, nil, a.srv.URL, b.srv.URL)
 	body := []byte(`{"model":"test-model","messages":[{"role":"user","content":"x"}]}`)
 	h := http.Header{"X-Session-Id": {"s1"}}
-	d, _, err := g.decide(context.Background(), pathChat, body, h)
+	d, _, err := g.decide(context.Background(), pathChat, body, h, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -205,7 +205,7 @@ func TestDecideDryRun(t *testing.T) {
 	if len(a.rec.all())+len(b.rec.all()) != 0 {
 		t.Error("a dry run reached a worker")
 	}
-	_, _, err = g.decide(context.Background(), pathChat, []byte(`{"model":"test-model"}`), h)
+	_, _, err = g.decide(context.Background(), pathChat, []byte(`{"model":"test-model"}`), h, nil)
 	var ae *apiError
 	if !errors.As(err, &ae) || ae.Status != 400 {
 		t.Fatalf("err = %v", err)

@@ -114,7 +114,7 @@ func (s *Server) handleCountTokens(c *gin.Context) {
 		writeError(c, e)
 		return
 	}
-	in, rreq, e := s.prepare(c.Request.Context(), endpoint, body, c.Request.Header)
+	in, rreq, e := s.prepare(c.Request.Context(), endpoint, body, c.Request.Header, tenantOf(c))
 	if e != nil {
 		code = e.Status
 		writeError(c, e)

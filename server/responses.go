@@ -51,7 +51,7 @@ func (s *Server) handleResponseByID(c *gin.Context) {
 	in := &apireq.Request{Endpoint: apireq.Endpoint(pathResponseByID), Body: body,
 		Stream: c.Query("stream") == "true"}
 	rreq := &router.Request{Model: s.cfg.Model, BlockSize: s.cfg.BlockSize, PinResponseID: id,
-		Stream: in.Stream, Header: c.Request.Header}
+		Owner: tenantOf(c).owner(), Stream: in.Stream, Header: c.Request.Header}
 	code = s.proxy(c, in, rreq, start)
 }
 

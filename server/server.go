@@ -73,6 +73,7 @@ type Server struct {
 	admin    *gin.Engine // the admin listener: /debug/*
 
 	clientKeys keySet         // empty: the client listener is open
+	tenants    *tenants       // the client keys' names and cache salts, in clientKeys order
 	adminToken keySet         // empty: the admin listener is open
 	tokenize   *tokenizeSlots // caps concurrent enrichments (tokenizations)
 	details    []HealthDetail
@@ -110,11 +111,18 @@ func New(opts Options) (*Server, error) {
 	if err := s.requests.SetInlineSystem(opts.Config.Anthropic.InlineSystem); err != nil {
 		return nil, fmt.Errorf("server: anthropic.inline_system: %w", err)
 	}
-	keys, err := opts.Config.ClientAPIKeys()
+	entries, err := opts.Config.ClientKeys()
 	if err != nil {
 		return nil, fmt.Errorf("server: %w", err)
 	}
+	keys := make([]string, len(entries))
+	for i, k := range entries {
+		keys[i] = k.Key
+	}
 	s.clientKeys = newKeySet(keys)
+	if s.tenants, err = newTenants(opts.Config, entries); err != nil {
+		return nil, fmt.Errorf("server: %w", err)
+	}
 	if opts.Config.AdminToken != "" {
 		s.adminToken = newKeySet([]string{opts.Config.AdminToken})
 	}
@@ -126,7 +134,7 @@ func New(opts Options) (*Server, error) {
 		e.Use(s.cors(o))
 	}
 	if len(s.clientKeys) > 0 {
-		e.Use(s.clientAuth)
+		e.Use(s.clientAuth, s.identifyTenant)
 	}
 	e.POST(pathChat, s.handleCompletion(pathChat))
 	e.POST(pathCompletions, s.handleCompletion(pathCompletions))
@@ -135,6 +143,7 @@ func New(opts Options) (*Server, error) {
 	e.GET(pathResponses+"/:id", s.handleResponseByID)
 	e.DELETE(pathResponses+"/:id", s.handleResponseByID)
 	e.POST(pathResponses+"/:id/cancel", s.handleResponseByID)
+	e.GET(pathResponses+"/:id/input_items", s.handleResponseByID)
 	e.GET("/v1/models", s.handleModels)
 	e.GET("/v1/models/*id", s.handleModel)
 	s.addPassthrough(e)
