@@ -6,8 +6,6 @@ import (
 	"crypto/subtle"
 	"encoding/hex"
 	"fmt"
-	"net/http"
-	"strings"
 
 	"github.com/gin-gonic/gin"
 
@@ -108,26 +106,13 @@ func (ks keySet) find(token string) int {
 	return found
 }
 
-// presentedKeys are the client keys a request carries: the Authorization Bearer token (OpenAI
-// SDKs) and x-api-key (Anthropic SDKs), in that order.
-func presentedKeys(h http.Header) []string {
-	var out []string
-	if t, ok := bearerToken(h); ok {
-		out = append(out, t)
-	}
-	if k := strings.TrimSpace(h.Get("X-Api-Key")); k != "" {
-		out = append(out, k)
-	}
-	return out
-}
-
 // ctxTenant is the gin context key of the request's *tenant.
 const ctxTenant = "kvgate.tenant"
 
 // identifyTenant records which client key the request presented, however it arrived (after
 // clientAuth admitted it; the first presented key that is a client key wins).
 func (s *Server) identifyTenant(c *gin.Context) {
-	for _, k := range presentedKeys(c.Request.Header) {
+	for _, k := range clientKeys(c.Request.Header) {
 		if i := s.clientKeys.find(k); i >= 0 {
 			c.Set(ctxTenant, s.tenants.byIndex[i])
 			break

@@ -12,8 +12,12 @@ import (
 	"github.com/kvgate/kvgate/configs"
 )
 
-// bKeys are the ways key B is presented.
-var bKeys = []map[string]string{{"Authorization": "Bearer key-bravo-secret"}}
+// bKeys are the other keys, each presented one way (OpenAI SDKs send Bearer, Anthropic SDKs
+// x-api-key): each must be its own tenant, since one key's request caches its own prompt.
+var bKeys = []map[string]string{{"Authorization": "Bearer key-bravo-secret"}, {"X-Api-Key": "key-charlie-secret"}}
+
+// tenantKeys is the --auth-api-keys value of the tenant tests.
+const tenantKeys = "key-alpha-secret,key-bravo-secret,key-charlie-secret"
 
 // tenantCall sends method path (body nil: none) to the gateway's client listener with the
 // given auth headers and returns status and body.
@@ -59,15 +63,15 @@ func cachedTokens(t *testing.T, f *fleet, body map[string]any, h map[string]stri
 	return r.Usage.Details.Cached
 }
 
-// Two client keys on one worker (auth.cache_isolation per_key, the default): key B's exact guess
-// of key A's prompt, with or without A's cache_salt and whether B sends its key as Bearer or as
-// x-api-key, finds nothing cached (the worker computes it cold), while A's own repeat is a hit;
-// the dry run as each key (POST /debug/route?as_key) shows the same. Before per-key salts, B's
+// Client keys on one worker (auth.cache_isolation per_key, the default): another key's exact
+// guess of key A's prompt, with or without A's cache_salt, sent as Bearer or as x-api-key,
+// finds nothing cached (the worker computes it cold), while A's own repeat is a hit;
+// the dry run as each key (POST /debug/route?as_key) shows the same. Before per-key salts, the
 // guess was served from A's cache (the probe of issue 32: 21.5 ms against 777 ms).
 func TestTenantsDoNotShareCache(t *testing.T) {
 	tok := needModel(t)
 	f := startFleet(t, tok, fleetSpec{workers: 1, events: true,
-		args: []string{"--router-policy", "kv", "--auth-api-keys", "key-alpha-secret,key-bravo-secret"}})
+		args: []string{"--router-policy", "kv", "--auth-api-keys", tenantKeys}})
 	nameB := configs.DerivedKeyName("key-bravo-secret")
 	asA := map[string]string{"Authorization": "Bearer key-alpha-secret"}
 	promptOf := func(seed int, salt string) map[string]any {
@@ -135,7 +139,7 @@ func (f *fleet) awaitCachedAs(req any, u, name string) {
 func TestTenantsResponsesOwnership(t *testing.T) {
 	tok := needModel(t)
 	f := startFleet(t, tok, fleetSpec{workers: 2,
-		args: []string{"--router-policy", "round_robin", "--auth-api-keys", "key-alpha-secret,key-bravo-secret"}})
+		args: []string{"--router-policy", "round_robin", "--auth-api-keys", tenantKeys}})
 	asA := map[string]string{"Authorization": "Bearer key-alpha-secret"}
 	code, data := tenantCall(t, f, http.MethodPost, "/v1/responses", map[string]any{
 		"model": servedModel, "input": "remember the number 42", "max_output_tokens": 4}, asA)
