@@ -14,13 +14,15 @@ import (
 // Config is the whole kvgate configuration. Load starts from Default and applies the file, then
 // KVGATE_* environment, then flags; a key that is set keeps its value, zero included (0 is never
 // "use the default"). Each section's type, defaults and validation belong to its package.
+// A field holding a secret carries `secret:"true"` (confval.SecretTag): Masked hides it, and
+// TestSecretKeysTagged fails for a secret-sounding key without the tag.
 type Config struct {
 	Listen string `yaml:"listen"`
 	// AdminListen is the address of the admin listener serving /debug/*; "" (the default)
 	// serves no debug endpoints at all. Bind it to loopback or a private network.
 	AdminListen string `yaml:"admin_listen"`
 	// AdminToken, when set, is the bearer token every admin request must carry.
-	AdminToken string `yaml:"admin_token"`
+	AdminToken string `yaml:"admin_token" secret:"true"`
 	Model      string `yaml:"model"`
 	Tokenizer  string `yaml:"tokenizer"`
 	// ChatTemplate is a Jinja file overriding the tokenizer folder's template (the file the
@@ -68,7 +70,7 @@ type Worker struct {
 	Topic string `yaml:"topic"`
 	// APIKey is the worker's vllm serve --api-key, sent as Authorization: Bearer on every call
 	// the gateway makes to it; "" uses auth.worker_api_key.
-	APIKey string `yaml:"api_key"`
+	APIKey string `yaml:"api_key" secret:"true"`
 }
 
 // Auth holds the client API keys checked on the client listener and the key the gateway
@@ -76,12 +78,12 @@ type Worker struct {
 type Auth struct {
 	// APIKeys are the keys clients may send as Authorization: Bearer; with none (and no
 	// APIKeysFile) the client listener is open.
-	APIKeys []string `yaml:"api_keys"`
+	APIKeys []string `yaml:"api_keys" secret:"true"`
 	// APIKeysFile names a file of further client keys, one per line (blank lines and lines
 	// starting with # are skipped).
 	APIKeysFile string `yaml:"api_keys_file"`
 	// WorkerAPIKey is the fleet-wide default of workers[].api_key.
-	WorkerAPIKey string `yaml:"worker_api_key"`
+	WorkerAPIKey string `yaml:"worker_api_key" secret:"true"`
 	// Keys are client keys with a name and a cache group (ClientKey); api_keys and
 	// api_keys_file stay the plain form, each key an entry with a derived name and no group.
 	Keys []ClientKey `yaml:"keys"`
@@ -98,7 +100,7 @@ type Auth struct {
 // ClientKey is one entry of auth.keys (issue 33 adds priority and limits to the same entries).
 type ClientKey struct {
 	// Key is the secret the client sends (Authorization: Bearer, or x-api-key).
-	Key string `yaml:"key"`
+	Key string `yaml:"key" secret:"true"`
 	// Name names the key in logs, /debug views, Responses ownership and POST /debug/route's
 	// ?as_key; "" derives one from the key ("key-" and 8 hex digits of a hash).
 	Name string `yaml:"name"`

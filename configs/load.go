@@ -10,6 +10,8 @@ import (
 	"strings"
 
 	"gopkg.in/yaml.v3"
+
+	"github.com/kvgate/kvgate/confval"
 )
 
 // Field describes one config key and its flag and environment names.
@@ -235,16 +237,24 @@ func Load(args []string, getenv func(string) string, usage io.Writer) (Config, e
 	}
 
 	c := Default()
+	var errs []error
 	if path != "" {
 		data, err := os.ReadFile(path)
 		if err != nil {
 			return c, fmt.Errorf("config: %w", err)
 		}
 		if err := ParseYAML(data, &c); err != nil {
-			return c, fmt.Errorf("config %s: %w", path, err)
+			var typeErr *yaml.TypeError
+			if !errors.As(err, &typeErr) {
+				return c, fmt.Errorf("config %s: %w", path, err) // not YAML: nothing else to check
+			}
+			// Unknown keys and values of the wrong type: the rest of the file was read, so
+			// every other problem is listed with them.
+			for _, msg := range typeErr.Errors {
+				errs = append(errs, fmt.Errorf("config %s: %s", path, msg))
+			}
 		}
 	}
-	var errs []error
 	for _, f := range fields {
 		if v, ok := lookup(getenv, f.Env); ok {
 			if err := f.Value(&c).Set(v); err != nil {
@@ -277,11 +287,10 @@ func Load(args []string, getenv func(string) string, usage io.Writer) (Config, e
 			c.Workers = append(c.Workers, w)
 		}
 	}
-	if len(errs) > 0 {
-		return c, errors.Join(errs...)
-	}
+	// A value that did not parse kept its previous one; the rest is validated too, so one run
+	// lists every problem.
 	c.normalize()
-	return c, c.Validate()
+	return c, errors.Join(append(errs, confval.Split(c.Validate())...)...)
 }
 
 // lookup treats a set-but-empty variable as unset, so `KVGATE_X= kvgate serve` changes nothing.
@@ -294,6 +303,7 @@ func printUsage(w io.Writer, fields []Field) {
 	def := Default()
 	fmt.Fprintf(w, "usage: kvgate serve [--config FILE] [flags]\n\nFlags override KVGATE_* variables, which override the file.\n\n")
 	fmt.Fprintf(w, "  --config FILE\n      YAML config file (env KVGATE_CONFIG)\n")
+	fmt.Fprintf(w, "  --check-config\n      check the file, env and flags and load the tokenizer without listening or contacting a worker;\n      print the effective config (secrets masked) and exit 0, or every problem and exit 1\n")
 	for _, f := range fields {
 		d := f.Value(&def).String()
 		if d == "" || d == "0" {

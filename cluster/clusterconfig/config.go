@@ -23,9 +23,9 @@ type Config struct {
 	NATSURL string `yaml:"nats_url"`
 	// NATSUser and NATSPassword authenticate the connection as a NATS user.
 	NATSUser     string `yaml:"nats_user"`
-	NATSPassword string `yaml:"nats_password"`
+	NATSPassword string `yaml:"nats_password" secret:"true"`
 	// NATSToken authenticates the connection with a NATS token.
-	NATSToken string `yaml:"nats_token"`
+	NATSToken string `yaml:"nats_token" secret:"true"`
 	// NATSNKeyFile is a file holding an NKey seed (SU...) the connection signs in with.
 	NATSNKeyFile string `yaml:"nats_nkey_file"`
 	// NATSCreds is a NATS credentials file (JWT and NKey seed, decentralised auth).
@@ -83,7 +83,7 @@ type Embedded struct {
 	// subjects, its two buckets and the JetStream API calls on them (no bucket deletion).
 	Users []User `yaml:"users"`
 	// Token lets clients connect with this token (full access to the server; prefer Users).
-	Token string `yaml:"token"`
+	Token string `yaml:"token" secret:"true"`
 	// TLS serves clients and routes over TLS; with CAFile clients and peer servers must
 	// present a certificate that CA signed.
 	TLS TLSFiles `yaml:"tls"`
@@ -92,7 +92,7 @@ type Embedded struct {
 // User is one NATS user of the embedded server.
 type User struct {
 	User     string `yaml:"user"`
-	Password string `yaml:"password"`
+	Password string `yaml:"password" secret:"true"`
 }
 
 // TLSFiles are PEM files for a TLS endpoint.
