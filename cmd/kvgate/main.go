@@ -2,6 +2,7 @@
 //
 //	kvgate serve --config configs/kvgate.yaml
 //	kvgate serve --model M --tokenizer DIR --worker URL --worker URL
+//	kvgate serve --config configs/kvgate.yaml --check-config
 //	kvgate tokenize --tokenizer DIR --request FILE|-
 package main
 
@@ -19,6 +20,8 @@ const usage = `kvgate: OpenAI-compatible gateway with KV-cache-aware routing for
 
 usage:
   kvgate serve [--config FILE] [flags]   run the gateway (kvgate serve -h lists every flag)
+  kvgate serve --check-config [...]      check the configuration, load the tokenizer, print it
+                                         (secrets masked); exit 0 when the gateway would start
   kvgate tokenize --tokenizer DIR --request FILE|-
                                          print the prompt, token ids and block hashes of a request
   kvgate help                            this text
@@ -43,7 +46,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	switch args[0] {
 	case "serve":
-		return runServe(ctx, args[1:], stderr)
+		return runServe(ctx, args[1:], stdout, stderr)
 	case "tokenize":
 		return runTokenize(ctx, args[1:], stdout)
 	case "help", "-h", "--help":

@@ -2,12 +2,10 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
-	"os"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -19,7 +17,6 @@ import (
 	"github.com/kvgate/kvgate/router"
 	"github.com/kvgate/kvgate/server"
 	"github.com/kvgate/kvgate/sessions"
-	"github.com/kvgate/kvgate/tokenize"
 	"github.com/kvgate/kvgate/workers"
 )
 
@@ -170,20 +167,9 @@ type kvParts struct {
 // peers' index snapshots and serve this replica's (warmstart.go).
 func buildKV(ctx context.Context, cfg configs.Config, kvcfg router.KVConfig, reg *workers.Registry, prom prometheus.Registerer, log *slog.Logger, node *cluster.Node) (*kvParts, error) {
 	start := time.Now()
-	topts := tokenize.Options{}
-	if cfg.ChatTemplate != "" {
-		b, err := os.ReadFile(cfg.ChatTemplate)
-		if err != nil {
-			return nil, fmt.Errorf("chat_template: %w", err)
-		}
-		topts.ChatTemplate = string(b)
-	}
-	if cfg.DefaultChatTemplateKwargs != "" {
-		topts.DefaultChatTemplateKwargs = json.RawMessage(cfg.DefaultChatTemplateKwargs)
-	}
-	tok, err := tokenize.Load(cfg.Tokenizer, topts)
+	tok, err := loadTokenizer(cfg)
 	if err != nil {
-		return nil, fmt.Errorf("tokenizer: %w", err)
+		return nil, err
 	}
 	log.Info("tokenizer loaded", "dir", cfg.Tokenizer, "took", time.Since(start).Round(time.Millisecond))
 

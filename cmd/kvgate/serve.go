@@ -20,11 +20,19 @@ import (
 )
 
 // runServe loads the config (file, KVGATE_* env, flags), probes the fleet once, then serves
-// until ctx ends and shuts down gracefully.
-func runServe(ctx context.Context, args []string, stderr io.Writer) error {
+// until ctx ends and shuts down gracefully. With --check-config it only checks the
+// configuration (checkConfig).
+func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	args, check, err := checkConfigFlag(args)
+	if err != nil {
+		return err
+	}
 	cfg, err := configs.Load(args, os.Getenv, stderr)
 	if errors.Is(err, flag.ErrHelp) {
 		return nil
+	}
+	if check {
+		return checkConfig(cfg, err, stdout, stderr)
 	}
 	if err != nil {
 		return fmt.Errorf("invalid configuration:\n  %s", strings.ReplaceAll(err.Error(), "\n", "\n  "))
