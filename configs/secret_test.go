@@ -13,6 +13,7 @@ import (
 
 // notSecret are keys whose names sound secret but hold none (each with why).
 var notSecret = map[string]bool{
+	"auth.keys":                           true, // the list of entries; each entry's key is tagged
 	"cluster.nats_creds":                  true, // the path of a NATS credentials file, not its content
 	"router.latency.prefill_ms_per_token": true, // a per-token time
 	"router.latency.step_ms_per_kv_token": true, // a per-token time
@@ -26,7 +27,7 @@ func TestSecretKeysTagged(t *testing.T) {
 		t.Errorf("keys that sound secret without secret:\"true\" (tag them, or list them in notSecret): %v", untagged)
 	}
 	tagged := confval.SecretPaths(reflect.TypeFor[Config]())
-	for _, want := range []string{"admin_token", "workers[].api_key", "auth.api_keys", "auth.worker_api_key",
+	for _, want := range []string{"admin_token", "workers[].api_key", "auth.api_keys", "auth.worker_api_key", "auth.keys[].key",
 		"cluster.nats_password", "cluster.nats_token", "cluster.embedded_nats.token", "cluster.embedded_nats.users[].password"} {
 		if !slices.Contains(tagged, want) {
 			t.Errorf("%s is not tagged secret (tagged: %v)", want, tagged)

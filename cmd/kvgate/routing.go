@@ -17,6 +17,7 @@ import (
 	"github.com/kvgate/kvgate/router"
 	"github.com/kvgate/kvgate/server"
 	"github.com/kvgate/kvgate/sessions"
+	"github.com/kvgate/kvgate/tokenize"
 	"github.com/kvgate/kvgate/workers"
 )
 
