@@ -112,7 +112,7 @@ func (r *Request) TemplateInput() (*chat.Request, error) {
 		return r.anthropicTemplateInput(), nil
 	}
 	if r.Endpoint == Responses {
-		return responsesTemplate(r.doc)
+		return responsesTemplate(r)
 	}
 	if r.Endpoint != ChatCompletions {
 		return nil, fmt.Errorf("%s has no chat template input", r.Endpoint)

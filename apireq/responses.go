@@ -30,6 +30,7 @@ var responsesSchema = newSchema(map[string]rule{
 	"chat_template_kwargs": object,
 	"request_id":           str,
 	"background":           boolean,
+	"text":                 {kind: kObject, goType: "ResponseTextConfig"},
 	"parallel_tool_calls":  boolean,
 })
 
@@ -59,15 +60,53 @@ func (r *Request) fillResponses() *Error {
 	return nil
 }
 
-// responsesTemplate maps a Responses body into the chat template input vLLM's Responses
-// entrypoint renders (non-Harmony models): responses/serving.py, _make_request, which calls
+// ResponsesHistory is a stored response a follow-up continues (previous_response_id), as the
+// worker that produced it keeps it (responses/serving.py: msg_store and response_store): the
+// chat messages its prompt was built from, and its output items.
+type ResponsesHistory struct {
+	Messages []jinja.Value
+	Output   []jinja.Value
+}
+
+// ResponsesConversation is what vLLM's Responses entrypoint hands the chat template for one
+// body (non-Harmony models): responses/serving.py _make_request, which calls
 // responses/utils.py construct_input_messages and construct_tool_dicts, and
 // ResponsesRequest.build_chat_params for the generation flags.
-func responsesTemplate(d *chat.Document) (*chat.Request, error) {
-	if p, ok := d.Get("previous_response_id"); ok && p.IsString() && p.AsString() != "" {
+type ResponsesConversation struct {
+	// Messages are the chat messages, before vLLM's message preprocessing (rendering applies it).
+	Messages []jinja.Value
+	// Tools are the tool dicts (None: no tools; an empty list when no tool is a function).
+	Tools jinja.Value
+	// ContinueFinal is should_continue_final_message; add_generation_prompt is its negation.
+	ContinueFinal bool
+	// ReasoningEffort is reasoning.effort ("" when absent); Kwargs is chat_template_kwargs.
+	ReasoningEffort string
+	Kwargs          jinja.Value
+}
+
+// Template returns the chat template input that renders c.
+func (c *ResponsesConversation) Template() *chat.Request {
+	return chat.NewValueRequest(chat.ValueRequest{Messages: jinja.NewList(c.Messages), Tools: c.Tools, ToolsAsIs: true,
+		AddGenerationPrompt: !c.ContinueFinal, ContinueFinalMessage: c.ContinueFinal,
+		ReasoningEffort: c.ReasoningEffort, Kwargs: c.Kwargs})
+}
+
+// ResponsesConversation maps a Responses request into the conversation its worker renders.
+// prev is the stored response a previous_response_id follow-up continues; without it such a
+// follow-up is ErrStatefulPrompt (only that worker holds the history). The gateway (its
+// routing and `kvgate tokenize`) and the simulator both call this, so they cannot drift.
+func (r *Request) ResponsesConversation(prev *ResponsesHistory) (*ResponsesConversation, error) {
+	if r.Endpoint != Responses {
+		return nil, fmt.Errorf("%s is not a Responses request", r.Endpoint)
+	}
+	if prev == nil && r.PreviousResponseID != "" {
 		return nil, ErrStatefulPrompt
 	}
-	msgs, err := responsesMessages(d)
+	return responsesConversation(r.doc, prev)
+}
+
+func responsesConversation(d *chat.Document, prev *ResponsesHistory) (*ResponsesConversation, error) {
+	msgs, err := responsesMessages(d, prev)
 	if err != nil {
 		return nil, err
 	}
@@ -76,16 +115,23 @@ func responsesTemplate(d *chat.Document) (*chat.Request, error) {
 		return nil, err
 	}
 	in, _ := d.Get("input")
-	cont := continueFinal(in)
-	vr := chat.ValueRequest{Messages: jinja.NewList(msgs), Tools: tools, ToolsAsIs: true,
-		AddGenerationPrompt: !cont, ContinueFinalMessage: cont}
+	c := &ResponsesConversation{Messages: msgs, Tools: tools, ContinueFinal: continueFinal(in), Kwargs: jinja.None()}
 	if kw, ok := d.Get("chat_template_kwargs"); ok && !kw.IsNone() {
-		vr.Kwargs = kw
+		c.Kwargs = kw
 	}
 	if e, ok := d.Path("reasoning.effort"); ok && e.IsString() {
-		vr.ReasoningEffort = e.AsString()
+		c.ReasoningEffort = e.AsString()
 	}
-	return chat.NewValueRequest(vr), nil
+	return c, nil
+}
+
+// responsesTemplate is the gateway's template input for a Responses body.
+func responsesTemplate(r *Request) (*chat.Request, error) {
+	c, err := r.ResponsesConversation(nil)
+	if err != nil {
+		return nil, err
+	}
+	return c.Template(), nil
 }
 
 func reqErr(param, format string, args ...any) error {
@@ -124,198 +170,4 @@ func isRole(v jinja.Value, role string) bool {
 	}
 	r, ok := v.AsDict().Get("role")
 	return ok && r.IsString() && r.AsString() == role
-}
-
-// responsesMessages is construct_input_messages (responses/utils.py) without a previous
-// response: instructions, then the input.
-func responsesMessages(d *chat.Document) ([]jinja.Value, error) {
-	var msgs []jinja.Value
-	// 1. Truthy instructions become the leading system message.
-	if ins, ok := d.Get("instructions"); ok && ins.IsString() && ins.AsString() != "" {
-		msgs = append(msgs, dict("role", jinja.NewString("system"), "content", ins))
-	}
-	in, _ := d.Get("input")
-	// 2. A string input is one user message.
-	if in.IsString() {
-		return append(msgs, dict("role", jinja.NewString("user"), "content", in)), nil
-	}
-	// 3. A list goes item by item (construct_chat_messages_with_tool_call).
-	lastAssistant := func() (int, bool) {
-		if n := len(msgs); n > 0 && isRole(msgs[n-1], "assistant") {
-			return n - 1, true
-		}
-		return 0, false
-	}
-	for i, it := range in.AsList().Items {
-		param := fmt.Sprintf("input[%d]", i)
-		if !it.IsDict() {
-			return nil, reqErr(param, "each input item must be an object")
-		}
-		item := it.AsDict()
-		typ := ""
-		if t, ok := item.Get("type"); ok && t.IsString() {
-			typ = t.AsString()
-		}
-		role, _ := item.Get("role")
-		switch {
-		case typ == "function_call":
-			// ResponseFunctionToolCall → a tool call with call_id as its id and the arguments
-			// string verbatim, merged into a previous assistant message.
-			callID, _ := str1(item, "call_id")
-			name, _ := str1(item, "name")
-			args, _ := str1(item, "arguments")
-			tc := dict("id", callID, "function", dict("name", name, "arguments", args), "type", jinja.NewString("function"))
-			if j, ok := lastAssistant(); ok {
-				m := copyDict(msgs[j])
-				calls := []jinja.Value{}
-				if old, ok := str1(m.AsDict(), "tool_calls"); ok && old.IsList() {
-					calls = append(calls, old.AsList().Items...)
-				}
-				m.AsDict().Set("tool_calls", jinja.NewList(append(calls, tc)))
-				msgs[j] = m
-				continue
-			}
-			msgs = append(msgs, dict("role", jinja.NewString("assistant"), "tool_calls", jinja.NewList([]jinja.Value{tc})))
-		case typ == "function_call_output":
-			out, _ := item.Get("output")
-			callID, _ := item.Get("call_id")
-			msgs = append(msgs, dict("role", jinja.NewString("tool"), "content", out, "tool_call_id", callID))
-		case typ == "reasoning":
-			// ResponseReasoningItem: content[0].text, else summary[0].text; encrypted content
-			// is refused ("Encrypted content is not supported.").
-			if _, ok := str1(item, "encrypted_content"); ok {
-				return nil, reqErr(param+".encrypted_content", "Encrypted content is not supported.")
-			}
-			text := firstText(item, "content")
-			if text.IsNone() {
-				text = firstText(item, "summary")
-			}
-			if text.IsNone() {
-				text = jinja.NewString("")
-			}
-			if j, ok := lastAssistant(); ok {
-				if _, has := str1(msgs[j].AsDict(), "reasoning"); !has {
-					m := copyDict(msgs[j])
-					m.AsDict().Set("reasoning", text)
-					msgs[j] = m
-					continue
-				}
-			}
-			msgs = append(msgs, dict("role", jinja.NewString("assistant"), "reasoning", text))
-		case typ == "message" && isRole(it, "assistant") && isList(item, "content"):
-			// ResponseOutputMessage: only content[0].text, merged into a previous assistant
-			// message that has no content.
-			text := firstText(item, "content")
-			if text.IsNone() {
-				text = jinja.NewString("")
-			}
-			if j, ok := lastAssistant(); ok {
-				if _, has := str1(msgs[j].AsDict(), "content"); !has {
-					m := copyDict(msgs[j])
-					m.AsDict().Set("content", text)
-					msgs[j] = m
-					continue
-				}
-			}
-			msgs = append(msgs, dict("role", jinja.NewString("assistant"), "content", text))
-		default:
-			// Any other dict (user, system, developer messages, string-content assistant
-			// messages) is a chat message as it stands.
-			if !role.IsString() {
-				return nil, reqErr(param, "input item of type %q is not supported by the gateway's mapping", typ)
-			}
-			msgs = append(msgs, it)
-		}
-	}
-	return msgs, nil
-}
-
-func isList(d *jinja.Dict, key string) bool {
-	v, ok := d.Get(key)
-	return ok && v.IsList()
-}
-
-// firstText is item[key][0].text (None when there is none).
-func firstText(d *jinja.Dict, key string) jinja.Value {
-	v, ok := d.Get(key)
-	if !ok || !v.IsList() || len(v.AsList().Items) == 0 {
-		return jinja.None()
-	}
-	p := v.AsList().Items[0]
-	if !p.IsDict() {
-		return jinja.None()
-	}
-	t, ok := p.AsDict().Get("text")
-	if !ok || !t.IsString() {
-		return jinja.None()
-	}
-	return t
-}
-
-// continueFinal is should_continue_final_message (responses/utils.py): the last input item is
-// an assistant message or a reasoning item whose status is in_progress or incomplete.
-func continueFinal(in jinja.Value) bool {
-	if !in.IsList() || len(in.AsList().Items) == 0 {
-		return false
-	}
-	last := in.AsList().Items[len(in.AsList().Items)-1]
-	if !last.IsDict() {
-		return false
-	}
-	d := last.AsDict()
-	t, _ := d.Get("type")
-	isReasoning := t.IsString() && t.AsString() == "reasoning"
-	if !isReasoning && !isRole(last, "assistant") {
-		return false
-	}
-	s, ok := d.Get("status")
-	return ok && s.IsString() && (s.AsString() == "in_progress" || s.AsString() == "incomplete")
-}
-
-// responsesTools is construct_tool_dicts (responses/utils.py) with check_tool_usage's
-// refusals: no tools, or tool_choice "none", renders no tools at all; each tool is
-// {"type": "function", "function": tool.model_dump()}, a function tool dumped in the OpenAI
-// SDK's FunctionTool field order (name, parameters, strict, type, description) with None kept.
-func responsesTools(d *chat.Document) (jinja.Value, error) {
-	tv, _ := d.Get("tools")
-	choice, _ := d.Get("tool_choice")
-	hasTools := tv.IsList() && len(tv.AsList().Items) > 0
-	if !hasTools {
-		named := choice.IsDict()
-		if named || (choice.IsString() && choice.AsString() == "required") {
-			return jinja.None(), reqErr("tool_choice", "tool_choice requires tools to be provided")
-		}
-		return jinja.None(), nil
-	}
-	if choice.IsString() && choice.AsString() == "none" {
-		return jinja.None(), nil
-	}
-	items := tv.AsList().Items
-	out := make([]jinja.Value, 0, len(items))
-	names := map[string]bool{}
-	for i, t := range items {
-		if !t.IsDict() {
-			return jinja.None(), reqErr(fmt.Sprintf("tools[%d]", i), "each tool must be an object")
-		}
-		td := t.AsDict()
-		fn := t
-		if typ, ok := td.Get("type"); ok && typ.IsString() && typ.AsString() == "function" {
-			name, _ := str1(td, "name")
-			if !name.IsString() {
-				return jinja.None(), reqErr(fmt.Sprintf("tools[%d].name", i), "function tool 'name' must be a string")
-			}
-			names[name.AsString()] = true
-			params, _ := str1(td, "parameters")
-			strict, _ := str1(td, "strict")
-			desc, _ := str1(td, "description")
-			fn = dict("name", name, "parameters", params, "strict", strict, "type", jinja.NewString("function"), "description", desc)
-		}
-		out = append(out, dict("type", jinja.NewString("function"), "function", fn))
-	}
-	if choice.IsDict() {
-		if n, ok := choice.AsDict().Get("name"); ok && n.IsString() && !names[n.AsString()] {
-			return jinja.None(), reqErr("tool_choice", "tool_choice names %q, which is not in tools", n.AsString())
-		}
-	}
-	return jinja.NewList(out), nil
 }

@@ -234,6 +234,12 @@ var responsesGoldens = []struct{ name, responses, chat string }{
 	{"reasoning from the summary",
 		`{"input":[{"role":"user","content":"Hi"},{"type":"reasoning","id":"rs_1","summary":[{"type":"summary_text","text":"Greet back."}]},{"type":"message","role":"assistant","content":[{"type":"output_text","text":"Hello!"}]},{"role":"user","content":"Bye"}]}`,
 		`{"messages":[{"role":"user","content":"Hi"},{"role":"assistant","reasoning":"Greet back.","content":"Hello!"},{"role":"user","content":"Bye"}]}`},
+	{"namespaced function_call flattened, custom_tool_call input wrapped",
+		`{"input":[{"role":"user","content":"Patch it"},{"type":"function_call","call_id":"c1","namespace":"fs","name":"read","arguments":"{\"path\":\"a.go\"}"},{"type":"custom_tool_call","call_id":"c2","name":"apply_patch","input":"*** Begin Patch"},{"type":"function_call_output","call_id":"c1","output":"package a"},{"type":"custom_tool_call_output","call_id":"c2","output":"Done"}]}`,
+		`{"messages":[{"role":"user","content":"Patch it"},{"role":"assistant","tool_calls":[{"id":"c1","function":{"name":"fs__read","arguments":"{\"path\":\"a.go\"}"},"type":"function"},{"id":"c2","function":{"name":"apply_patch","arguments":"{\"input\": \"*** Begin Patch\"}"},"type":"function"}]},{"role":"tool","content":"package a","tool_call_id":"c1"},{"role":"tool","content":"Done","tool_call_id":"c2"}]}`},
+	{"string-content assistant message by its text",
+		`{"input":[{"role":"user","content":"Hi"},{"role":"assistant","content":"Hello!","id":"msg_1","status":"completed"},{"role":"user","content":"Bye"}]}`,
+		`{"messages":[{"role":"user","content":"Hi"},{"role":"assistant","content":"Hello!"},{"role":"user","content":"Bye"}]}`},
 }
 
 // checkResponsesGoldens: every Responses mapping rule gives the token ids of the
@@ -278,27 +284,51 @@ func checkResponsesGoldens(t *testing.T, tk *tokenize.Tokenizer, model string) {
 	}
 }
 
-// checkResponsesToolsDump: the function tools of a Responses body reach the template as {"type": "function",
-// "function": tool.model_dump()}: the OpenAI SDK's FunctionTool field order with None kept
-// (responses/utils.py, construct_tool_dicts), not a chat tool's shape. Qwen3's template prints
-// each tool with tojson, so the exact dump is visible in the prompt.
+// checkResponsesToolsDump: the tools of a Responses body reach the template as vLLM's
+// construct_tool_dicts (responses/utils.py, over tool_parsers/utils.py
+// iter_response_function_tool_dicts) builds them: each function tool as
+// ChatCompletionToolsParam(function=FunctionDefinition(...)).model_dump() (name, description,
+// parameters, then strict), each namespace's function members flattened to
+// "namespace__name", built-in tools (web_search, mcp, ...) left out, and tool_choice "none"
+// rendering them still. Qwen3's template prints each tool with tojson, so the exact dump is
+// visible in the prompt.
 func checkResponsesToolsDump(t *testing.T, tk *tokenize.Tokenizer) {
-	body := `{"model":"m","store":false,"input":"Weather in Paris?","tools":[{"type":"function","name":"get_weather","description":"Current weather","parameters":{"type":"object","properties":{"city":{"type":"string"}}}}]}`
+	body := `{"model":"m","store":false,"input":"Weather in Paris?","tools":[{"type":"function","name":"get_weather","description":"Current weather","parameters":{"type":"object","properties":{"city":{"type":"string"}}}},` +
+		`{"type":"web_search"},{"type":"mcp","server_label":"docs","server_url":"http://127.0.0.1:1"},` +
+		`{"type":"namespace","name":"fs","description":"Files","tools":[{"type":"function","name":"read","description":"Read a file","parameters":{"type":"object"},"strict":true}]}]}`
 	got, err := tokenizeAs(t, tk, "responses", body)
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := `{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}, "strict": null, "type": "function", "description": "Current weather"}}`
-	if !strings.Contains(got.Prompt, want) {
-		t.Errorf("prompt lacks the tool dump %s:\n%s", want, got.Prompt)
+	for _, want := range []string{
+		`{"type": "function", "function": {"name": "get_weather", "description": "Current weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}, "strict": null}}`,
+		`{"type": "function", "function": {"name": "fs__read", "description": "Read a file", "parameters": {"type": "object"}, "strict": true}}`,
+	} {
+		if !strings.Contains(got.Prompt, want) {
+			t.Errorf("prompt lacks the tool dump %s:\n%s", want, got.Prompt)
+		}
 	}
-	// tool_choice "none" renders no tools at all (construct_tool_dicts).
-	got, err = tokenizeAs(t, tk, "responses", withFields(t, body, `{"tool_choice":"none"}`))
+	if strings.Contains(got.Prompt, "web_search") || strings.Contains(got.Prompt, "docs") {
+		t.Errorf("built-in tools rendered:\n%s", got.Prompt)
+	}
+	none, err := tokenizeAs(t, tk, "responses", withFields(t, body, `{"tool_choice":"none"}`))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if strings.Contains(got.Prompt, "get_weather") {
-		t.Errorf("tool_choice none still renders the tools:\n%s", got.Prompt)
+	if none.Prompt != got.Prompt {
+		t.Errorf("tool_choice none changed the prompt:\n%s", none.Prompt)
+	}
+	// A text.format and a reasoning effort are read by the same parser the server uses: the
+	// format only constrains decoding, the effort reaches the template as reasoning_effort.
+	fmtd, err := tokenizeAs(t, tk, "responses", withFields(t, body, `{"text":{"format":{"type":"json_schema","name":"w","schema":{"type":"object"}}},"reasoning":{"effort":"low"}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fmtd.Prompt != got.Prompt {
+		t.Errorf("text.format changed the prompt:\n%s", fmtd.Prompt)
+	}
+	if _, err := tokenizeAs(t, tk, "responses", withFields(t, body, `{"tools":[{"type":"browser"}]}`)); err == nil || !strings.Contains(err.Error(), "tools[0].type") {
+		t.Errorf("an unknown tool type: %v, want refused", err)
 	}
 }
 
