@@ -147,8 +147,10 @@ type tokenizeOutput struct {
 }
 
 func (t *tokenizeRun) one(ctx context.Context, body []byte) error {
+	// The probe only tells the body kinds apart; the chosen endpoint's parser reads the body
+	// (the server's own parse), so a Responses "text": {"format": ...} is not mistaken.
 	var probe struct {
-		Text     *string         `json:"text"`
+		Text     json.RawMessage `json:"text"`
 		Messages json.RawMessage `json:"messages"`
 		Prompt   json.RawMessage `json:"prompt"`
 		Input    json.RawMessage `json:"input"`
@@ -181,12 +183,12 @@ func (t *tokenizeRun) one(ctx context.Context, body []byte) error {
 			return err
 		}
 		prompts = []*tokenize.Prompt{p}
-	} else if probe.Text != nil && probe.Messages == nil && probe.Prompt == nil {
-		ids, err := t.tk.Encode(*probe.Text, false)
+	} else if text, ok := rawText(probe.Text); ok && probe.Messages == nil && probe.Prompt == nil {
+		ids, err := t.tk.Encode(text, false)
 		if err != nil {
 			return err
 		}
-		prompts = []*tokenize.Prompt{{Text: *probe.Text, TokenIDs: ids}}
+		prompts = []*tokenize.Prompt{{Text: text, TokenIDs: ids}}
 	} else {
 		p, err := t.tk.TokenizeRequest(ctx, body)
 		if err != nil {
@@ -212,6 +214,16 @@ func (t *tokenizeRun) one(ctx context.Context, body []byte) error {
 		}
 	}
 	return nil
+}
+
+// rawText is the {"text": "..."} request's string; ok is false when text is absent or not a
+// string.
+func rawText(raw json.RawMessage) (string, bool) {
+	var s string
+	if len(raw) == 0 || json.Unmarshal(raw, &s) != nil {
+		return "", false
+	}
+	return s, true
 }
 
 func readInput(path string) ([]byte, error) {

@@ -156,6 +156,30 @@ func TestTokenizeCommandResponses(t *testing.T) {
 			t.Errorf("%v: prompt %q", args, got.Prompt)
 		}
 	}
+	// Every body the server reads: text.format (an object) and tools are read by the same
+	// parser, with and without --api.
+	full := filepath.Join(t.TempDir(), "full.json")
+	if err := os.WriteFile(full, []byte(`{"model":"m","instructions":"Be brief.","input":"Hi","text":{"format":{"type":"json_schema","name":"a","schema":{"type":"object"}},"verbosity":"low"},"reasoning":{"effort":"low"},"tools":[{"type":"function","name":"f","parameters":{"type":"object"}},{"type":"web_search"}],"tool_choice":"auto","store":false}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, args := range [][]string{{}, {"--api", "responses"}} {
+		var out bytes.Buffer
+		if err := runTokenize(context.Background(), append([]string{"--tokenizer", dir, "--request", full}, args...), &out); err != nil {
+			t.Fatalf("%v: %v", args, err)
+		}
+		var got struct{ Prompt string }
+		_ = json.Unmarshal(out.Bytes(), &got)
+		if !strings.Contains(got.Prompt, `"name": "f"`) || !strings.Contains(got.Prompt, "<|im_start|>user\nHi") {
+			t.Errorf("%v: prompt %q", args, got.Prompt)
+		}
+	}
+	// {"text": "..."} alone is still raw text.
+	var raw bytes.Buffer
+	rawReq := filepath.Join(t.TempDir(), "raw.json")
+	_ = os.WriteFile(rawReq, []byte(`{"text":"Hi there"}`), 0o644)
+	if err := runTokenize(context.Background(), []string{"--tokenizer", dir, "--request", rawReq}, &raw); err != nil || !strings.Contains(raw.String(), `"prompt":"Hi there"`) {
+		t.Errorf("raw text: %v %s", err, raw.String())
+	}
 	if err := runTokenize(context.Background(), []string{"--tokenizer", dir, "--request", req, "--api", "anthropic"}, io.Discard); err == nil {
 		t.Error("--api anthropic accepted")
 	}
