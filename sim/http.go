@@ -2,6 +2,7 @@ package sim
 
 import (
 	"bytes"
+	"context"
 	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/binary"
@@ -158,7 +159,9 @@ func apiErrorf(status int, format string, args ...any) *apiError {
 	return &apiError{status: status, msg: fmt.Sprintf(format, args...)}
 }
 
-func (w *Worker) parseRequest(r *http.Request, chat bool) (*admission, *apiError) {
+// parseRequest reads and checks an OpenAI body; prompt, when set, computes the prompt tokens
+// in place of tokenizing the body (the Responses endpoint renders its own conversation).
+func (w *Worker) parseRequest(r *http.Request, chat bool, prompt func(ctx context.Context, body []byte, salt string) ([]uint32, error)) (*admission, *apiError) {
 	raw, err := io.ReadAll(http.MaxBytesReader(nil, r.Body, maxBodyBytes))
 	if err != nil {
 		return nil, apiErrorf(http.StatusBadRequest, "read body: %v", err)
@@ -210,7 +213,11 @@ func (w *Worker) parseRequest(r *http.Request, chat bool) (*admission, *apiError
 	if a.session == "" {
 		a.session = b.VLLMXargs.SessionID
 	}
-	a.tokens, err = w.tok.tokenizeRequest(r.Context(), raw)
+	if prompt != nil {
+		a.tokens, err = prompt(r.Context(), raw, a.salt)
+	} else {
+		a.tokens, err = w.tok.tokenizeRequest(r.Context(), raw)
+	}
 	if err != nil {
 		var bad *badRequestError
 		if errors.As(err, &bad) {
@@ -279,7 +286,7 @@ func (w *Worker) handleCompletion(rw http.ResponseWriter, r *http.Request, chat 
 		}
 		panic(http.ErrAbortHandler) // close the connection without a response
 	}
-	a, aerr := w.parseRequest(r, chat)
+	a, aerr := w.parseRequest(r, chat, nil)
 	if aerr != nil {
 		writeError(rw, aerr.status, aerr.msg)
 		return

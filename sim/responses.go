@@ -3,8 +3,8 @@ package sim
 import (
 	"bytes"
 	"container/list"
+	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"math"
@@ -12,22 +12,30 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/ardanlabs/jinja"
+
+	"github.com/kvgate/kvgate/apireq"
+	"github.com/kvgate/kvgate/tokenize/chat"
 )
 
-// This file is the simulator's OpenAI Responses API (vllm/entrypoints/openai/responses/): its
-// own, deliberately plain conversion of a Responses body into the chat messages vLLM's
-// construct_input_messages builds (independent of the gateway's mapping, so the two check
-// each other), an in-memory store like OpenAIServingResponses' response_store and msg_store
-// (bounded here), and vLLM's response object and stream event names.
+// This file is the simulator's OpenAI Responses API (vllm/entrypoints/openai/responses/): a
+// Responses body is mapped into the conversation vLLM renders by the gateway's own mapping
+// (apireq.Request.ResponsesConversation: construct_input_messages, construct_tool_dicts,
+// build_chat_params), so the worker's prompt and the gateway's cannot drift apart; the
+// mapping itself is pinned by golden tests against hand-written chat bodies
+// (cmd/kvgate/api_golden_test.go). Around it: an in-memory store like OpenAIServingResponses'
+// response_store and msg_store (bounded here), and vLLM's response object and stream events.
 
 // maxStoredResponses bounds the simulator's response store (vLLM's never evicts).
 const maxStoredResponses = 4096
 
 type storedResponse struct {
-	id       string
-	messages []json.RawMessage // the input messages this response was generated from
-	output   string            // the assistant text it produced
-	object   []byte            // the response object as served
+	id string
+	// history is what a follow-up continues: the chat messages this response's prompt was
+	// built from (msg_store) and its output items (response_store's output).
+	history apireq.ResponsesHistory
+	object  []byte // the response object as served
 }
 
 // responseStore is a bounded LRU of stored responses.
@@ -71,32 +79,14 @@ func writeResponseNotFound(rw http.ResponseWriter, id string) {
 }
 
 type responsesBody struct {
-	Model              string                   `json:"model"`
-	Input              json.RawMessage          `json:"input"`
-	Instructions       *string                  `json:"instructions"`
-	PreviousResponseID *string                  `json:"previous_response_id"`
-	Store              *bool                    `json:"store"`
-	Stream             bool                     `json:"stream"`
-	MaxOutputTokens    *int                     `json:"max_output_tokens"`
-	IgnoreEOS          bool                     `json:"ignore_eos"`
-	ChatTemplateKwargs json.RawMessage          `json:"chat_template_kwargs"`
-	Reasoning          *struct{ Effort string } `json:"reasoning"`
-	CacheSalt          json.RawMessage          `json:"cache_salt"`
-}
-
-type inputItem struct {
-	Type      string          `json:"type"`
-	Role      string          `json:"role"`
-	Status    string          `json:"status"`
-	CallID    string          `json:"call_id"`
-	Name      string          `json:"name"`
-	Arguments string          `json:"arguments"`
-	Output    json.RawMessage `json:"output"`
-	Content   json.RawMessage `json:"content"`
-	Summary   []struct {
-		Text string `json:"text"`
-	} `json:"summary"`
-	Encrypted *string `json:"encrypted_content"`
+	Model              string          `json:"model"`
+	Instructions       *string         `json:"instructions"`
+	PreviousResponseID *string         `json:"previous_response_id"`
+	Store              *bool           `json:"store"`
+	Stream             bool            `json:"stream"`
+	MaxOutputTokens    *int            `json:"max_output_tokens"`
+	IgnoreEOS          bool            `json:"ignore_eos"`
+	CacheSalt          json.RawMessage `json:"cache_salt"`
 }
 
 func mustJSON(v any) json.RawMessage {
@@ -104,105 +94,16 @@ func mustJSON(v any) json.RawMessage {
 	return b
 }
 
-// chatMessages converts the input the way construct_input_messages does for a non-Harmony
-// model; prev is the stored response a follow-up continues (nil for none).
-func chatMessages(b *responsesBody, prev *storedResponse) ([]json.RawMessage, []json.RawMessage, bool, error) {
-	var sys []json.RawMessage
-	if b.Instructions != nil && *b.Instructions != "" {
-		sys = append(sys, mustJSON(map[string]string{"role": "system", "content": *b.Instructions}))
+// responsesOutput is a served response object's output items, as template values.
+func responsesOutput(object []byte) []jinja.Value {
+	d, err := chat.ParseDocument(object)
+	if err != nil {
+		return nil
 	}
-	var msgs []map[string]any // built messages (nil raw) or passed-through ones (raw set)
-	var raws []json.RawMessage
-	add := func(m map[string]any, raw json.RawMessage) {
-		msgs = append(msgs, m)
-		raws = append(raws, raw)
+	if o, ok := d.Get("output"); ok && o.IsList() {
+		return o.AsList().Items
 	}
-	if prev != nil {
-		for _, m := range prev.messages {
-			var role struct{ Role string }
-			_ = json.Unmarshal(m, &role)
-			if role.Role != "system" {
-				add(nil, m)
-			}
-		}
-		add(map[string]any{"role": "assistant", "content": prev.output}, nil)
-	}
-	cont := false
-	var s string
-	if json.Unmarshal(b.Input, &s) == nil {
-		add(map[string]any{"role": "user", "content": s}, nil)
-	} else {
-		var items []json.RawMessage
-		if err := json.Unmarshal(b.Input, &items); err != nil {
-			return nil, nil, false, errors.New("input must be a string or a list of items")
-		}
-		lastAssistant := func() map[string]any {
-			if n := len(msgs); n > 0 && msgs[n-1] != nil && msgs[n-1]["role"] == "assistant" {
-				return msgs[n-1]
-			}
-			return nil
-		}
-		for i, raw := range items {
-			var it inputItem
-			if err := json.Unmarshal(raw, &it); err != nil {
-				return nil, nil, false, fmt.Errorf("input[%d]: %v", i, err)
-			}
-			cont = (it.Type == "reasoning" || it.Role == "assistant") && (it.Status == "in_progress" || it.Status == "incomplete")
-			switch {
-			case it.Type == "function_call":
-				call := map[string]any{"id": it.CallID, "type": "function", "function": map[string]any{"name": it.Name, "arguments": it.Arguments}}
-				if m := lastAssistant(); m != nil {
-					calls, _ := m["tool_calls"].([]any)
-					m["tool_calls"] = append(calls, call)
-				} else {
-					add(map[string]any{"role": "assistant", "tool_calls": []any{call}}, nil)
-				}
-			case it.Type == "function_call_output":
-				add(map[string]any{"role": "tool", "content": it.Output, "tool_call_id": it.CallID}, nil)
-			case it.Type == "reasoning":
-				if it.Encrypted != nil {
-					return nil, nil, false, &badRequestError{msg: "Encrypted content is not supported."}
-				}
-				text := firstPartText(it.Content)
-				if text == "" && len(it.Summary) > 0 {
-					text = it.Summary[0].Text
-				}
-				if m := lastAssistant(); m != nil && m["reasoning"] == nil {
-					m["reasoning"] = text
-				} else {
-					add(map[string]any{"role": "assistant", "reasoning": text}, nil)
-				}
-			case it.Type == "message" && it.Role == "assistant" && bytes.HasPrefix(bytes.TrimSpace(it.Content), []byte("[")):
-				text := firstPartText(it.Content)
-				if m := lastAssistant(); m != nil && m["content"] == nil {
-					m["content"] = text
-				} else {
-					add(map[string]any{"role": "assistant", "content": text}, nil)
-				}
-			default:
-				add(nil, raw)
-			}
-		}
-	}
-	out := sys
-	for i, m := range msgs {
-		if m == nil {
-			out = append(out, raws[i])
-		} else {
-			out = append(out, mustJSON(m))
-		}
-	}
-	return out, out[len(sys):], cont, nil
-}
-
-func firstPartText(content json.RawMessage) string {
-	var parts []struct {
-		Text string `json:"text"`
-	}
-	if json.Unmarshal(content, &parts) != nil || len(parts) == 0 {
-		return ""
-	}
-	return parts[0].Text
+	return nil
 }
 
 // handleResponses serves POST /v1/responses: the prompt is rendered as a chat body with
@@ -219,37 +120,39 @@ func (w *Worker) handleResponses(rw http.ResponseWriter, r *http.Request) {
 		writeError(rw, http.StatusBadRequest, "invalid JSON body: "+err.Error())
 		return
 	}
-	var prev *storedResponse
+	in, perr := w.responses.Parse(apireq.Responses, raw)
+	if perr != nil {
+		writeError(rw, http.StatusBadRequest, perr.Message)
+		return
+	}
+	var prev *apireq.ResponsesHistory
 	if b.PreviousResponseID != nil && *b.PreviousResponseID != "" {
 		p, ok := w.stored.get(*b.PreviousResponseID)
 		if !ok {
 			writeResponseNotFound(rw, *b.PreviousResponseID)
 			return
 		}
-		prev = p
+		prev = &p.history
 	}
-	all, _, cont, err := chatMessages(&b, prev)
+	conv, err := in.ResponsesConversation(prev)
 	if err != nil {
 		writeError(rw, http.StatusBadRequest, err.Error())
 		return
 	}
-	chatBody := map[string]any{"model": b.Model, "messages": all, "add_special_tokens": true,
-		"add_generation_prompt": !cont, "continue_final_message": cont}
+	// The rest of the request (model, LoRA, limits, cache_salt) is checked as the chat path
+	// checks it; the prompt is the conversation's.
+	chatBody := map[string]any{"model": b.Model, "messages": []any{map[string]string{"role": "user", "content": "-"}}}
 	if b.MaxOutputTokens != nil {
 		chatBody["max_tokens"] = *b.MaxOutputTokens
-	}
-	if len(b.ChatTemplateKwargs) > 0 {
-		chatBody["chat_template_kwargs"] = b.ChatTemplateKwargs
-	}
-	if b.Reasoning != nil && b.Reasoning.Effort != "" {
-		chatBody["reasoning_effort"] = b.Reasoning.Effort
 	}
 	if len(b.CacheSalt) > 0 {
 		chatBody["cache_salt"] = b.CacheSalt
 	}
 	r2 := r.Clone(r.Context())
 	r2.Body = io.NopCloser(bytes.NewReader(mustJSON(chatBody)))
-	a, aerr := w.parseRequest(r2, true)
+	a, aerr := w.parseRequest(r2, true, func(ctx context.Context, _ []byte, salt string) ([]uint32, error) {
+		return w.tok.tokenizeConversation(ctx, conv, salt)
+	})
 	if aerr != nil {
 		writeError(rw, aerr.status, aerr.msg)
 		return
@@ -291,7 +194,8 @@ func (w *Worker) handleResponses(rw http.ResponseWriter, r *http.Request) {
 	finish := func(text string, out []uint32) []byte {
 		body := mustJSON(obj("completed", text, out))
 		if store {
-			w.stored.put(&storedResponse{id: id, messages: all, output: text, object: body})
+			w.stored.put(&storedResponse{id: id, object: body,
+				history: apireq.ResponsesHistory{Messages: conv.Messages, Output: responsesOutput(body)}})
 		}
 		w.observe(e, req)
 		w.completed.Add(1)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/kvgate/kvgate/apireq"
 	"github.com/kvgate/kvgate/tokenize"
 )
 
@@ -37,6 +38,19 @@ type hfTokenizer struct {
 
 func (h *hfTokenizer) tokenizeRequest(ctx context.Context, body []byte) ([]uint32, error) {
 	p, err := h.t.TokenizeRequest(ctx, body)
+	if err != nil {
+		var re *tokenize.RequestError
+		var te *tokenize.TemplateError
+		if errors.As(err, &re) || errors.As(err, &te) {
+			return nil, &badRequestError{msg: err.Error()}
+		}
+		return nil, err
+	}
+	return p.TokenIDs, nil
+}
+
+func (h *hfTokenizer) tokenizeConversation(ctx context.Context, c *apireq.ResponsesConversation, salt string) ([]uint32, error) {
+	p, err := h.t.TokenizeInput(ctx, tokenize.Input{Chat: c.Template(), AddSpecialTokens: true, CacheSalt: salt}, 0)
 	if err != nil {
 		var re *tokenize.RequestError
 		var te *tokenize.TemplateError

@@ -7,11 +7,17 @@ import (
 	"strings"
 
 	"github.com/zeebo/xxh3"
+
+	"github.com/kvgate/kvgate/apireq"
+	"github.com/kvgate/kvgate/tokenize/chat"
 )
 
 // promptTokenizer turns an OpenAI body into the prompt token ids the engine prefills.
 type promptTokenizer interface {
 	tokenizeRequest(ctx context.Context, body []byte) ([]uint32, error)
+	// tokenizeConversation renders a mapped Responses conversation (add_special_tokens true,
+	// as vLLM's Responses entrypoint tokenizes) under cache_salt salt.
+	tokenizeConversation(ctx context.Context, c *apireq.ResponsesConversation, salt string) ([]uint32, error)
 	// filler returns the token ids and texts of the deterministic output, one entry per token.
 	filler() ([]uint32, []string)
 }
@@ -75,6 +81,23 @@ func (wordTokenizer) tokenizeRequest(ctx context.Context, body []byte) ([]uint32
 		ids[i] = wordID(w)
 	}
 	return ids, nil
+}
+
+// tokenizeConversation is the word stand-in over the conversation's messages.
+func (t wordTokenizer) tokenizeConversation(ctx context.Context, c *apireq.ResponsesConversation, _ string) ([]uint32, error) {
+	msgs := make([]json.RawMessage, len(c.Messages))
+	for i, m := range c.Messages {
+		s, err := chat.ValueJSON(m)
+		if err != nil {
+			return nil, &badRequestError{msg: err.Error()}
+		}
+		msgs[i] = json.RawMessage(s)
+	}
+	body, err := json.Marshal(map[string]any{"messages": msgs})
+	if err != nil {
+		return nil, err
+	}
+	return t.tokenizeRequest(ctx, body)
 }
 
 // contentText flattens an OpenAI message content (string or list of text parts).

@@ -11,6 +11,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/kvgate/kvgate/apireq"
 )
 
 // Worker is one simulated vLLM server: the HTTP surface plus one engine per DP rank.
@@ -35,6 +37,7 @@ type Worker struct {
 	completed, diedMidStream      atomic.Int64
 	faultRand                     *lockedRand
 	stored                        *responseStore // the Responses API store (store: true)
+	responses                     *apireq.Parser // maps Responses bodies as the gateway does
 }
 
 // Stats are counters tests use to observe the worker from outside.
@@ -63,7 +66,8 @@ func New(opts Options) (*Worker, error) {
 		return nil, err
 	}
 	w := &Worker{opts: o, loras: make(map[string]int), created: time.Now().Unix(),
-		faultRand: newLockedRand(o.Faults.Seed), stored: newResponseStore()}
+		faultRand: newLockedRand(o.Faults.Seed), stored: newResponseStore(),
+		responses: apireq.NewParser(apireq.IdentityConfig{})}
 	var salt [8]byte
 	_, _ = rand.Read(salt[:]) // crypto/rand.Read never fails (Go >= 1.24)
 	w.idSalt = binary.BigEndian.Uint64(salt[:])

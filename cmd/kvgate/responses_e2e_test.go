@@ -159,8 +159,9 @@ func TestResponsesPinnedConversation(t *testing.T) {
 }
 
 // TestResponsesTokensMatchSimulator: for a set of Responses bodies the gateway's prompt token
-// count (its own mapping, template and tokenizer; POST /debug/route) equals the simulator's
-// (its independent conversion; usage.input_tokens), so routing hashes what the worker holds.
+// count (POST /debug/route) equals the simulator's (usage.input_tokens) for every field vLLM
+// renders, tools included, so routing hashes what the worker holds and
+// kvgate_router_prompt_token_mismatches_total stays 0.
 func TestResponsesTokensMatchSimulator(t *testing.T) {
 	tok := needModel(t)
 	f := startFleet(t, tok, fleetSpec{workers: 1, args: []string{"--router-policy", "kv_no_load"}})
@@ -170,6 +171,18 @@ func TestResponsesTokensMatchSimulator(t *testing.T) {
 		"message items":            {"input": []any{map[string]any{"type": "message", "role": "user", "content": []any{map[string]any{"type": "input_text", "text": "Hi"}}}, map[string]any{"role": "assistant", "content": "Hello!"}, map[string]any{"role": "user", "content": "Tell me a joke."}}},
 		"function call and output": {"instructions": "Use tools.", "input": []any{map[string]any{"role": "user", "content": "Weather in Paris?"}, map[string]any{"type": "reasoning", "summary": []any{}, "content": []any{map[string]any{"type": "reasoning_text", "text": "Need the tool."}}}, map[string]any{"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": `{"city":"Paris"}`}, map[string]any{"type": "function_call_output", "call_id": "call_1", "output": `{"temp_c":18}`}}},
 		"output message":           {"input": []any{map[string]any{"role": "user", "content": "Q"}, map[string]any{"type": "message", "role": "assistant", "content": []any{map[string]any{"type": "output_text", "text": "A"}}}, map[string]any{"role": "user", "content": "Q2"}}},
+		// Every field vLLM renders into the prompt: tools (function, namespaced, built-in),
+		// tool_choice, instructions, reasoning; text.format is read and renders nothing.
+		"tools and the rest": {"instructions": "You are a coding agent.", "reasoning": map[string]any{"effort": "low"}, "tool_choice": "auto",
+			"text": map[string]any{"format": map[string]any{"type": "json_schema", "name": "answer", "schema": map[string]any{"type": "object"}}},
+			"tools": []any{
+				map[string]any{"type": "function", "name": "shell", "description": "Run a command", "parameters": map[string]any{"type": "object", "properties": map[string]any{"cmd": map[string]any{"type": "string"}}}, "strict": false},
+				map[string]any{"type": "namespace", "name": "mcp__docs", "description": "Docs server", "tools": []any{map[string]any{"type": "function", "name": "search", "parameters": map[string]any{"type": "object"}}}},
+				map[string]any{"type": "web_search"}, map[string]any{"type": "custom", "name": "apply_patch"}},
+			"input": []any{map[string]any{"role": "user", "content": "List the files."},
+				map[string]any{"type": "function_call", "call_id": "c1", "name": "shell", "arguments": `{"cmd":"ls"}`},
+				map[string]any{"type": "function_call_output", "call_id": "c1", "output": "a.go b.go"}}},
+		"tool_choice none": {"tool_choice": "none", "input": "Hi", "tools": []any{map[string]any{"type": "function", "name": "shell", "parameters": map[string]any{"type": "object"}}}},
 	}
 	for name, b := range bodies {
 		t.Run(name, func(t *testing.T) {
