@@ -61,6 +61,14 @@ func (s *Server) handleCompletion(endpoint string) gin.HandlerFunc {
 // (nil without client keys): its cache salt goes into the hashes and the forwarded body, its
 // name onto the request's Responses pins.
 func (s *Server) prepare(ctx context.Context, endpoint string, body []byte, h http.Header, tn *tenant) (*apireq.Request, *router.Request, *apiError) {
+	if endpoint == pathResponses {
+		// Items referenced by id come from the stored responses holding them (itemrefs.go),
+		// the key's own only: the worker gets, and the gateway renders, the whole conversation.
+		var e *apiError
+		if body, e = s.resolveItemReferences(ctx, body, h, tn.owner()); e != nil {
+			return nil, nil, e
+		}
+	}
 	// Parsing and tokenizing cost CPU and a few times the body in memory: bounded together.
 	release, e := s.tokenize.acquire(ctx, len(body))
 	if e != nil {

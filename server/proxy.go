@@ -179,7 +179,7 @@ func (s *Server) attempt(c *gin.Context, a *call) (res outcome, code int, e *api
 	}()
 	a.cancel, a.uc = cancel, &usageCapture{}
 	if a.in.Endpoint == apireq.Responses && a.in.Store {
-		a.ids = &responseIDs{found: a.life.Produced}
+		a.ids = &responseIDs{found: a.life.Produced, items: s.items.put}
 	}
 	res, code, e = s.send(ctx, c, a)
 	if res == served && code == http.StatusOK {

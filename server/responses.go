@@ -66,25 +66,45 @@ func upstreamTarget(c *gin.Context, in *apireq.Request) (method, path string) {
 
 // responseIDs reports a stored response's id as soon as the worker names it: the non-stream
 // body's "id", or the stream's response.created event (vLLM's responses_stream_generator
-// sends it first). Methods on a nil value do nothing.
+// sends it first); and, once the response is complete, the ids of its output items (the body's
+// "output", or response.completed's), which later requests may reference (itemrefs.go).
+// Methods on a nil value do nothing.
 type responseIDs struct {
 	found func(id string)
+	items func(response string, items []string) // nil: output items are not noted
 	done  bool
 }
 
 func (r *responseIDs) fromEvent(ev []byte) {
-	if r == nil || r.done || !bytes.Contains(ev, []byte("response.created")) {
+	if r == nil {
 		return
 	}
-	var e struct {
-		Type     string `json:"type"`
-		Response struct {
-			ID string `json:"id"`
-		} `json:"response"`
+	if !r.done && bytes.Contains(ev, []byte("response.created")) {
+		var e struct {
+			Type     string `json:"type"`
+			Response struct {
+				ID string `json:"id"`
+			} `json:"response"`
+		}
+		if json.Unmarshal(sseData(ev), &e) == nil && e.Type == "response.created" && e.Response.ID != "" {
+			r.done = true
+			r.found(e.Response.ID)
+		}
+		return
 	}
-	if json.Unmarshal(sseData(ev), &e) == nil && e.Type == "response.created" && e.Response.ID != "" {
-		r.done = true
-		r.found(e.Response.ID)
+	if r.items != nil && bytes.Contains(ev, []byte("response.completed")) {
+		var e struct {
+			Type     string `json:"type"`
+			Response struct {
+				ID     string `json:"id"`
+				Output []struct {
+					ID string `json:"id"`
+				} `json:"output"`
+			} `json:"response"`
+		}
+		if json.Unmarshal(sseData(ev), &e) == nil && e.Type == "response.completed" {
+			r.items(e.Response.ID, outputItemIDs(e.Response.Output))
+		}
 	}
 }
 
@@ -95,10 +115,16 @@ func (r *responseIDs) fromBody(body []byte) {
 	var b struct {
 		ID     string `json:"id"`
 		Object string `json:"object"`
+		Output []struct {
+			ID string `json:"id"`
+		} `json:"output"`
 	}
 	if json.Unmarshal(body, &b) == nil && b.Object == "response" && b.ID != "" {
 		r.done = true
 		r.found(b.ID)
+		if r.items != nil {
+			r.items(b.ID, outputItemIDs(b.Output))
+		}
 	}
 }
 

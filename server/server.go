@@ -76,6 +76,7 @@ type Server struct {
 	tenants    *tenants       // the client keys' names and cache salts, in clientKeys order
 	adminToken keySet         // empty: the admin listener is open
 	tokenize   *tokenizeSlots // caps concurrent enrichments (tokenizations)
+	items      *itemIndex     // Responses output item → the stored response holding it
 	details    []HealthDetail
 	checks     []ReadinessCheck // what GET /ready asks besides the shutdown phase
 
@@ -101,7 +102,9 @@ func New(opts Options) (*Server, error) {
 		log:      opts.Logger,
 		m:        newMetrics(opts.Registry, opts.Metrics),
 		tokenize: newTokenizeSlots(opts.Config.Limits),
-		details:  opts.Details,
+		// One entry per output item of a stored response, bounded like the response pins.
+		items:   newItemIndex(opts.Config.Router.Responses.MaxPins),
+		details: opts.Details,
 	}
 	s.cutCtx, s.cut = context.WithCancel(context.Background())
 	if !opts.NoFleetReadiness {
