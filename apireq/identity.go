@@ -1,6 +1,7 @@
 package apireq
 
 import (
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"strings"
@@ -35,10 +36,15 @@ type IdentityConfig struct {
 // DefaultIdentity returns the names listed in docs/ARCHITECTURE.md, "Session identity".
 func DefaultIdentity() IdentityConfig {
 	return IdentityConfig{
+		// Explicit session headers first, then what agents send on their own: Claude Code's
+		// X-Claude-Code-Session-Id, Codex's thread-id and session-id, pi's session_id.
 		SessionHeaders: []string{"X-Session-ID", "X-Dynamo-Session-ID", "X-Correlation-ID",
-			"X-Session-Affinity", "X-Claude-Code-Session-Id"},
+			"X-Session-Affinity", "X-Claude-Code-Session-Id", "thread-id", "session-id", "session_id"},
 		// session_id is vLLM's own body field (it echoes it on KV events); nvext wins over it.
-		SessionBodyFields: []string{"nvext.session_control.session_id", "session_id"},
+		// prompt_cache_key is OpenAI's cache-routing key (chat and Responses; Codex sends its
+		// conversation id there); metadata.user_id counts only where it carries a session
+		// (AnthropicUserIDField).
+		SessionBodyFields: []string{"nvext.session_control.session_id", "session_id", "prompt_cache_key", AnthropicUserIDField},
 		ParentHeaders:     []string{"X-Parent-Session-ID", "X-Dynamo-Parent-Session-ID", "X-Claude-Code-Parent-Agent-Id"},
 		ParentBodyFields:  []string{"nvext.session_control.parent_session_id"},
 		FinalHeaders:      []string{"X-Dynamo-Session-Final"},
@@ -73,6 +79,33 @@ func (c IdentityConfig) withDefaults() IdentityConfig {
 	return c
 }
 
+// AnthropicUserIDField is the Anthropic Messages body field metadata.user_id. As a session
+// source it yields only the session a Claude Code user id carries (claudeCodeSession); a plain
+// user id names a user, not a conversation, and is no session.
+const AnthropicUserIDField = "metadata.user_id"
+
+// claudeCodeSession returns the session id inside a Claude Code metadata.user_id: the JSON
+// string {"device_id": ..., "account_uuid": ..., "session_id": ...} it sends since 2.1.78, or
+// the older "user_<hash>_account_<uuid>_session_<uuid>"; "" for anything else.
+func claudeCodeSession(userID string) string {
+	if strings.HasPrefix(userID, "{") {
+		var v struct {
+			SessionID string `json:"session_id"`
+		}
+		if json.Unmarshal([]byte(userID), &v) != nil {
+			return ""
+		}
+		return v.SessionID
+	}
+	if !strings.HasPrefix(userID, "user_") {
+		return ""
+	}
+	if i := strings.LastIndex(userID, "_session_"); i >= 0 {
+		return userID[i+len("_session_"):]
+	}
+	return ""
+}
+
 // Identity is who a request says it is.
 type Identity struct {
 	SessionID string `json:"session_id,omitempty"`
@@ -103,6 +136,9 @@ func (c *IdentityConfig) identity(h http.Header, body bodyFields) (Identity, err
 		v, ok := field(path)
 		if !ok || !v.IsString() {
 			return ""
+		}
+		if path == AnthropicUserIDField {
+			return claudeCodeSession(v.AsString())
 		}
 		return v.AsString()
 	}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/http"
 
+	"github.com/kvgate/kvgate/kvkey"
 	"github.com/kvgate/kvgate/tokenize/chat"
 )
 
@@ -199,13 +200,16 @@ func (p *Parser) Parse(endpoint Endpoint, body []byte) (*Request, *Error) {
 	return r, nil
 }
 
-// Identify fills r.Session from the headers and r's parsed body. A session or parent id that is
-// too long or carries control characters is a 400.
+// Identify fills r.Session from the headers and r's parsed body, the session and parent ids
+// hashed (kvkey.HashSessionID): nothing downstream (tracker, logs, debug views, the worker's
+// X-Session-ID) sees what the client sent. A session or parent id that is too long or carries
+// control characters is a 400.
 func (p *Parser) Identify(r *Request, h http.Header) *Error {
 	id, err := p.ids.identity(h, r.doc)
 	if err != nil {
 		return badRequest("", err.Error())
 	}
+	id.SessionID, id.ParentID = kvkey.HashSessionID(id.SessionID), kvkey.HashSessionID(id.ParentID)
 	r.Session = id
 	return nil
 }

@@ -4,6 +4,8 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+
+	"github.com/kvgate/kvgate/kvkey"
 )
 
 // Parse maps each endpoint's body into the one model, reading every field from one parse.
@@ -151,7 +153,7 @@ func TestIdentify(t *testing.T) {
 	if e := p.Identify(r, http.Header{}); e != nil {
 		t.Fatal(e)
 	}
-	if r.Session != (Identity{SessionID: "b", Final: true, Source: "body:nvext.session_control.session_id"}) {
+	if r.Session != (Identity{SessionID: kvkey.HashSessionID("b"), Final: true, Source: "body:nvext.session_control.session_id"}) {
 		t.Errorf("identity %+v", r.Session)
 	}
 	h := http.Header{}

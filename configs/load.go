@@ -107,6 +107,7 @@ func Fields() []Field {
 		field("limits.body_read_timeout", "longest time to read one request's body after its headers (slow uploads get 408); 0 = none; responses are not limited", func(c *Config) flag.Value { return &c.Limits.BodyReadTimeout }),
 		field("limits.max_conns_per_ip", "concurrent client connections per IP address at most; 0 = no cap", func(c *Config) flag.Value { return intValue{&c.Limits.MaxConnsPerIP} }),
 		field("sessions.headers", "session id headers, first match wins (comma-separated)", func(c *Config) flag.Value { return listValue{&c.Sessions.Headers} }),
+		field("sessions.body_fields", "session id body fields (dotted paths), after the headers, first match wins (comma-separated)", func(c *Config) flag.Value { return listValue{&c.Sessions.BodyFields} }),
 		field("sessions.parent_headers", "parent session id headers, first match wins (comma-separated)", func(c *Config) flag.Value { return listValue{&c.Sessions.ParentHeaders} }),
 		field("sessions.final_headers", "headers whose value true ends the session after the request (comma-separated)", func(c *Config) flag.Value { return listValue{&c.Sessions.FinalHeaders} }),
 		field("sessions.max_sessions", "sessions tracked at most; the least recently used is forgotten", func(c *Config) flag.Value { return intValue{&c.Sessions.MaxSessions} }),

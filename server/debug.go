@@ -152,7 +152,8 @@ func (s *Server) handleDebugSession(c *gin.Context) {
 		return
 	}
 	lineage := c.Query("lineage") == "true" || c.Query("lineage") == "1"
-	view, err := s.router.DebugSession(id, lineage)
+	// Sessions are kept under their hashed id: the client's id or the hashed one both work.
+	view, err := s.router.DebugSession(kvkey.HashSessionID(id), lineage)
 	if err != nil {
 		status := http.StatusInternalServerError
 		if errors.Is(err, router.ErrNoSession) {

@@ -31,7 +31,7 @@ func TestDebugEndpointsSimplePolicy(t *testing.T) {
 		{"bad endpoint", "/debug/route?endpoint=embeddings", `{}`, 400, `"param":"endpoint"`},
 		{"neither", "/debug/route", `{"model":"` + testModel + `"}`, 400, `messages: must be a non-empty array`},
 		{"unknown model", "/debug/route", `{"model":"nope","prompt":"x"}`, 404, "The model `nope` does not exist."},
-		{"session echoed", "/debug/route", `{"model":"` + testModel + `","prompt":"x","nvext":{"session_control":{"session_id":"s-1"}}}`, 200, `"session_id":"s-1"`},
+		{"session echoed", "/debug/route", `{"model":"` + testModel + `","prompt":"x","nvext":{"session_control":{"session_id":"s-1"}}}`, 200, `"session_id":"` + kvkey.HashSessionID("s-1") + `"`},
 		{"bad session id", "/debug/route", `{"model":"` + testModel + `","prompt":"x","nvext":{"session_control":{"session_id":"a\u0001b"}}}`, 400, `session`},
 	}
 	for _, tc := range cases {
@@ -90,7 +90,7 @@ func (debugRouter) DebugFleet() router.FleetView {
 }
 
 func (debugRouter) DebugSession(id string, _ bool) (any, error) {
-	if id != "known/one" {
+	if id != kvkey.HashSessionID("known/one") {
 		return nil, fmt.Errorf("session %q: %w", id, router.ErrNoSession)
 	}
 	return map[string]string{"id": id}, nil
@@ -111,8 +111,8 @@ func TestDebugEndpointsReadTheRouter(t *testing.T) {
 			`"in_flight":0,"mode":"events","index_blocks":1`,
 			`"worker":"` + b.srv.URL + `","dp_rank":1,`, `"dp_rank":1,"healthy":true,"state":"healthy","in_flight":0,"mode":"events","index_blocks":22`,
 			`"kv_collectors":[{"listen":"tcp://127.0.0.1:1"`}},
-		{"/debug/sessions/known/one", 200, []string{`{"id":"known/one"}`}},
-		{"/debug/sessions/other", 404, []string{`session \"other\": no such session`}},
+		{"/debug/sessions/known/one", 200, []string{`{"id":"` + kvkey.HashSessionID("known/one") + `"}`}},
+		{"/debug/sessions/other", 404, []string{`session \"` + kvkey.HashSessionID("other") + `\": no such session`}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.path, func(t *testing.T) {

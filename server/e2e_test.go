@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/apireq"
+	"github.com/kvgate/kvgate/kvkey"
 	openai "github.com/sashabaranov/go-openai"
 )
 
@@ -207,7 +208,7 @@ func TestForwardedByteForByte(t *testing.T) {
 			if string(got.body) != tc.body {
 				t.Errorf("worker got body %q, want %q", got.body, tc.body)
 			}
-			if s := got.header.Get("X-Session-ID"); s != tc.wantSession {
+			if s := got.header.Get("X-Session-ID"); s != kvkey.HashSessionID(tc.wantSession) {
 				t.Errorf("X-Session-ID = %q, want %q", s, tc.wantSession)
 			}
 			if got.header.Get("X-Forwarded-For") == "" {
@@ -240,7 +241,7 @@ func TestSessionForwardHeader(t *testing.T) {
 			if resp.StatusCode != 200 {
 				t.Fatalf("status %d: %s", resp.StatusCode, data)
 			}
-			if got := w.rec.all()[i].header.Get("X-Worker-Session"); got != tc.want {
+			if got := w.rec.all()[i].header.Get("X-Worker-Session"); got != kvkey.HashSessionID(tc.want) {
 				t.Errorf("X-Worker-Session = %q, want %q", got, tc.want)
 			}
 		})

@@ -16,6 +16,7 @@ import (
 
 	openai "github.com/sashabaranov/go-openai"
 
+	"github.com/kvgate/kvgate/kvkey"
 	"github.com/kvgate/kvgate/router"
 	"github.com/kvgate/kvgate/sim"
 )
@@ -199,7 +200,7 @@ func TestDebugRouteContract(t *testing.T) {
 			t.Errorf("%s: g1 %d, but only %s computed the prompt", c.Worker, c.G1Blocks, w1)
 		}
 	}
-	if d.SessionID != "dry-1" {
+	if d.SessionID != kvkey.HashSessionID("dry-1") {
 		t.Errorf("session_id = %q", d.SessionID)
 	}
 	// Nothing was sent, nothing accounted, no session created.
@@ -305,7 +306,7 @@ func TestSessionEndpointsAndClose(t *testing.T) {
 		} `json:"frontiers"`
 	}
 	got := f.get("/debug/sessions/conv/7")
-	if err := json.Unmarshal([]byte(got), &view); err != nil || view.ID != "conv/7" || view.Affinity == nil || view.Affinity.Worker != w1 {
+	if err := json.Unmarshal([]byte(got), &view); err != nil || view.ID != kvkey.HashSessionID("conv/7") || view.Affinity == nil || view.Affinity.Worker != w1 {
 		t.Fatalf("session view %s, want affinity %s", got, w1)
 	}
 	// The worker's KV events, attributed to the forwarded X-Session-ID, move the session's

@@ -18,6 +18,7 @@ import (
 	"github.com/kvgate/kvgate/cluster"
 	"github.com/kvgate/kvgate/cluster/clusterconfig"
 	"github.com/kvgate/kvgate/configs"
+	"github.com/kvgate/kvgate/kvkey"
 	"github.com/kvgate/kvgate/server"
 	"github.com/kvgate/kvgate/sim"
 	"github.com/kvgate/kvgate/tokenize"
@@ -163,7 +164,7 @@ func (f *replicaFleet) awaitShared(t *testing.T, id string) {
 	deadline := time.Now().Add(5 * time.Second)
 	for i, r := range f.replicas {
 		for {
-			if _, ok := r.rt.bindings.Lookup(id); ok {
+			if _, ok := r.rt.bindings.Lookup(kvkey.HashSessionID(id)); ok {
 				break
 			}
 			if time.Now().After(deadline) {
@@ -248,20 +249,20 @@ func (f *replicaFleet) chat(t *testing.T, gw int, id string, history []map[strin
 // retrying, or a split); exactly one binding wins and every later turn, on any gateway,
 // follows it.
 func (f *replicaFleet) concurrentFirstTurns(t *testing.T) {
-	const sessions = 4
+	const nSessions = 4
 	created, moved := f.bindingOps(t, "create", "ok"), f.bindingOps(t, "rebind", "ok")
 	defer func() {
 		if t.Failed() {
 			return
 		}
-		if got := f.bindingOps(t, "create", "ok") - created; got != sessions {
-			t.Errorf("%v creates won for %d sessions, want exactly one each", got, sessions)
+		if got := f.bindingOps(t, "create", "ok") - created; got != nSessions {
+			t.Errorf("%v creates won for %d sessions, want exactly one each", got, nSessions)
 		}
 		if got := f.bindingOps(t, "rebind", "ok") - moved; got != 0 {
 			t.Errorf("%v rebinds: the losers must follow the winner, not move the binding", got)
 		}
 	}()
-	for s := range sessions {
+	for s := range nSessions {
 		id := fmt.Sprintf("split-%d", s)
 		history := []map[string]string{{"role": "system", "content": fmt.Sprintf("Split agent %d. %s", s, longText(500+s, 40))},
 			{"role": "user", "content": "go"}}
@@ -297,7 +298,7 @@ func (f *replicaFleet) concurrentFirstTurns(t *testing.T) {
 		for {
 			seen := map[string]bool{}
 			for _, r := range f.replicas {
-				b, _ := r.rt.bindings.Lookup(id)
+				b, _ := r.rt.bindings.Lookup(kvkey.HashSessionID(id))
 				seen[b.Target.Worker] = true
 				win = b.Target.Worker
 			}

@@ -351,7 +351,10 @@ func (f *sessionFeed) BlocksStoredFrom(t kvkey.Target, tier indexers.Tier, hashe
 	}
 	// A rejected update (conflicting or cyclic parentage) changed nothing and is counted by the
 	// session tracker; the physical index already applied the event.
-	_ = f.m.ApplyStored(t, hashes, parent, sessionID)
+	// The id is the hashed one the gateway forwarded; a worker that echoes a body session_id
+	// instead reports the client's own, which is hashed here to the same key (HashSessionID leaves an
+	// already hashed id alone).
+	_ = f.m.ApplyStored(t, hashes, parent, kvkey.HashSessionID(sessionID))
 }
 
 // BlocksRemoved recedes session frontiers past evicted GPU blocks.

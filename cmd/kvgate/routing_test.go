@@ -79,9 +79,10 @@ func TestSessionFeed(t *testing.T) {
 	}
 	feed := &sessionFeed{m: sm}
 	tgt := kvkey.Target{Worker: "http://w:1"}
-	sm.Observe(sessions.Identity{SessionID: "s"})
+	// The tracker holds hashed ids; the worker echoed the client's own (a body session_id).
+	sm.Observe(sessions.Identity{SessionID: kvkey.HashSessionID("s")})
 	depth := func() int {
-		fr := sm.Frontiers("s")
+		fr := sm.Frontiers(kvkey.HashSessionID("s"))
 		if len(fr) == 0 {
 			return 0
 		}
@@ -117,7 +118,8 @@ func TestSessionFeedChangeSet(t *testing.T) {
 	}
 	feed := &sessionFeed{m: sm}
 	tgt := kvkey.Target{Worker: "http://w:1"}
-	sm.Observe(sessions.Identity{SessionID: "s"})
+	// The tracker holds hashed ids; the worker echoed the client's own (a body session_id).
+	sm.Observe(sessions.Identity{SessionID: kvkey.HashSessionID("s")})
 	var cs indexers.ChangeSet
 	store := &indexers.BlockStored{BlockHashes: []indexers.WireHash{indexers.IntHash(1), indexers.IntHash(2)},
 		TokenIDs: []uint32{1, 2, 3, 4, 5, 6, 7, 8}, BlockSize: 4, SessionID: indexers.Some("s")}
@@ -125,12 +127,12 @@ func TestSessionFeedChangeSet(t *testing.T) {
 		t.Fatal(err)
 	}
 	feed.IndexChanged(&cs)
-	if fr := sm.Frontiers("s"); len(fr) != 1 || fr[0].Depth != 2 {
+	if fr := sm.Frontiers(kvkey.HashSessionID("s")); len(fr) != 1 || fr[0].Depth != 2 {
 		t.Fatalf("after the store: frontiers %+v, want one of depth 2", fr)
 	}
 	ix.ResetTo(tgt, &cs)
 	feed.IndexChanged(&cs)
-	if fr := sm.Frontiers("s"); len(fr) != 0 {
+	if fr := sm.Frontiers(kvkey.HashSessionID("s")); len(fr) != 0 {
 		t.Fatalf("after the reset: frontiers %+v, want none", fr)
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvgate/kvgate/kvkey"
 	"github.com/kvgate/kvgate/sim"
 )
 
@@ -162,7 +163,7 @@ func TestSubagentPlacement(t *testing.T) {
 			sysTokens := (d.PromptBlocks - 1) * f.cfg.BlockSize
 			tc.check(t, rootW, kids, sysTokens)
 			// The sessions layer saw the lineage: the root lists its children and the group.
-			if got := f.get("/debug/sessions/root"); !strings.Contains(got, "root/sub-0") {
+			if got := f.get("/debug/sessions/root"); !strings.Contains(got, kvkey.HashSessionID("root/sub-0")) {
 				t.Errorf("root session view lacks its children: %s", got)
 			}
 		})

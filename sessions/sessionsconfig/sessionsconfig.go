@@ -28,6 +28,9 @@ const (
 type Config struct {
 	// Headers are the session id headers, first match wins.
 	Headers []string `yaml:"headers"`
+	// BodyFields are dotted body paths carrying the session id, tried after the headers,
+	// first match wins; "metadata.user_id" counts only where it holds a Claude Code session.
+	BodyFields []string `yaml:"body_fields"`
 	// ParentHeaders are the parent session id headers, first match wins.
 	ParentHeaders []string `yaml:"parent_headers"`
 	// FinalHeaders are headers whose value "true" ends the session after the request.
@@ -57,7 +60,10 @@ func Default() Config {
 	return Config{
 		Headers: []string{
 			"X-Session-ID", "X-Dynamo-Session-ID", "X-Correlation-ID",
-			"X-Session-Affinity", "x-claude-code-session-id",
+			"X-Session-Affinity", "x-claude-code-session-id", "thread-id", "session-id", "session_id",
+		},
+		BodyFields: []string{
+			"nvext.session_control.session_id", "session_id", "prompt_cache_key", "metadata.user_id",
 		},
 		ParentHeaders: []string{
 			"X-Parent-Session-ID", "X-Dynamo-Parent-Session-ID", "x-claude-code-parent-agent-id",
@@ -87,6 +93,11 @@ func (c Config) Validate() error {
 			if !ValidHeaderName(h) {
 				p.Addf(l.key+"["+strconv.Itoa(i)+"]", "%q is not a valid HTTP header name", h)
 			}
+		}
+	}
+	for i, f := range c.BodyFields {
+		if !validBodyPath(f) {
+			p.Addf("body_fields["+strconv.Itoa(i)+"]", "%q is not a dotted path of JSON object keys", f)
 		}
 	}
 	if c.MaxSessions < 1 {
@@ -126,4 +137,17 @@ func ValidHeaderName(h string) bool {
 		}
 	}
 	return http.CanonicalHeaderKey(h) != ""
+}
+
+// validBodyPath reports whether f is a dotted path of non-empty keys ("a.b.c").
+func validBodyPath(f string) bool {
+	if f == "" {
+		return false
+	}
+	for _, k := range strings.Split(f, ".") {
+		if k == "" {
+			return false
+		}
+	}
+	return true
 }

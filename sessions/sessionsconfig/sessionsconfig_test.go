@@ -16,7 +16,8 @@ func TestDefault(t *testing.T) {
 		got, want any
 	}{
 		{"first session header", d.Headers[0], "X-Session-ID"},
-		{"session headers", len(d.Headers), 5},
+		{"session headers", len(d.Headers), 8},
+		{"session body fields", len(d.BodyFields), 4},
 		{"parent headers", len(d.ParentHeaders), 3},
 		{"final header", d.FinalHeaders[0], "X-Dynamo-Session-Final"},
 		{"max_sessions", d.MaxSessions, 16384},
@@ -51,6 +52,8 @@ func TestValidate(t *testing.T) {
 		{"no session headers", func(c *Config) { c.Headers = nil }, ""},
 		{"bad session header", func(c *Config) { c.Headers = []string{"X-Ok", "bad header"} }, "headers[1]: "},
 		{"empty parent header", func(c *Config) { c.ParentHeaders = []string{""} }, "parent_headers[0]: "},
+		{"no body fields", func(c *Config) { c.BodyFields = []string{} }, ""},
+		{"bad body field", func(c *Config) { c.BodyFields = []string{"a..b"} }, "body_fields[0]: "},
 		{"bad final header", func(c *Config) { c.FinalHeaders = []string{"X:Final"} }, "final_headers[0]: "},
 		{"zero max_sessions", func(c *Config) { c.MaxSessions = 0 }, "max_sessions: "},
 		{"zero max_nodes", func(c *Config) { c.MaxNodes = 0 }, "max_nodes: "},
