@@ -80,3 +80,39 @@ func outputMessage(t *testing.T, body []byte, stream bool) (string, string) {
 	}
 	return r.Output[0].ID, r.Output[0].Content[0].Text
 }
+
+// TestResponsesItemReferencesAreTheKeys: with client keys, an item of key A's stored response
+// resolves for A and, referenced by another key (Bearer or x-api-key), is the same 400 as an
+// item nobody stored: the other key learns nothing of A's responses.
+func TestResponsesItemReferencesAreTheKeys(t *testing.T) {
+	tok := needModel(t)
+	f := startFleet(t, tok, fleetSpec{workers: 1, args: []string{"--router-policy", "kv_no_load", "--auth-api-keys", tenantKeys}})
+	asA := map[string]string{"Authorization": "Bearer key-alpha-secret"}
+	code, body := tenantCall(t, f, http.MethodPost, "/v1/responses", map[string]any{
+		"model": servedModel, "input": "Tell me about Paris.", "max_output_tokens": 4}, asA)
+	if code != http.StatusOK {
+		t.Fatalf("turn 1: %d %s", code, body)
+	}
+	msgID, _ := outputMessage(t, body, false)
+	follow := func(id string) map[string]any {
+		return map[string]any{"model": servedModel, "max_output_tokens": 2, "input": []any{
+			map[string]any{"role": "user", "content": "Tell me about Paris."},
+			map[string]any{"type": "item_reference", "id": id},
+			map[string]any{"role": "user", "content": "And Rome?"}}}
+	}
+	if code, body := tenantCall(t, f, http.MethodPost, "/v1/responses", follow(msgID), asA); code != http.StatusOK {
+		t.Fatalf("key A's own reference: %d %s", code, body)
+	}
+	_, nobody := tenantCall(t, f, http.MethodPost, "/v1/responses", follow("msg_nowhere"), asA)
+	for _, h := range bKeys {
+		code, body := tenantCall(t, f, http.MethodPost, "/v1/responses", follow(msgID), h)
+		if code != http.StatusBadRequest || !strings.Contains(string(body), "cannot be resolved") {
+			t.Fatalf("another key (%v) referencing A's item: %d %s", h, code, body)
+		}
+		got := strings.ReplaceAll(string(body), msgID, "ID")
+		want := strings.ReplaceAll(string(nobody), "msg_nowhere", "ID")
+		if got != want {
+			t.Errorf("another key's answer differs from an unknown item's:\n got %s\nwant %s", got, want)
+		}
+	}
+}
