@@ -35,7 +35,8 @@ start_gw() { # a fresh kvgate process, so each scenario's RSS growth is its own
 		wait "$gw" 2>/dev/null || true
 	fi
 	"$tmp/kvgate" serve --listen "127.0.0.1:$gw_port" --model m --tokenizer "$model_dir" \
-		--router-policy kv_no_load --worker "http://127.0.0.1:$sim_port" --log-level warn >>"$tmp/gw.log" 2>&1 &
+		--router-policy kv_no_load --worker "http://127.0.0.1:$sim_port" --shutdown-drain-delay 0s \
+		--log-level warn >>"$tmp/gw.log" 2>&1 &
 	gw=$!
 	pids+=("$gw")
 	for _ in $(seq 100); do
