@@ -27,6 +27,9 @@ type joinState struct {
 	sawLive   bool      // a live batch arrived since the join replay started
 	confirmAt time.Time // when to ask the replay socket once more; zero = not planned
 	settle    time.Duration
+	// dropped is set when the SUB's connection to the worker dropped: the next handshake is a
+	// reconnect, which may be a restarted worker (a fast restart need not flap /health).
+	dropped bool
 }
 
 // replayDone is called when an exchange ends: after a join replay with no live batch seen,
@@ -232,9 +235,16 @@ func (f *feed) onMonitor() {
 			case ev == zmq.EVENT_HANDSHAKE_SUCCEEDED:
 				// A new connection: whatever was published while we had none is only in the ring.
 				s.join.connected, s.join.due = true, true
+				if s.join.dropped {
+					// A reconnect: the worker may have restarted (a new process re-binds the
+					// same port). Ask its ring, as for a health flap, before any new batch.
+					s.join.dropped = false
+					s.stats.reconnectChecks.Add(1)
+					s.MarkRestarted()
+				}
 			case ev == zmq.EVENT_DISCONNECTED && !f.shared:
 				// libzmq reconnects by itself; until then the stream is not trustworthy.
-				s.join.connected = false
+				s.join.connected, s.join.dropped = false, true
 				s.join.confirmAt = time.Time{}
 			}
 			s.setState(s.connState())

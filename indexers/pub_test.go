@@ -1,6 +1,7 @@
 package indexers
 
 import (
+	"errors"
 	"testing"
 	"time"
 
@@ -25,8 +26,11 @@ type testPub struct {
 	// when it drops at its HWM: never one of the first two replies of a request, which sit at
 	// the head of an empty queue). Only touched on the publisher goroutine (use do).
 	dropReplies map[uint64]int
-	cmds        chan func(pub, router *zmq.Socket)
-	done        chan struct{}
+	// bounces asks the publisher goroutine to close both sockets and bind new ones on the same
+	// endpoints, with seq 0 and an empty ring: a worker process that restarted.
+	bounces chan chan error
+	cmds    chan func(pub, router *zmq.Socket)
+	done    chan struct{}
 }
 
 func newTestPub(t testing.TB, zctx *zmq.Context, topic string, ringCap int, format ReplayFormat) *testPub {
@@ -36,7 +40,8 @@ func newTestPub(t testing.TB, zctx *zmq.Context, topic string, ringCap int, form
 // newTestPubTo is newTestPub whose PUB connects to connect ("" = bind a loopback port).
 func newTestPubTo(t testing.TB, zctx *zmq.Context, topic string, ringCap int, format ReplayFormat, connect string) *testPub {
 	p := &testPub{t: t, topic: topic, format: format, ring: NewReplayBuffer(ringCap), connect: connect,
-		dropReplies: map[uint64]int{}, cmds: make(chan func(pub, router *zmq.Socket)), done: make(chan struct{})}
+		dropReplies: map[uint64]int{}, cmds: make(chan func(pub, router *zmq.Socket)), done: make(chan struct{}),
+		bounces: make(chan chan error)}
 	ready := make(chan error, 1)
 	go p.loop(zctx, ready)
 	if err := <-ready; err != nil {
@@ -53,13 +58,13 @@ func (p *testPub) loop(zctx *zmq.Context, ready chan<- error) {
 		ready <- err
 		return
 	}
-	defer pub.Close()
+	defer func() { pub.Close() }()
 	router, err := zctx.NewSocket(zmq.ROUTER)
 	if err != nil {
 		ready <- err
 		return
 	}
-	defer router.Close()
+	defer func() { router.Close() }()
 	_ = pub.SetLinger(0)
 	_ = router.SetLinger(0)
 	if p.connect != "" {
@@ -82,6 +87,34 @@ func (p *testPub) loop(zctx *zmq.Context, ready chan<- error) {
 	poller.Add(router, zmq.POLLIN)
 	for {
 		select {
+		case reply := <-p.bounces:
+			pub.Close()
+			router.Close()
+			p.seq, p.ring = 0, NewReplayBuffer(len(p.ring.seqs))
+			// libzmq closes a socket's listener on its I/O thread: the port may be busy for a
+			// moment after Close.
+			bind := func(s *zmq.Socket, ep string) (err error) {
+				for range 100 {
+					if err = s.Bind(ep); err == nil {
+						return nil
+					}
+					time.Sleep(10 * time.Millisecond)
+				}
+				return err
+			}
+			var errPub, errRouter error
+			if pub, errPub = zctx.NewSocket(zmq.PUB); errPub == nil {
+				_ = pub.SetLinger(0)
+				errPub = bind(pub, p.pubEP)
+			}
+			if router, errRouter = zctx.NewSocket(zmq.ROUTER); errRouter == nil {
+				_ = router.SetLinger(0)
+				errRouter = bind(router, p.repEP)
+			}
+			poller = zmq.NewPoller()
+			poller.Add(router, zmq.POLLIN)
+			reply <- errors.Join(errPub, errRouter)
+			continue
 		case f, ok := <-p.cmds:
 			if !ok {
 				return
@@ -146,6 +179,16 @@ func (p *testPub) raw(frames ...[]byte) {
 }
 
 // restart behaves like a restarted engine: seq back to 0, empty replay ring.
+// bounce restarts the publisher as a new process would: both sockets closed and bound again on
+// the same endpoints, seq 0, an empty ring (the subscriber's connections drop and reconnect).
+func (p *testPub) bounce() {
+	reply := make(chan error)
+	p.bounces <- reply
+	if err := <-reply; err != nil {
+		p.t.Fatalf("bounce: %v", err)
+	}
+}
+
 func (p *testPub) restart() {
 	p.do(func(_, _ *zmq.Socket) {
 		p.seq = 0

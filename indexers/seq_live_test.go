@@ -343,3 +343,29 @@ func sampleValue(t *testing.T, reg *prometheus.Registry, name, label, value stri
 	t.Fatalf("metric %s{%s=%q}: no sample", name, label, value)
 	return 0
 }
+
+// A worker process that restarts fast, re-binding its sockets before any /health probe could
+// notice and publishing nothing yet: the SUB's monitor sees the connection drop and come back,
+// and the ring check that follows (the same as for a health flap) resets the target before
+// any new batch arrives. A reconnect to the same engine (its ring still holds the last batch)
+// changes nothing.
+func TestLiveReconnectChecksRing(t *testing.T) {
+	rig := newLiveRig(t)
+	tg := kvkey.Target{Worker: "http://rc", DPRank: 0}
+	sc := newScenario(t, 21, 10, LayoutMap)
+	p := newTestPub(t, rig.m.zctx, "", 100, ReplayWithTopic)
+	s := rig.follow(t, tg, p, true)
+	for _, pl := range sc.payloads {
+		p.publish(pl, false)
+	}
+	waitSeq(t, s, 9)
+	if len(dumpTarget(rig.ix, tg)) == 0 {
+		t.Fatal("no blocks indexed before the restart")
+	}
+	p.bounce()
+	waitFor(t, "reconnect check", func() bool { return s.stats.reconnectChecks.Load() >= 1 })
+	waitFor(t, "restart reset", func() bool { return s.stats.resetsRestart.Load()+s.stats.resetsHealth.Load() >= 1 })
+	if got := dumpTarget(rig.ix, tg); len(got) != 0 {
+		t.Fatalf("after the restart, with no new batch, the index still credits %d blocks", len(got))
+	}
+}

@@ -124,6 +124,7 @@ type subStats struct {
 	parseFrames, parsePayload, unknownEvents, malformed      atomic.Int64
 	reconnects, pendingOverflow, rankMismatch                atomic.Int64
 	joinReplays, lateDuplicates, stale                       atomic.Int64
+	reconnectChecks                                          atomic.Int64 // ring checks after a reconnect
 	implausible, unconfirmed, skippedSeq                     atomic.Int64
 	lastSeq                                                  atomic.Uint64
 	haveSeq                                                  atomic.Bool  // lastSeq is set

@@ -239,24 +239,27 @@ func (m *Subscribers) Close() error {
 
 // TargetDebug is one target's entry in GET /debug/workers.
 type TargetDebug struct {
-	Worker           string           `json:"worker"`
-	DPRank           int              `json:"dp_rank"`
-	Endpoint         string           `json:"endpoint,omitempty"`
-	ReplayEndpoint   string           `json:"replay_endpoint,omitempty"`
-	State            string           `json:"state"`
-	LastSeq          uint64           `json:"last_seq"`
-	HaveSeq          bool             `json:"have_seq"`
-	IndexMode        string           `json:"index_mode"`
-	IndexModeReason  string           `json:"index_mode_reason,omitempty"`
-	LastBatchAgeSec  float64          `json:"last_batch_age_seconds,omitempty"`
-	Batches          int64            `json:"batches"`
-	Gaps             int64            `json:"gaps"`
-	ReplaysOK        int64            `json:"replays_ok"`
-	ReplaysFailed    int64            `json:"replays_failed"`
-	Resets           map[string]int64 `json:"resets"`
-	ParseErrors      map[string]int64 `json:"parse_errors"`
-	Reconnects       int64            `json:"reconnects"`
-	JoinReplays      int64            `json:"join_replays"`
+	Worker          string           `json:"worker"`
+	DPRank          int              `json:"dp_rank"`
+	Endpoint        string           `json:"endpoint,omitempty"`
+	ReplayEndpoint  string           `json:"replay_endpoint,omitempty"`
+	State           string           `json:"state"`
+	LastSeq         uint64           `json:"last_seq"`
+	HaveSeq         bool             `json:"have_seq"`
+	IndexMode       string           `json:"index_mode"`
+	IndexModeReason string           `json:"index_mode_reason,omitempty"`
+	LastBatchAgeSec float64          `json:"last_batch_age_seconds,omitempty"`
+	Batches         int64            `json:"batches"`
+	Gaps            int64            `json:"gaps"`
+	ReplaysOK       int64            `json:"replays_ok"`
+	ReplaysFailed   int64            `json:"replays_failed"`
+	Resets          map[string]int64 `json:"resets"`
+	ParseErrors     map[string]int64 `json:"parse_errors"`
+	Reconnects      int64            `json:"reconnects"`
+	JoinReplays     int64            `json:"join_replays"`
+	// ReconnectChecks counts the replay-ring checks a reconnect of the SUB started (a worker
+	// that restarted fast, without a /health flap, re-accepts the connection).
+	ReconnectChecks  int64            `json:"reconnect_checks"`
 	LateDuplicates   int64            `json:"late_duplicates"`
 	Dropped          map[string]int64 `json:"dropped_batches"`
 	ResidentBlocks   map[string]int64 `json:"resident_blocks"`
@@ -340,6 +343,7 @@ func (m *Subscribers) Snapshot() []TargetDebug {
 				"dp_rank_mismatch": st.rankMismatch.Load(), "replay_buffer_overflow": st.pendingOverflow.Load()}
 			d.Reconnects = st.reconnects.Load()
 			d.JoinReplays = st.joinReplays.Load()
+			d.ReconnectChecks = st.reconnectChecks.Load()
 			d.LateDuplicates = st.lateDuplicates.Load()
 		}
 		out = append(out, d)

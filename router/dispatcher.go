@@ -66,6 +66,9 @@ type DispatcherOptions struct {
 	Targets         func() []kvkey.Target
 	MetricsClient   *http.Client
 	MetricsInterval time.Duration
+	// OnWorkerRestart hears a worker whose scraped process_start_time_seconds changed (a
+	// restart that /health may never have shown); see Scraper.OnRestart.
+	OnWorkerRestart func(worker string)
 	// MismatchLogBurst is how many prompt-token mismatches are logged before the log is limited
 	// to one line per MismatchLogEvery (defaults 5 and 1m).
 	MismatchLogBurst int
@@ -125,7 +128,8 @@ func NewDispatcher(o DispatcherOptions) (*Dispatcher, error) {
 		}
 	}
 	if o.Targets != nil {
-		e.scraper = &Scraper{Tracker: e.load, Client: o.MetricsClient, Interval: interval, Targets: o.Targets, Log: log}
+		e.scraper = &Scraper{Tracker: e.load, Client: o.MetricsClient, Interval: interval, Targets: o.Targets, Log: log,
+			OnRestart: o.OnWorkerRestart}
 	}
 	return e, nil
 }

@@ -156,15 +156,19 @@ func addMetricFamilies(out map[int]WorkerMetrics, families map[string]*dto.Metri
 // with an engine label go to that rank; values without one are the worker's totals, split
 // evenly over its ranks (KV usage applies to each as is).
 func (lt *LoadTracker) FeedMetrics(worker string, ranks []int, body io.Reader) error {
-	return lt.feedMetrics(worker, ranks, body, lt.now(), nil)
+	_, err := lt.feedMetrics(worker, ranks, body, lt.now(), nil)
+	return err
 }
 
 // feedMetrics is FeedMetrics for a body requested at sent, with each rank's counters marked
-// then (nil: now).
-func (lt *LoadTracker) feedMetrics(worker string, ranks []int, body io.Reader, sent time.Time, marks map[int]metricsMark) error {
+// then (nil: now). It returns the worker's process_start_time_seconds (0 when absent).
+func (lt *LoadTracker) feedMetrics(worker string, ranks []int, body io.Reader, sent time.Time, marks map[int]metricsMark) (start float64, err error) {
 	parsed, err := ParseWorkerMetrics(body)
 	if err != nil {
-		return fmt.Errorf("worker %s: %w", worker, err)
+		return 0, fmt.Errorf("worker %s: %w", worker, err)
+	}
+	for _, m := range parsed {
+		start = max(start, m.StartTime)
 	}
 	shared, hasShared := parsed[noEngine]
 	for _, r := range ranks {
@@ -183,7 +187,7 @@ func (lt *LoadTracker) feedMetrics(worker string, ranks []int, body io.Reader, s
 		m.At, m.mark = sent, marks[r]
 		lt.UpdateMetrics(kvkey.Target{Worker: worker, DPRank: r}, m)
 	}
-	return nil
+	return start, nil
 }
 
 // Scraper polls each worker's /metrics and feeds the load tracker.
@@ -194,6 +198,29 @@ type Scraper struct {
 	// Targets lists the targets to scrape; it is called on every round so the fleet may change.
 	Targets func() []kvkey.Target
 	Log     *slog.Logger
+	// OnRestart, when set, hears a worker whose process_start_time_seconds changed between two
+	// scrapes: the process restarted, whether or not its /health ever failed. It is called from
+	// the scrape's goroutine.
+	OnRestart func(worker string)
+
+	mu      sync.Mutex
+	started map[string]float64 // worker → the process_start_time_seconds of its last scrape
+}
+
+// noteStart records worker's process start time and reports whether it changed since the last
+// scrape that had one (the first sighting is no change).
+func (s *Scraper) noteStart(worker string, start float64) bool {
+	if start <= 0 {
+		return false
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.started == nil {
+		s.started = make(map[string]float64)
+	}
+	old, seen := s.started[worker]
+	s.started[worker] = start
+	return seen && old != start
 }
 
 // maxParallelScrapes bounds concurrent scrapes per round.
@@ -264,5 +291,12 @@ func (s *Scraper) scrape(ctx context.Context, worker string, ranks []int) error 
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 4096))
 		return fmt.Errorf("get metrics: status %d", resp.StatusCode)
 	}
-	return s.Tracker.feedMetrics(worker, ranks, resp.Body, sent, marks)
+	start, err := s.Tracker.feedMetrics(worker, ranks, resp.Body, sent, marks)
+	if err != nil {
+		return err
+	}
+	if s.noteStart(worker, start) && s.OnRestart != nil {
+		s.OnRestart(worker)
+	}
+	return nil
 }

@@ -244,3 +244,27 @@ func BenchmarkParseWorkerMetrics(b *testing.B) {
 		}
 	}
 }
+
+// A change of a worker's process_start_time_seconds between scrapes is a restart; the first
+// sighting, an unchanged value and a scrape without the metric are not.
+func TestScraperNoteStart(t *testing.T) {
+	s := &Scraper{}
+	for i, tc := range []struct {
+		worker string
+		start  float64
+		want   bool
+	}{
+		{"a", 100, false}, // first sighting
+		{"a", 100, false}, // unchanged
+		{"a", 0, false},   // not exposed this time
+		{"a", 100, false}, // unchanged since the last value
+		{"b", 100, false}, // another worker's first sighting
+		{"a", 250, true},  // restarted
+		{"a", 250, false},
+		{"b", 90, true}, // a clock step back is a change too
+	} {
+		if got := s.noteStart(tc.worker, tc.start); got != tc.want {
+			t.Errorf("step %d: noteStart(%s, %v) = %v, want %v", i, tc.worker, tc.start, got, tc.want)
+		}
+	}
+}

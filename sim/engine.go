@@ -26,6 +26,8 @@ type engineCore struct {
 
 	submit chan *simRequest
 	resets chan chan bool
+	// restarts asks the engine to restart (Worker.Restart); the reply channel is closed once it has.
+	restarts chan chan struct{}
 
 	waiting []*simRequest
 	running []*simRequest
@@ -55,13 +57,14 @@ type step struct {
 func newEngineCore(w *Worker, rank int) *engineCore {
 	o := w.opts
 	return &engineCore{
-		rank:   rank,
-		w:      w,
-		o:      o,
-		kv:     newKVManager(o),
-		submit: make(chan *simRequest, o.MaxWaiting+o.MaxNumSeqs),
-		resets: make(chan chan bool),
-		rng:    rand.New(rand.NewPCG(uint64(o.Faults.Seed)+1, uint64(rank))),
+		rank:     rank,
+		w:        w,
+		o:        o,
+		kv:       newKVManager(o),
+		submit:   make(chan *simRequest, o.MaxWaiting+o.MaxNumSeqs),
+		resets:   make(chan chan bool),
+		restarts: make(chan chan struct{}),
+		rng:      rand.New(rand.NewPCG(uint64(o.Faults.Seed)+1, uint64(rank))),
 	}
 }
 
@@ -97,8 +100,18 @@ func (e *engineCore) run(ctx context.Context) {
 			case done := <-e.resets:
 				done <- e.resetPrefixCache(ctx)
 				continue
+			case done := <-e.restarts:
+				e.restart(ctx)
+				close(done)
+				continue
 			}
 			e.next = time.Now() // idle time is not debt to pay back
+		}
+		select {
+		case done := <-e.restarts:
+			e.restart(ctx)
+			close(done)
+		default:
 		}
 		e.drainInbox(ctx)
 		e.dropCancelled()

@@ -2,6 +2,7 @@ package sim
 
 import (
 	"context"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"sync"
@@ -59,7 +60,9 @@ func (e *engineCore) faults(ctx context.Context) error {
 // restart simulates an engine restart: in-flight requests fail, the prefix cache and host tier
 // are lost without events, and the publisher starts again at sequence 0 with an empty buffer.
 func (e *engineCore) restart(ctx context.Context) {
-	e.o.Logger.Info("vllm-sim fault: engine restart", "dp_rank", e.rank)
+	e.o.Logger.Info("vllm-sim: engine restart", "dp_rank", e.rank)
+	// A restarted vLLM is a new process: its process_start_time_seconds moves on.
+	e.w.started.Store(math.Float64bits(unixSeconds(time.Now())))
 	// Requests already on the engine die with it; queued ones wait for the new engine.
 	for _, r := range e.running {
 		e.kv.free(&r.seq)

@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"math"
 	"strconv"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -92,6 +93,11 @@ func newSimMetrics(w *Worker) *simMetrics {
 		m.success, m.ttft, m.e2e, m.queueTime, m.prefillTime, m.decodeTime, m.inferenceTime, m.itl, m.tpot,
 		m.iterationTokens, m.prefillKVComputed)
 	m.reg.MustRegister(cacheConfigInfo(w))
+	// prometheus_client's process collector, which vLLM's /metrics includes: the gateway reads
+	// a change of it as a restart.
+	m.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "process_start_time_seconds",
+		Help: "Start time of the process since unix epoch in seconds."},
+		func() float64 { return math.Float64frombits(w.started.Load()) }))
 	for rank, e := range w.engines {
 		cl := prometheus.Labels{"model_name": w.opts.ServedModelName, "engine": w.rankLabels[rank]}
 		m.reg.MustRegister(

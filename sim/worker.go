@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
 	"net/http"
 	"strconv"
 	"sync"
@@ -38,6 +39,9 @@ type Worker struct {
 	faultRand                     *lockedRand
 	stored                        *responseStore // the Responses API store (store: true)
 	responses                     *apireq.Parser // maps Responses bodies as the gateway does
+	// started is process_start_time_seconds (float64 bits): when the simulated process started,
+	// moved on by every engine restart (Restart, or the restart fault).
+	started atomic.Uint64
 }
 
 // Stats are counters tests use to observe the worker from outside.
@@ -71,6 +75,7 @@ func New(opts Options) (*Worker, error) {
 	var salt [8]byte
 	_, _ = rand.Read(salt[:]) // crypto/rand.Read never fails (Go >= 1.24)
 	w.idSalt = binary.BigEndian.Uint64(salt[:])
+	w.started.Store(math.Float64bits(unixSeconds(time.Now())))
 	for i, name := range o.LoRAModules {
 		w.loras[name] = i + 1
 	}
@@ -162,6 +167,27 @@ func (w *Worker) EventEndpoints() []EventEndpoint {
 type EventEndpoint struct {
 	DPRank           int
 	Endpoint, Replay string
+}
+
+// Restart simulates a fast restart of the whole vLLM process, with no /health flap: every rank
+// fails its running requests, loses its prefix cache without events, and publishes from seq 0
+// with an empty replay buffer; process_start_time_seconds moves on. The sockets stay bound (a
+// real restart also drops and re-accepts the ZMQ connections).
+func (w *Worker) Restart(ctx context.Context) error {
+	for _, e := range w.engines {
+		done := make(chan struct{})
+		select {
+		case e.restarts <- done:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		select {
+		case <-done:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return nil
 }
 
 // ResetPrefixCache clears every rank's prefix cache like POST /reset_prefix_cache; it reports

@@ -86,11 +86,32 @@ func buildRouting(ctx context.Context, cfg configs.Config, reg *workers.Registry
 		dispOpts.MetricsClient = scrapeClient(cfg, reg)
 		dispOpts.MetricsInterval = kvcfg.MetricsInterval.D()
 	}
+	var disp *router.Dispatcher
+	// A worker whose process_start_time_seconds changed restarted, /health flap or not: the
+	// same check as a flap (below), without waiting for its first new event.
+	dispOpts.OnWorkerRestart = func(url string) {
+		for _, w := range reg.Workers() {
+			if w.URL() != url {
+				continue
+			}
+			log.Info("worker restarted (process_start_time_seconds changed); checking its KV-event state", "worker", url)
+			if rt.events != nil {
+				rt.events.WorkerRestarted(url)
+			}
+			for rank := range w.DPSize() {
+				t := kvkey.Target{Worker: url, DPRank: rank}
+				if rt.sessions != nil {
+					rt.sessions.ApplyCleared(t)
+				}
+				disp.Forget(t)
+			}
+		}
+	}
 	if bindings != nil && rt.sessions != nil {
 		rt.sessions.SetShared(bindings)
 	}
 	dispOpts.Sessions, dispOpts.Events = rt.sessions, rt.events
-	disp, err := router.Build(cfg.Router.Policy, opts, dispOpts)
+	disp, err = router.Build(cfg.Router.Policy, opts, dispOpts)
 	if err != nil {
 		return nil, fmt.Errorf("router.policy: %w", err)
 	}
