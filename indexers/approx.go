@@ -22,6 +22,7 @@ type ApproxIndex struct {
 	now     func() time.Time
 	bit     map[kvkey.Target]int
 	targets []*approxTarget
+	free    []int // bits of removed targets, reused before the bitsets grow
 	blocks  map[kvkey.BlockHash]*approxBlock
 }
 
@@ -68,9 +69,13 @@ func (a *ApproxIndex) Record(t kvkey.Target, hashes []kvkey.BlockHash) {
 	defer a.mu.Unlock()
 	b, ok := a.bit[t]
 	if !ok {
-		b = len(a.targets)
+		if n := len(a.free); n > 0 {
+			b, a.free = a.free[n-1], a.free[:n-1]
+		} else {
+			b = len(a.targets)
+			a.targets = append(a.targets, &approxTarget{})
+		}
 		a.bit[t] = b
-		a.targets = append(a.targets, &approxTarget{})
 	}
 	at := a.targets[b]
 	// Deepest first, so that block 0 ends up the most recent of this prompt.
@@ -190,6 +195,23 @@ func (a *ApproxIndex) Forget(t kvkey.Target) {
 			a.remove(at, at.tail)
 		}
 	}
+}
+
+// RemoveTarget forgets t and frees its bit for the next new target, so that a fleet whose
+// workers come and go (discovery) does not widen every block's bitset without bound.
+func (a *ApproxIndex) RemoveTarget(t kvkey.Target) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	b, ok := a.bit[t]
+	if !ok {
+		return
+	}
+	at := a.targets[b]
+	for at.tail != nil {
+		a.remove(at, at.tail)
+	}
+	delete(a.bit, t)
+	a.free = append(a.free, b)
 }
 
 func (a *ApproxIndex) expireLocked(at *approxTarget, now time.Time) int {
