@@ -8,6 +8,7 @@ import (
 	"github.com/kvgate/kvgate/router/routerconfig"
 	"github.com/kvgate/kvgate/server/serverconfig"
 	"github.com/kvgate/kvgate/sessions/sessionsconfig"
+	"github.com/kvgate/kvgate/workers/discoveryconfig"
 	"github.com/kvgate/kvgate/workers/healthconfig"
 )
 
@@ -33,10 +34,13 @@ type Config struct {
 	DefaultChatTemplateKwargs string   `yaml:"default_chat_template_kwargs"`
 	BlockSize                 int      `yaml:"block_size"`
 	Workers                   []Worker `yaml:"workers"`
-	Router                    Router   `yaml:"router"`
-	Proxy                     Proxy    `yaml:"proxy"`
-	Health                    Health   `yaml:"health"`
-	Limits                    Limits   `yaml:"limits"`
+	// Discovery finds the workers at runtime (Kubernetes EndpointSlices or DNS), beside or
+	// instead of the static workers list (discoveryconfig.Config documents each key).
+	Discovery Discovery `yaml:"discovery"`
+	Router    Router    `yaml:"router"`
+	Proxy     Proxy     `yaml:"proxy"`
+	Health    Health    `yaml:"health"`
+	Limits    Limits    `yaml:"limits"`
 	// CORS is off unless origins are listed (serverconfig.CORS).
 	CORS      serverconfig.CORS `yaml:"cors"`
 	Sessions  Sessions          `yaml:"sessions"`
@@ -159,6 +163,10 @@ type Approximate = routerconfig.Approx
 // (serverconfig.Proxy, which documents each key).
 type Proxy = serverconfig.Proxy
 
+// Discovery configures runtime worker discovery; its owner is the workers package
+// (discoveryconfig.Config, which documents each key).
+type Discovery = discoveryconfig.Config
+
 // Health configures active /health probing of workers; its owner is the workers package
 // (healthconfig.Config, which documents each key).
 type Health = healthconfig.Config
@@ -187,6 +195,7 @@ func Default() Config {
 		},
 		Proxy:              serverconfig.DefaultProxy(),
 		Health:             healthconfig.Default(),
+		Discovery:          discoveryconfig.Default(),
 		Limits:             serverconfig.DefaultLimits(),
 		Anthropic:          Anthropic{CountTokens: CountTokensLocal, InlineSystem: "merge"},
 		KVEvents:           eventsconfig.Default(),

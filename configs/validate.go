@@ -29,7 +29,7 @@ func (c *Config) normalize() {
 	c.Router.Policy = strings.TrimSpace(c.Router.Policy)
 	if c.Router.Policy == "" || c.Router.Policy == PolicyAuto {
 		c.Router.Policy = "round_robin"
-		if c.EventsWorker() >= 0 {
+		if c.EventsWorker() >= 0 || c.Discovery.Events() {
 			c.Router.Policy = "kv"
 		}
 		c.policyAuto = true
@@ -87,8 +87,8 @@ func (c *Config) Validate() error {
 		bad("block_size", "must be a positive number of tokens, got %d", c.BlockSize)
 	}
 
-	if len(c.Workers) == 0 {
-		bad("workers", "at least one worker is required (workers: in the file, --worker URL, or KVGATE_WORKERS)")
+	if len(c.Workers) == 0 && !c.Discovery.Enabled() {
+		bad("workers", "at least one worker is required (workers: in the file, --worker URL, or KVGATE_WORKERS), or a discovery source (discovery.kubernetes.service or discovery.dns.name)")
 	}
 	seen := map[string]int{}
 	for i, w := range c.Workers {
@@ -124,6 +124,7 @@ func (c *Config) Validate() error {
 	errs = append(errs, confval.Split(confval.Prefix("router.responses.", c.Router.Responses.Validate()))...)
 	errs = append(errs, confval.Split(confval.Prefix("proxy.", c.Proxy.Validate()))...)
 	errs = append(errs, confval.Split(confval.Prefix("health.", c.Health.Validate()))...)
+	errs = append(errs, confval.Split(confval.Prefix("discovery.", c.Discovery.Validate()))...)
 	errs = append(errs, confval.Split(confval.Prefix("limits.", c.Limits.Validate()))...)
 	errs = append(errs, confval.Split(confval.Prefix("sessions.", c.Sessions.Validate()))...)
 	errs = append(errs, confval.Split(confval.Prefix("cluster.", c.Cluster.Validate()))...)
