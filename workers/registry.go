@@ -13,16 +13,24 @@ import (
 	"github.com/kvgate/kvgate/kvkey"
 )
 
-// Registry is the fleet from config: the workers in configured order, their health probing
-// and their load. Safe for concurrent use.
+// Registry is the fleet: the workers from config and those a discovery source adds and
+// removes at runtime, their health probing, drain state and load. Safe for concurrent use.
+//
+// Lock order: memberMu (held across a membership change and its notifications) before mu;
+// listeners run under memberMu and must not change membership themselves.
 type Registry struct {
-	workers []*Worker
-	byURL   map[string]*Worker
-	health  configs.Health
-	log     *slog.Logger
+	health configs.Health
+	proxy  configs.Proxy
+	apiKey string // auth.worker_api_key, the default of a worker without its own key
+	log    *slog.Logger
 
-	mu       sync.Mutex
+	memberMu sync.Mutex // serialises Add, Remove, SetDraining and their notifications
+
+	mu       sync.RWMutex
+	workers  []*Worker // config order, then order of addition
+	byURL    map[string]*Worker
 	onChange []func(w *Worker, change string)
+	onMember []func(MemberEvent)
 }
 
 // TargetLoad is one routable target with the gateway's in-flight count on it.
@@ -32,43 +40,64 @@ type TargetLoad struct {
 }
 
 // NewRegistry builds the registry from a validated config. Nothing is probed until Run or
-// ProbeAll; until its first probe a worker counts as routable.
+// ProbeAll; until its first probe a worker counts as routable. With a discovery source
+// configured the static list may be empty: the source Adds the workers it finds.
 func NewRegistry(cfg configs.Config, log *slog.Logger) (*Registry, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	r := &Registry{byURL: map[string]*Worker{}, health: cfg.Health, log: log}
+	r := &Registry{byURL: map[string]*Worker{}, health: cfg.Health, proxy: cfg.Proxy, apiKey: cfg.Auth.WorkerAPIKey, log: log}
 	for _, wc := range cfg.Workers {
 		if _, dup := r.byURL[wc.URL]; dup {
 			return nil, fmt.Errorf("workers: %q listed twice", wc.URL)
 		}
-		if wc.APIKey == "" {
-			wc.APIKey = cfg.Auth.WorkerAPIKey // configs.Load already did; a hand-built config may not
-		}
-		w, err := newWorker(wc, cfg.Proxy, cfg.Health)
+		w, err := r.newWorker(wc)
 		if err != nil {
 			return nil, err
 		}
 		r.workers = append(r.workers, w)
 		r.byURL[wc.URL] = w
 	}
-	if len(r.workers) == 0 {
+	if len(r.workers) == 0 && !cfg.Discovery.Enabled() {
 		return nil, fmt.Errorf("workers: none configured")
 	}
 	return r, nil
 }
 
-// Workers returns every configured worker in config order.
-func (r *Registry) Workers() []*Worker { return r.workers }
+func (r *Registry) newWorker(wc configs.Worker) (*Worker, error) {
+	if wc.APIKey == "" {
+		wc.APIKey = r.apiKey // configs.Load already did; a hand-built or discovered one may not
+	}
+	return newWorker(wc, r.proxy, r.health)
+}
 
-// Get returns the worker with the given base URL, or nil.
-func (r *Registry) Get(url string) *Worker { return r.byURL[url] }
+// Workers returns a snapshot of every worker, static ones first in config order.
+func (r *Registry) Workers() []*Worker {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	return append([]*Worker(nil), r.workers...)
+}
 
-// Routable returns every target (worker and DP rank) of every routable worker, in config
+// Len is the number of workers, draining ones included.
+func (r *Registry) Len() int {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	return len(r.workers)
+}
+
+// Get returns the worker with the given base URL, or nil (never listed, or removed).
+func (r *Registry) Get(url string) *Worker {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	return r.byURL[url]
+}
+
+// Routable returns every target (worker and DP rank) of every routable worker, in registry
 // order, with its in-flight count. The order is stable so that round robin spreads evenly.
 func (r *Registry) Routable() []TargetLoad {
-	out := make([]TargetLoad, 0, len(r.workers))
-	for _, w := range r.workers {
+	ws := r.Workers()
+	out := make([]TargetLoad, 0, len(ws))
+	for _, w := range ws {
 		if !w.Routable() {
 			continue
 		}
@@ -82,7 +111,7 @@ func (r *Registry) Routable() []TargetLoad {
 // RoutableCount is the number of routable workers.
 func (r *Registry) RoutableCount() int {
 	n := 0
-	for _, w := range r.workers {
+	for _, w := range r.Workers() {
 		if w.Routable() {
 			n++
 		}
@@ -94,7 +123,7 @@ func (r *Registry) RoutableCount() int {
 func (r *Registry) Models() []string {
 	seen := map[string]bool{}
 	var out []string
-	for _, w := range r.workers {
+	for _, w := range r.Workers() {
 		for _, m := range w.Models() {
 			if !seen[m] {
 				seen[m] = true
@@ -109,7 +138,7 @@ func (r *Registry) Models() []string {
 // /v1/models (a prompt that fits one worker is not refused), or 0 when none did.
 func (r *Registry) MaxModelLen(model string) int {
 	n := 0
-	for _, w := range r.workers {
+	for _, w := range r.Workers() {
 		n = max(n, w.MaxModelLen(model))
 	}
 	return n
@@ -125,9 +154,9 @@ func (r *Registry) OnChange(fn func(w *Worker, change string)) {
 }
 
 func (r *Registry) notify(w *Worker, change string) {
-	r.mu.Lock()
+	r.mu.RLock()
 	fns := append([]func(*Worker, string){}, r.onChange...)
-	r.mu.Unlock()
+	r.mu.RUnlock()
 	for _, fn := range fns {
 		fn(w, change)
 	}
@@ -136,9 +165,12 @@ func (r *Registry) notify(w *Worker, change string) {
 // ProbeAll probes every worker once, concurrently, and returns when all probes ended.
 func (r *Registry) ProbeAll(ctx context.Context) {
 	var wg sync.WaitGroup
-	for _, w := range r.workers {
+	for _, w := range r.Workers() {
 		wg.Go(func() {
 			change, err := w.probe(ctx)
+			if w.Removed() {
+				return // it left the fleet while probed: nobody needs the verdict
+			}
 			switch change {
 			case ChangeEjected:
 				r.log.Warn("worker ejected", "worker", w.URL(), "err", err)
@@ -187,7 +219,7 @@ type authTransport struct {
 func (t authTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	u := req.URL.String()
 	var best *Worker
-	for _, w := range t.reg.workers {
+	for _, w := range t.reg.Workers() {
 		base := w.URL()
 		if w.HasAPIKey() && strings.HasPrefix(u, base) && (len(u) == len(base) || u[len(base)] == '/' || u[len(base)] == '?') &&
 			(best == nil || len(base) > len(best.URL())) {
@@ -204,7 +236,7 @@ func (t authTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 
 // Close releases the idle connections of every worker's pool.
 func (r *Registry) Close() {
-	for _, w := range r.workers {
+	for _, w := range r.Workers() {
 		w.client.CloseIdleConnections()
 	}
 }

@@ -24,6 +24,8 @@ type Worker struct {
 	health configs.Health
 
 	inflight []atomic.Int64 // one per DP rank
+	draining atomic.Bool    // out of rotation: no new requests (Registry.SetDraining)
+	removed  atomic.Bool    // left the fleet (Registry.Remove)
 
 	mu       sync.Mutex
 	state    state
@@ -46,6 +48,14 @@ type Worker struct {
 
 type state int
 
+// Worker states as Status.State and the kvgate_workers{state} gauge name them.
+const (
+	StateUnknown  = "unknown"  // not probed yet (routable)
+	StateHealthy  = "healthy"  // routable
+	StateEjected  = "ejected"  // failed its probes
+	StateDraining = "draining" // out of rotation by the discovery source
+)
+
 const (
 	stateUnknown state = iota // not probed yet: routable, ejected on its first failure
 	stateHealthy
@@ -65,6 +75,9 @@ type Status struct {
 	LastHealthy         time.Time `json:"last_healthy,omitzero"`
 	// HeldUntil is when an ejected, flapping worker may be readmitted (health.hold_down).
 	HeldUntil time.Time `json:"held_until,omitzero"`
+	// Draining: the discovery source took the worker out of rotation (terminating or not
+	// ready); requests in flight finish, no new ones are sent.
+	Draining bool `json:"draining,omitempty"`
 }
 
 func newWorker(cfg configs.Worker, proxy configs.Proxy, health configs.Health) (*Worker, error) {
@@ -131,11 +144,36 @@ func (w *Worker) Endpoint(path, rawQuery string) string {
 	return u.String()
 }
 
-// Routable reports whether requests may be sent to the worker now.
+// Routable reports whether requests may be sent to the worker now: it is in the fleet, not
+// draining and not ejected.
 func (w *Worker) Routable() bool {
+	if w.draining.Load() || w.removed.Load() {
+		return false
+	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return w.state != stateEjected
+}
+
+// Draining reports whether the worker is out of rotation (see Registry.SetDraining).
+func (w *Worker) Draining() bool { return w.draining.Load() }
+
+// Removed reports whether the worker left the fleet (see Registry.Remove).
+func (w *Worker) Removed() bool { return w.removed.Load() }
+
+// remove marks the worker gone and closes its idle pooled connections; the connections of
+// requests still in flight close when the last of them ends (Acquire's release).
+func (w *Worker) remove() {
+	w.removed.Store(true)
+	w.client.CloseIdleConnections()
+}
+
+func (w *Worker) inFlightTotal() int {
+	n := 0
+	for i := range w.inflight {
+		n += int(w.inflight[i].Load())
+	}
+	return n
 }
 
 // InFlight returns the gateway's in-flight requests on one DP rank.
@@ -157,6 +195,9 @@ func (w *Worker) Acquire(rank int) (release func()) {
 	return func() {
 		if done.CompareAndSwap(false, true) {
 			w.inflight[rank].Add(-1)
+			if w.removed.Load() && w.inFlightTotal() == 0 {
+				w.client.CloseIdleConnections() // nothing will reuse them: no socket left behind
+			}
 		}
 	}
 }
@@ -253,10 +294,15 @@ func (w *Worker) Status() Status {
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	st := [...]string{StateUnknown, StateHealthy, StateEjected}[w.state]
+	if w.draining.Load() && w.state != stateEjected {
+		st = StateDraining
+	}
 	return Status{
 		URL:                 w.cfg.URL,
 		Healthy:             w.state != stateEjected,
-		State:               [...]string{"unknown", "healthy", "ejected"}[w.state],
+		State:               st,
+		Draining:            w.draining.Load(),
 		ConsecutiveFailures: w.fails,
 		LastError:           w.lastErr,
 		Ejections:           w.ejected,
