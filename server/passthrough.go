@@ -102,7 +102,12 @@ func (s *Server) leastLoaded(tried map[string]bool) (*workers.Worker, int) {
 	if best == nil {
 		return nil, 0
 	}
-	return s.reg.Get(best.Worker), best.DPRank
+	w := s.reg.Get(best.Worker)
+	if w == nil { // it left the fleet since the candidate list: pick among the others
+		tried[best.Worker] = true
+		return s.leastLoaded(tried)
+	}
+	return w, best.DPRank
 }
 
 // forwardAs sends one attempt; ok is false when nothing reached the client and another worker

@@ -73,9 +73,13 @@ func (s *Server) proxy(c *gin.Context, in *apireq.Request, rreq *router.Request,
 		}
 		w := s.reg.Get(d.Chosen.Worker)
 		if w == nil {
-			last = &apiError{Status: http.StatusInternalServerError, Message: fmt.Sprintf("policy %s chose unknown worker %q", s.router.Name(), d.Chosen.Worker)}
+			// The worker left the fleet (discovery removed it) between the candidate list and
+			// the decision: nothing was sent, so another worker may take the request.
+			last = &apiError{Status: http.StatusServiceUnavailable, Message: fmt.Sprintf("worker %q left the fleet", d.Chosen.Worker)}
 			life.Failed(last)
-			break
+			tried[d.Chosen.Worker] = true
+			attempt-- // not an attempt: tried only grows, so this ends when no candidate is left
+			continue
 		}
 		tried[w.URL()] = true
 		scope := retryScope{again: attempt+1 < maxAttempts}

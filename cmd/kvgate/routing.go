@@ -126,13 +126,14 @@ func buildRouting(ctx context.Context, cfg configs.Config, reg *workers.Registry
 		}
 	}
 	if node != nil {
-		// In-flight load (and approximate-mode routing) shared with the peer replicas.
-		known := map[kvkey.Target]bool{}
-		for _, t := range allTargets(reg) {
-			known[t] = true
+		// In-flight load (and approximate-mode routing) shared with the peer replicas, for the
+		// targets of this replica's fleet as it is at each message.
+		known := func(t kvkey.Target) bool {
+			w := reg.Get(t.Worker)
+			return w != nil && t.DPRank >= 0 && t.DPRank < w.DPSize()
 		}
 		ls, err := cluster.StartLoadSync(bg, node, cluster.LoadSyncOptions{Approx: opts.KVDeps.Approx,
-			KnownTarget: func(t kvkey.Target) bool { return known[t] }, Registerer: prom, Log: log})
+			KnownTarget: known, Registerer: prom, Log: log})
 		if err != nil {
 			return nil, err
 		}
@@ -149,6 +150,7 @@ func buildRouting(ctx context.Context, cfg configs.Config, reg *workers.Registry
 			}
 		}
 	})
+	followMembership(bg, reg, disp, kv, log)
 	done := make(chan struct{})
 	go func() { defer close(done); disp.Run(bg) }()
 	closers = append(closers, func() { <-done })
@@ -180,7 +182,9 @@ type kvParts struct {
 	events   *indexers.Subscribers
 	tok      *tokenize.Tokenizer
 	index    *indexers.Index
-	close    func()
+	// subscribe starts following a worker's KV events; it returns how many streams it started.
+	subscribe func(ctx context.Context, w configs.Worker) (int, error)
+	close     func()
 }
 
 // buildKV loads the tokenizer, creates the event index with the session tracker listening to
@@ -229,24 +233,36 @@ func buildKV(ctx context.Context, cfg configs.Config, kvcfg router.KVConfig, reg
 		closeMgr := parts.close
 		parts.close = func() { stop(); closeMgr() }
 	}
-	subscribed := 0
-	for i, w := range cfg.Workers {
+	// subscribe follows one worker's KV events (every DP rank), for the static workers here
+	// and for each worker discovery adds later (followMembership). A worker without an event
+	// endpoint is routed in approximate mode.
+	parts.subscribe = func(ctx context.Context, w configs.Worker) (int, error) {
 		if w.KVEvents == "" {
-			continue // approximate mode for this worker
+			return 0, nil
 		}
 		subs, err := indexers.TargetConfigs(w.URL, w.DPSize, w.KVEvents, w.Replay, w.Topic)
 		if err != nil {
-			parts.close()
-			return nil, fmt.Errorf("workers[%d].kv_events: %w", i, err)
+			return 0, fmt.Errorf("kv_events: %w", err)
 		}
-		for _, sc := range subs {
+		for i, sc := range subs {
 			sc.MaxMsgSize, sc.SettleTime = int64(cfg.KVEvents.MaxMsgSize), cfg.KVEvents.Settle.D()
 			if err := mgr.Start(ctx, sc); err != nil {
-				parts.close()
-				return nil, fmt.Errorf("workers[%d]: subscribe %s: %w", i, sc.Endpoint, err)
+				for _, started := range subs[:i] {
+					mgr.Stop(started.Target, true)
+				}
+				return 0, fmt.Errorf("subscribe %s: %w", sc.Endpoint, err)
 			}
-			subscribed++
 		}
+		return len(subs), nil
+	}
+	subscribed := 0
+	for i, w := range cfg.Workers {
+		n, err := parts.subscribe(ctx, w)
+		if err != nil {
+			parts.close()
+			return nil, fmt.Errorf("workers[%d]: %w", i, err)
+		}
+		subscribed += n
 	}
 	if cfg.KVEvents.Listen != "" {
 		cc := indexers.CollectorConfig{Listen: cfg.KVEvents.Listen, MaxMsgSize: int64(cfg.KVEvents.MaxMsgSize)}
@@ -288,7 +304,7 @@ func buildKV(ctx context.Context, cfg configs.Config, kvcfg router.KVConfig, reg
 		Load:   router.NewLoadTracker(kvcfg.LoadExpiry.D()),
 		Hints:  sm,
 	}
-	if subscribed > 0 {
+	if subscribed > 0 || cfg.Discovery.Events() {
 		parts.deps.Matcher = ix
 	}
 	parts.enricher = &enricher{tok: tok, blockSize: cfg.BlockSize, baseModel: cfg.Model}

@@ -62,11 +62,20 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if rt.bindings != nil {
 		details = append(details, rt.bindings)
 	}
+	disc, err := newDiscovery(cfg, reg, prom, log)
+	if err != nil {
+		return fmt.Errorf("invalid configuration:\n  %w", err)
+	}
+	var readiness []server.ReadinessCheck
+	if disc != nil {
+		readiness = append(readiness, disc)
+	}
 	srv, err := server.New(server.Options{Config: cfg, Registry: reg, Router: rt.dispatcher, Enricher: rt.enricher,
-		Logger: log, Metrics: prom, Details: details})
+		Logger: log, Metrics: prom, Details: details, Readiness: readiness})
 	if err != nil {
 		return err
 	}
+	forgetRemovedWorkers(reg, srv)
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		return fmt.Errorf("listen: %w", err)
@@ -87,6 +96,10 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	defer stopProbes()
 	reg.ProbeAll(probeCtx) // know the fleet before the first request
 	go reg.Run(probeCtx)
+	if disc != nil {
+		// Started once every membership listener is registered (routing, server metrics).
+		go disc.Run(probeCtx)
+	}
 
 	keys, _ := cfg.ClientAPIKeys() // validated; server.New read them too
 	log.Info("kvgate listening", "addr", ln.Addr().String(), "model", cfg.Model,
