@@ -216,7 +216,10 @@ func TestKubernetesUnreachable(t *testing.T) {
 // A slice's ports become workers: DP ranks from kv-events-<r>, approximate mode (warned once
 // per slice) without an event port or with ranks vLLM would not bind, IPv6 in brackets.
 func TestKubernetesSlicePorts(t *testing.T) {
-	type want struct{ url, kv, replay string; dp int }
+	type want struct {
+		url, kv, replay string
+		dp              int
+	}
 	for _, tc := range []struct {
 		name  string
 		ports map[string]int32
