@@ -127,6 +127,11 @@ type feed struct {
 
 func (f *feed) closeMonitor() {
 	if f.mon != nil {
+		// Stop the monitor before closing either end: libzmq keeps a monitored socket's
+		// internal monitor socket (and its eventfd) alive otherwise, one per session, which
+		// leaks a descriptor each time a worker's subscription ends (measured with discovery
+		// churn: docs/benchmarks/2026-12-05-discovery-churn.md).
+		_ = f.sub.Monitor("", 0)
 		f.mon.Close()
 		f.mon = nil
 	}
