@@ -192,8 +192,9 @@ func trySend(ch chan event, ev event) {
 
 func (s *Server) broadcastLocked(ev event) {
 	s.history = append(s.history, ev)
-	if len(s.history) > 10000 {
-		s.history = s.history[len(s.history)-10000:]
+	if len(s.history) > 256 { // enough for a watch to resume; a soak must not grow it
+		s.history = append(s.history[:0:0], s.history[len(s.history)-256:]...)
+		s.compacted = s.history[0].rv - 1
 	}
 	for ch := range s.watchers {
 		trySend(ch, ev)
@@ -247,6 +248,9 @@ func writeStatus(w http.ResponseWriter, code int, reason, msg string) {
 func (s *Server) handle(w http.ResponseWriter, r *http.Request) {
 	tok := strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer ")
 	s.tokensMu.Lock()
+	if len(s.tokens) >= 64 {
+		s.tokens = append(s.tokens[:0:0], s.tokens[32:]...) // keep the latest
+	}
 	s.tokens = append(s.tokens, tok)
 	s.tokensMu.Unlock()
 	s.mu.Lock()
