@@ -3,7 +3,9 @@ package main
 import (
 	"fmt"
 	"os"
+	"path/filepath"
 	"runtime"
+	"runtime/pprof"
 	"strconv"
 	"testing"
 	"time"
@@ -69,6 +71,7 @@ func TestDiscoveryChurnSoak(t *testing.T) {
 		return s
 	}
 	base := sample("baseline")
+	heapProfile(t, "baseline")
 	tick := time.Minute / time.Duration(perMinute*2) // mark terminating, then replace
 	end := time.Now().Add(time.Duration(minutes) * time.Minute)
 	nextSample := time.Now().Add(time.Minute)
@@ -90,6 +93,7 @@ func TestDiscoveryChurnSoak(t *testing.T) {
 	}
 	time.Sleep(20 * time.Second) // the last removals' in-flight probes and subscriptions wind down
 	final := sample("final")
+	heapProfile(t, "final")
 	t.Logf("replaced %d endpoints in %d minutes", replaced, minutes)
 	if final.workers != endpoints {
 		t.Errorf("%d workers at the end, want %d", final.workers, endpoints)
@@ -152,6 +156,24 @@ func trimRank(v string) string {
 		}
 	}
 	return v
+}
+
+// heapProfile writes a heap profile to $KVGATE_SOAK_PROFILE_DIR/heap-<label>.pb.gz when that
+// is set (compare with go tool pprof -base).
+func heapProfile(t *testing.T, label string) {
+	dir := os.Getenv("KVGATE_SOAK_PROFILE_DIR")
+	if dir == "" {
+		return
+	}
+	f, err := os.Create(filepath.Join(dir, "heap-"+label+".pb.gz"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	runtime.GC()
+	if err := pprof.WriteHeapProfile(f); err != nil {
+		t.Fatal(err)
+	}
 }
 
 func envInt(name string, def int) int {
