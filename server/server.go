@@ -150,8 +150,9 @@ func New(opts Options) (*Server, error) {
 	e.GET("/v1/models", s.handleModels)
 	e.GET("/v1/models/*id", s.handleModel)
 	s.addPassthrough(e)
-	e.NoRoute(s.noRoute(http.StatusNotFound))
-	e.NoMethod(s.noRoute(http.StatusMethodNotAllowed))
+	e.GET("/", handleRoot)
+	e.NoRoute(headAsGet(e, s.noRoute(http.StatusNotFound)))
+	e.NoMethod(headAsGet(e, s.noRoute(http.StatusMethodNotAllowed)))
 	e.GET("/health", s.handleHealth)
 	e.HEAD("/health", s.handleHealth)
 	metricsHandler := promhttp.HandlerFor(s.m.reg, promhttp.HandlerOpts{})
@@ -177,13 +178,38 @@ func (s *Server) newEngine() *gin.Engine {
 	e.HandleMethodNotAllowed = true
 	e.ContextWithFallback = true
 	e.Use(s.recovery)
-	e.NoRoute(func(c *gin.Context) {
+	e.NoRoute(headAsGet(e, func(c *gin.Context) {
 		writeError(c, &apiError{Status: http.StatusNotFound, Message: fmt.Sprintf("no route %s %s", c.Request.Method, c.Request.URL.Path)})
-	})
-	e.NoMethod(func(c *gin.Context) {
+	}))
+	e.NoMethod(headAsGet(e, func(c *gin.Context) {
 		writeError(c, &apiError{Status: http.StatusMethodNotAllowed, Message: fmt.Sprintf("method %s not allowed on %s", c.Request.Method, c.Request.URL.Path)})
-	})
+	}))
 	return e
+}
+
+// headAsGet answers a HEAD request on a path without a HEAD route as the GET route there
+// answers it, headers and status only (RFC 9110 §9.3.2; HEAD / is the first request Claude
+// Code sends): the request is handled again as a GET, on a copy, so net/http still knows the
+// client asked for HEAD and sends no body. Anything else, and a HEAD where no GET route
+// matches either, goes to fallback.
+func headAsGet(e *gin.Engine, fallback gin.HandlerFunc) gin.HandlerFunc {
+	return func(c *gin.Context) {
+		if c.Request.Method != http.MethodHead {
+			fallback(c)
+			return
+		}
+		r := c.Request.Clone(c.Request.Context())
+		r.Method = http.MethodGet
+		c.Request = r
+		c.Status(http.StatusOK) // gin preset 404 or 405; the GET handler's own status decides
+		e.HandleContext(c)
+	}
+}
+
+// handleRoot answers GET (and HEAD) / with 200, so a client's reachability check of the base
+// URL succeeds.
+func handleRoot(c *gin.Context) {
+	c.JSON(http.StatusOK, gin.H{"status": "ok"})
 }
 
 // Handler returns the client listener's HTTP handler (for tests and embedding).
