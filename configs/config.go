@@ -58,6 +58,10 @@ type Config struct {
 	// streams still running then end with an error event.
 	ShutdownTimeout Duration `yaml:"shutdown_timeout"`
 	LogLevel        string   `yaml:"log_level"`
+	// LogFormat is the log lines' form: text (logfmt) or json.
+	LogFormat string `yaml:"log_format"`
+	// AccessLog writes one info line per client request (server's access log); false = none.
+	AccessLog bool `yaml:"access_log"`
 
 	// policyAuto records that router.policy was auto, for validation messages.
 	policyAuto bool
@@ -204,6 +208,8 @@ func Default() Config {
 		ShutdownDrainDelay: Duration(5 * time.Second),
 		ShutdownTimeout:    Duration(30 * time.Second),
 		LogLevel:           "info",
+		LogFormat:          "text",
+		AccessLog:          true,
 		Auth:               Auth{CacheIsolation: CacheIsolationPerKey},
 	}
 }

@@ -175,6 +175,8 @@ func Fields() []Field {
 		field("shutdown_drain_delay", "on SIGTERM, how long new requests are still accepted after /ready turned 503 (so endpoints update) before the listener closes", func(c *Config) flag.Value { return &c.ShutdownDrainDelay }),
 		field("shutdown_timeout", "on SIGTERM, once the listener closed, how long running requests may finish before they are cut (a cut stream ends with an error event)", func(c *Config) flag.Value { return &c.ShutdownTimeout }),
 		field("log_level", "debug, info, warn or error", func(c *Config) flag.Value { return stringValue{&c.LogLevel} }),
+		field("log_format", "text or json", func(c *Config) flag.Value { return stringValue{&c.LogFormat} }),
+		field("access_log", "one info log line per client request (method, path, status, latency, TTFT, worker, cached blocks, hashed session, model; never prompt text)", func(c *Config) flag.Value { return boolValue{&c.AccessLog} }),
 	}
 	for i := range fs {
 		if fs[i].Key == "workers" {

@@ -140,6 +140,11 @@ func (c *Config) Validate() error {
 	default:
 		bad("log_level", "%q is not one of debug, info, warn, error", c.LogLevel)
 	}
+	switch c.LogFormat {
+	case "text", "json":
+	default:
+		bad("log_format", "%q is not one of text, json", c.LogFormat)
+	}
 	return errors.Join(errs...)
 }
 

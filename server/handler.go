@@ -120,6 +120,7 @@ func (s *Server) prepare(ctx context.Context, endpoint string, body []byte, h ht
 			s.log.Warn("request enrichment failed; routing without it", "endpoint", endpoint, "err", err)
 		}
 	}
+	accessFrom(ctx).noteRequest(model, id.SessionID, rreq.PromptTokens)
 	return in, rreq, nil
 }
 

@@ -297,9 +297,14 @@ func (s *Server) send(ctx context.Context, c *gin.Context, a *call) (outcome, in
 	stream := mediatype == "text/event-stream"
 	// An Anthropic stream opens with message_start before any token: its first token is its
 	// first content_block_delta (relaySSE reports it). Anything else: the first byte.
-	firstToken := a.life.FirstToken
-	if !(stream && resp.StatusCode == http.StatusOK && anthropicRoute(c)) {
+	access := accessFrom(c.Request.Context())
+	access.noteRoute(w.URL(), d)
+	firstToken := func() {
+		access.noteFirstToken(time.Since(a.start))
 		a.life.FirstToken()
+	}
+	if !(stream && resp.StatusCode == http.StatusOK && anthropicRoute(c)) {
+		firstToken()
 		firstToken = nil
 	}
 	h := c.Writer.Header()

@@ -132,6 +132,9 @@ func New(opts Options) (*Server, error) {
 	gin.SetMode(gin.ReleaseMode) // no route dump on stdout; gin keeps its mode globally
 	e := s.newEngine()
 	s.registerProbes(e) // before CORS and auth: probes carry no credentials
+	if opts.Config.AccessLog {
+		e.Use(s.accessLog) // before auth: a 401 is logged too
+	}
 	if o := opts.Config.CORS.AllowedOrigins; len(o) > 0 {
 		// Before auth: a preflight carries no credentials.
 		e.Use(s.cors(o))

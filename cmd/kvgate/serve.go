@@ -37,7 +37,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err != nil {
 		return fmt.Errorf("invalid configuration:\n  %s", strings.ReplaceAll(err.Error(), "\n", "\n  "))
 	}
-	log := newLogger(cfg.LogLevel, stderr)
+	log := newLogger(cfg.LogLevel, cfg.LogFormat, stderr)
 
 	reg, err := workers.NewRegistry(cfg, log)
 	if err != nil {
@@ -135,8 +135,12 @@ func isLoopback(addr net.Addr) bool {
 	return ok && ta.IP.IsLoopback()
 }
 
-func newLogger(level string, w io.Writer) *slog.Logger {
+func newLogger(level, format string, w io.Writer) *slog.Logger {
 	var l slog.Level
 	_ = l.UnmarshalText([]byte(level)) // validated by configs
-	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: l}))
+	o := &slog.HandlerOptions{Level: l}
+	if format == "json" {
+		return slog.New(slog.NewJSONHandler(w, o))
+	}
+	return slog.New(slog.NewTextHandler(w, o))
 }

@@ -85,3 +85,14 @@ func TestServeLifecycle(t *testing.T) {
 		t.Fatal("serve did not stop")
 	}
 }
+
+// log_format picks the handler: json lines or text (logfmt) lines.
+func TestNewLoggerFormat(t *testing.T) {
+	for _, tc := range []struct{ format, want string }{{"json", `{"time":`}, {"text", "time="}} {
+		var b strings.Builder
+		newLogger("info", tc.format, &b).Info("access", "status", 200)
+		if !strings.HasPrefix(b.String(), tc.want) || !strings.Contains(b.String(), "200") {
+			t.Errorf("%s: %q", tc.format, b.String())
+		}
+	}
+}
