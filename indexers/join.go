@@ -118,6 +118,9 @@ type feed struct {
 	// shared is set for the collector: a disconnect of one publisher says nothing about the
 	// others, so only handshakes are acted on.
 	shared bool
+	// sender, when set (a guarded collector), checks a routed message's sender (its
+	// Peer-Address property) against its target's worker; false drops the message.
+	sender func(s *Subscriber, peer string) bool
 	// lostWait, when > 0 (a SUB that connects), is how long after a disconnect libzmq may take
 	// to retry before the socket is given up and recreated: libzmq does not reconnect after a
 	// protocol error, such as a message above ZMQ_MAXMSGSIZE.
@@ -192,7 +195,16 @@ func (f *feed) run(ctx context.Context) error {
 // onSub drains the SUB socket.
 func (f *feed) onSub() {
 	for range 1000 { // bounded, so that replies and timers are not starved
-		frames, err := f.sub.RecvMessageBytes(zmq.DONTWAIT)
+		var frames [][]byte
+		var peer string
+		var err error
+		if f.sender != nil {
+			var md map[string]string
+			frames, md, err = f.sub.RecvMessageBytesWithMetadata(zmq.DONTWAIT, "Peer-Address")
+			peer = md["Peer-Address"]
+		} else {
+			frames, err = f.sub.RecvMessageBytes(zmq.DONTWAIT)
+		}
 		if err != nil {
 			return
 		}
@@ -204,7 +216,7 @@ func (f *feed) onSub() {
 			}
 			continue
 		}
-		if s := f.route(m); s != nil {
+		if s := f.route(m); s != nil && (f.sender == nil || f.sender(s, peer)) {
 			s.onLive(m)
 		}
 	}

@@ -26,6 +26,8 @@ type CollectorConfig struct {
 	RcvHWM                     int
 	MaxMsgSize                 int64
 	ReconnectMin, ReconnectMax time.Duration
+	// Access is who may publish (collector_access.go); nil = anyone who reaches Listen.
+	Access *CollectorAccess
 }
 
 // maxUnknownTopics bounds the unknown topics remembered for GET /debug/workers.
@@ -38,6 +40,7 @@ type collectorFeed struct {
 	done   chan struct{}
 
 	byTopic map[string]map[int]*Subscriber // topic → dp rank → target
+	guard   *collectorGuard                // nil: no access control
 
 	unknownTopic, unknownRank, bindErrors atomic.Int64
 	state                                 atomic.Value // string
@@ -48,12 +51,16 @@ type collectorFeed struct {
 
 // CollectorDebug is a collector's entry in GET /debug/workers.
 type CollectorDebug struct {
-	Listen        string   `json:"listen"`
-	State         string   `json:"state"`
-	Targets       int      `json:"targets"`
-	UnknownTopic  int64    `json:"unknown_topic_messages"`
-	UnknownRank   int64    `json:"unknown_rank_messages"`
-	RecentUnknown []string `json:"recent_unknown_topics,omitempty"`
+	Listen       string `json:"listen"`
+	State        string `json:"state"`
+	Targets      int    `json:"targets"`
+	UnknownTopic int64  `json:"unknown_topic_messages"`
+	UnknownRank  int64  `json:"unknown_rank_messages"`
+	// WrongSender counts messages whose sender is not an address of their topic's worker;
+	// RefusedConnections the publishers the ZAP handler turned away.
+	WrongSender        int64    `json:"wrong_sender_messages"`
+	RefusedConnections int64    `json:"refused_connections"`
+	RecentUnknown      []string `json:"recent_unknown_topics,omitempty"`
 }
 
 func (c *collectorFeed) noteUnknown(topic string) {
@@ -135,6 +142,12 @@ func (m *Subscribers) StartCollector(ctx context.Context, cfg CollectorConfig) e
 	}
 	sctx, cancel := context.WithCancel(ctx)
 	c.cancel = cancel
+	if cfg.Access != nil {
+		if err := m.guardCollector(sctx, c); err != nil {
+			cancel()
+			return err
+		}
+	}
 	m.mu.Lock()
 	for _, s := range subs {
 		if old := m.subs[s.cfg.Target]; old != nil {
@@ -205,6 +218,21 @@ func (m *Subscribers) collectorSession(ctx context.Context, c *collectorFeed, su
 		return fmt.Errorf("subscribe: %w", err)
 	}
 	f := &feed{sub: sub, streams: subs, route: c.route, shared: true}
+	if g := c.guard; g != nil {
+		if err := g.secure(sub); err != nil {
+			return err
+		}
+		f.sender = func(s *Subscriber, peer string) bool {
+			if g.senderOK(s.cfg.Target.Worker, peer) {
+				return true
+			}
+			if g.sender.Add(1) == 1 || g.sender.Load()%1000 == 0 {
+				m.log.Warn("kv-events collector: a message under a worker's topic came from another address; dropped",
+					"worker", s.cfg.Target.Worker, "from", peer, "count", g.sender.Load())
+			}
+			return false
+		}
+	}
 	f.mon = openMonitor(m.zctx, sub, fmt.Sprintf("inproc://kvgate-kv-collector-%p", c), m.log)
 	defer f.closeMonitor()
 	if err := sub.Bind(c.cfg.Listen); err != nil {
@@ -212,6 +240,33 @@ func (m *Subscribers) collectorSession(ctx context.Context, c *collectorFeed, su
 	}
 	c.state.Store(StateLive)
 	return f.run(ctx)
+}
+
+// guardCollector sets c's access control up: the context's ZAP handler (started with the
+// first guarded collector), the workers' addresses resolved once now and every 30 s after.
+func (m *Subscribers) guardCollector(ctx context.Context, c *collectorFeed) error {
+	m.mu.Lock()
+	if m.zap == nil {
+		h, err := startZAP(m.zctx, m.log.With("component", "kv-events", "zap", true))
+		if err != nil {
+			m.mu.Unlock()
+			return fmt.Errorf("kv-events collector: %w", err)
+		}
+		m.zap = h
+	}
+	h := m.zap
+	m.mu.Unlock()
+	g := newCollectorGuard(*c.cfg.Access, "kvgate-collector "+c.cfg.Listen, c.cfg.Targets, m.log.With("component", "kv-events", "collector", c.cfg.Listen))
+	g.refresh(ctx)
+	c.guard = g
+	h.add(g)
+	m.wg.Add(1)
+	go func() {
+		defer m.wg.Done()
+		g.run(ctx)
+		h.remove(g.domain)
+	}()
+	return nil
 }
 
 // Collectors returns every collector's state and unknown-topic counters.
@@ -223,6 +278,9 @@ func (m *Subscribers) Collectors() []CollectorDebug {
 	for _, c := range cs {
 		d := CollectorDebug{Listen: c.cfg.Listen, Targets: len(c.cfg.Targets),
 			UnknownTopic: c.unknownTopic.Load(), UnknownRank: c.unknownRank.Load()}
+		if c.guard != nil {
+			d.WrongSender, d.RefusedConnections = c.guard.sender.Load(), c.guard.refused.Load()
+		}
 		d.State, _ = c.state.Load().(string)
 		c.mu.Lock()
 		d.RecentUnknown = append([]string(nil), c.recent...)

@@ -16,6 +16,7 @@ type collector struct {
 	reconnects, lastSeq, state, version         *prometheus.Desc
 	joins, duplicates, recoveries               *prometheus.Desc
 	droppedBatches, mode, unknownTopic          *prometheus.Desc
+	refused                                     *prometheus.Desc
 	warmStarts, warmBytes                       *prometheus.Desc
 }
 
@@ -57,7 +58,9 @@ func (m *Subscribers) Collector() prometheus.Collector {
 		warmBytes: d("warm_start_bytes_total", "Bytes of peer snapshots installed into the target's index."),
 		mode:      d("index_approximate", "1 while the target's index lost batches and the router scores it approximately."),
 		unknownTopic: prometheus.NewDesc("kvgate_kv_collector_unknown_messages_total",
-			"Messages the collector could not attribute to a configured worker+rank, by cause.", []string{"listen", "cause"}, nil),
+			"Messages the collector could not attribute to a configured worker+rank, by cause: topic, dp_rank, sender (not an address of the topic's worker).", []string{"listen", "cause"}, nil),
+		refused: prometheus.NewDesc("kvgate_kv_collector_refused_connections_total",
+			"Publisher connections the collector's ZAP handler refused (address not allowed, CURVE key not listed).", []string{"listen"}, nil),
 	}
 }
 
@@ -65,7 +68,7 @@ func (m *Subscribers) Collector() prometheus.Collector {
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.events, c.blocks, c.dropped, c.resident, c.orphans, c.batches,
 		c.gaps, c.replays, c.resets, c.parseErrors, c.reconnects, c.lastSeq, c.state, c.version, c.joins, c.duplicates,
-		c.recoveries, c.droppedBatches, c.mode, c.unknownTopic, c.warmStarts, c.warmBytes} {
+		c.recoveries, c.droppedBatches, c.mode, c.unknownTopic, c.refused, c.warmStarts, c.warmBytes} {
 		ch <- d
 	}
 }
@@ -83,6 +86,10 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	for _, cf := range collectors {
 		ch <- prometheus.MustNewConstMetric(c.unknownTopic, prometheus.CounterValue, float64(cf.unknownTopic.Load()), cf.cfg.Listen, "topic")
 		ch <- prometheus.MustNewConstMetric(c.unknownTopic, prometheus.CounterValue, float64(cf.unknownRank.Load()), cf.cfg.Listen, "dp_rank")
+		if g := cf.guard; g != nil {
+			ch <- prometheus.MustNewConstMetric(c.unknownTopic, prometheus.CounterValue, float64(g.sender.Load()), cf.cfg.Listen, "sender")
+			ch <- prometheus.MustNewConstMetric(c.refused, prometheus.CounterValue, float64(g.refused.Load()), cf.cfg.Listen)
+		}
 	}
 	counter := func(d *prometheus.Desc, v int64, lv ...string) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), lv...)

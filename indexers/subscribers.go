@@ -28,6 +28,7 @@ type Subscribers struct {
 	warmWait   time.Duration
 	subs       map[kvkey.Target]*running
 	collectors []*collectorFeed
+	zap        *zapHandler // the context's ZAP handler, started with the first guarded collector
 	wg         sync.WaitGroup
 	// bySub is a copy of subs' subscribers, replaced under mu on every change, so that
 	// EventsHealthy (called per routing decision) takes no lock.
@@ -234,6 +235,13 @@ func (m *Subscribers) Close() error {
 	m.publishLocked()
 	m.mu.Unlock()
 	m.wg.Wait()
+	m.mu.Lock()
+	zap := m.zap
+	m.zap = nil
+	m.mu.Unlock()
+	if zap != nil {
+		zap.close() // its socket must be closed before the context can end
+	}
 	return m.zctx.Term()
 }
 

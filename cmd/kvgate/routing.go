@@ -265,7 +265,12 @@ func buildKV(ctx context.Context, cfg configs.Config, kvcfg router.KVConfig, reg
 		subscribed += n
 	}
 	if cfg.KVEvents.Listen != "" {
-		cc := indexers.CollectorConfig{Listen: cfg.KVEvents.Listen, MaxMsgSize: int64(cfg.KVEvents.MaxMsgSize)}
+		access, err := collectorAccess(cfg.KVEvents)
+		if err != nil {
+			parts.close()
+			return nil, err
+		}
+		cc := indexers.CollectorConfig{Listen: cfg.KVEvents.Listen, MaxMsgSize: int64(cfg.KVEvents.MaxMsgSize), Access: access}
 		for i, w := range cfg.Workers {
 			if !cfg.CollectorWorker(w) {
 				continue

@@ -4,7 +4,10 @@
 package eventsconfig
 
 import (
+	"fmt"
 	"net"
+	"net/netip"
+	"strconv"
 	"strings"
 	"time"
 
@@ -24,11 +27,38 @@ type Config struct {
 	MaxMsgSize confval.ByteSize `yaml:"max_msg_size"`
 	// Settle is how long a worker+rank whose event index lost batches stays approximate.
 	Settle confval.Duration `yaml:"settle"`
+	// Allow are the networks (CIDRs or addresses) publishers may connect to the collector
+	// from; empty = only the workers' own addresses (their URL and replay hosts, resolved).
+	Allow []string `yaml:"allow"`
+	// CheckSender drops a collector message whose sender is not an address of the worker its
+	// topic names.
+	CheckSender bool `yaml:"check_sender"`
+	// CurveSecretKeyFile holds the collector's CURVE secret key (Z85, 40 characters); set, the
+	// collector takes only CURVE publishers whose public key is in CurveClientKeys.
+	CurveSecretKeyFile string   `yaml:"curve_secret_key_file"`
+	CurveClientKeys    []string `yaml:"curve_client_keys"`
+}
+
+// AllowPrefixes parses Allow (validated).
+func (c Config) AllowPrefixes() ([]netip.Prefix, error) {
+	out := make([]netip.Prefix, 0, len(c.Allow))
+	for _, a := range c.Allow {
+		if p, err := netip.ParsePrefix(a); err == nil {
+			out = append(out, p.Masked())
+			continue
+		}
+		ip, err := netip.ParseAddr(a)
+		if err != nil {
+			return nil, fmt.Errorf("%q is not a CIDR or an IP address", a)
+		}
+		out = append(out, netip.PrefixFrom(ip.Unmap(), ip.Unmap().BitLen()))
+	}
+	return out, nil
 }
 
 // Default returns the built-in defaults (configs/kvgate.yaml documents the same values).
 func Default() Config {
-	return Config{MaxMsgSize: 64 << 20, Settle: confval.Duration(2 * time.Minute)}
+	return Config{MaxMsgSize: 64 << 20, Settle: confval.Duration(2 * time.Minute), CheckSender: true}
 }
 
 // Validate returns every invalid key, named relative to the section ("settle"); configs
@@ -44,6 +74,17 @@ func (c Config) Validate() error {
 	if c.Listen != "" {
 		if msg := CheckBindEndpoint(c.Listen); msg != "" {
 			p.Addf("listen", "%q %s", c.Listen, msg)
+		}
+	}
+	if _, err := c.AllowPrefixes(); err != nil {
+		p.Addf("allow", "%v", err)
+	}
+	if (c.CurveSecretKeyFile == "") != (len(c.CurveClientKeys) == 0) {
+		p.Addf("curve_client_keys", "curve_secret_key_file and curve_client_keys go together")
+	}
+	for i, k := range c.CurveClientKeys {
+		if len(k) != 40 {
+			p.Addf("curve_client_keys["+strconv.Itoa(i)+"]", "must be a Z85 public key (40 characters), got %d characters", len(k))
 		}
 	}
 	return p.Err()

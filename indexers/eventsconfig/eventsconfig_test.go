@@ -34,6 +34,10 @@ func TestValidate(t *testing.T) {
 		{"wildcard port", func(c *Config) { c.Listen = "tcp://127.0.0.1:*" }, "listen: "},
 		{"empty ipc path", func(c *Config) { c.Listen = "ipc://" }, "listen: "},
 		{"inproc", func(c *Config) { c.Listen = "inproc://kv" }, "listen: "},
+		{"allow CIDRs and addresses", func(c *Config) { c.Allow = []string{"10.0.0.0/8", "192.168.1.7", "fd00::/8"} }, ""},
+		{"allow garbage", func(c *Config) { c.Allow = []string{"10.0.0.0/33"} }, "allow: "},
+		{"curve key without client keys", func(c *Config) { c.CurveSecretKeyFile = "/k" }, "curve_client_keys: "},
+		{"short client key", func(c *Config) { c.CurveSecretKeyFile, c.CurveClientKeys = "/k", []string{"abc"} }, "curve_client_keys[0]: "},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
