@@ -42,11 +42,13 @@ type Config struct {
 	Health    Health    `yaml:"health"`
 	Limits    Limits    `yaml:"limits"`
 	// CORS is off unless origins are listed (serverconfig.CORS).
-	CORS      serverconfig.CORS `yaml:"cors"`
-	Sessions  Sessions          `yaml:"sessions"`
-	Auth      Auth              `yaml:"auth"`
-	KVEvents  KVEvents          `yaml:"kv_events"`
-	Anthropic Anthropic         `yaml:"anthropic"`
+	CORS serverconfig.CORS `yaml:"cors"`
+	// Metrics chooses where the detailed series are served (serverconfig.Metrics).
+	Metrics   serverconfig.Metrics `yaml:"metrics"`
+	Sessions  Sessions             `yaml:"sessions"`
+	Auth      Auth                 `yaml:"auth"`
+	KVEvents  KVEvents             `yaml:"kv_events"`
+	Anthropic Anthropic            `yaml:"anthropic"`
 	// Cluster joins this replica to its peers over NATS; off unless nats_url or
 	// embedded_nats.listen is set (clusterconfig.Config documents each key).
 	Cluster Cluster `yaml:"cluster"`

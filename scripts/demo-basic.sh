@@ -4,6 +4,8 @@
 #
 # Env: PORT_BASE (18100: workers on +1, +2, gateway on +0), POLICY (round_robin).
 set -euo pipefail
+# This script reads per-worker series from the gateway's client /metrics (loopback only).
+export KVGATE_METRICS_DETAILED_PUBLIC=true
 cd "$(dirname "$0")/.."
 base="${PORT_BASE:-18100}"
 model=demo-model

@@ -20,6 +20,8 @@
 #   BASE_PORT    gateway port; workers +1.., events +100.. [19000 + 40*(PID mod 50)]
 #   BIN          binaries [OUT/bin]; SKIP_BUILD=1 uses existing ones
 set -euo pipefail
+# This script reads per-worker series from the gateway's client /metrics (loopback only).
+export KVGATE_METRICS_DETAILED_PUBLIC=true
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"

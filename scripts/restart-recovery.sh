@@ -18,6 +18,8 @@
 #   TOLERANCE    blocks of difference per target still counted as equal [0]
 #   BASE_PORT    [21000 + 40*(PID mod 50)]; BIN [OUT/bin]; SKIP_BUILD=1 uses existing binaries
 set -euo pipefail
+# This script reads per-worker series from the gateway's client /metrics (loopback only).
+export KVGATE_METRICS_DETAILED_PUBLIC=true
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"

@@ -57,7 +57,8 @@ func TestDebugOnlyOnAdminListener(t *testing.T) {
 			t.Errorf("admin listener %s %s: %d %s, want %d", p.method, p.path, code, body, want)
 		}
 	}
-	for _, path := range []string{"/health", "/metrics", "/v1/models", pathChat} {
+	// /metrics is on both: the admin one with the per-worker series (TestDetailedMetricsPublic).
+	for _, path := range []string{"/health", "/v1/models", pathChat} {
 		if code, _, _ := do(t, "GET", g.adminURL+path, "", ""); code != http.StatusNotFound {
 			t.Errorf("admin listener serves %s: %d", path, code)
 		}
@@ -81,7 +82,8 @@ func TestAdminToken(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			for _, p := range debugPaths[:2] {
+			paths := append(debugPaths[:2:2], struct{ method, path, body string }{"GET", "/metrics", ""})
+			for _, p := range paths {
 				code, h, body := do(t, p.method, g.adminURL+p.path, tc.auth, p.body)
 				if code != tc.want {
 					t.Errorf("%s: %d %s, want %d", p.path, code, body, tc.want)

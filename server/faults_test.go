@@ -321,7 +321,18 @@ func checkErrorBody(t *testing.T, resp *http.Response, body []byte, status int, 
 
 func scrape(t *testing.T, g *gateway) string {
 	t.Helper()
-	resp, err := http.Get(g.url + "/metrics")
+	return scrapeURL(t, g.url+"/metrics")
+}
+
+// scrapeAdmin reads the admin listener's /metrics (every series, the per-worker ones too).
+func scrapeAdmin(t *testing.T, g *gateway) string {
+	t.Helper()
+	return scrapeURL(t, g.adminURL+"/metrics")
+}
+
+func scrapeURL(t *testing.T, url string) string {
+	t.Helper()
+	resp, err := http.Get(url)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -59,10 +59,11 @@ func TestHealthAndMetrics(t *testing.T) {
 		`kvgate_requests_in_flight{endpoint="/v1/chat/completions"} 0`,
 	}
 	// The handler counts a request just after the client has its last byte: poll briefly.
+	// Every series is on the admin listener's /metrics (the per-worker ones only there).
 	var m string
 	deadline := time.Now().Add(3 * time.Second)
 	for {
-		m = scrape(t, g)
+		m = scrapeAdmin(t, g)
 		missing := 0
 		for _, want := range wants {
 			if !strings.Contains(m, want) {
@@ -77,6 +78,12 @@ func TestHealthAndMetrics(t *testing.T) {
 	for _, want := range wants {
 		if !strings.Contains(m, want) {
 			t.Errorf("metrics lack %s", want)
+		}
+	}
+	public := scrape(t, g)
+	for _, want := range wants {
+		if present, detailed := strings.Contains(public, want), strings.Contains(want, `worker="`); present == detailed {
+			t.Errorf("the client listener's /metrics: %s present %v, want %v", want, present, !detailed)
 		}
 	}
 	// A second server in the same process has its own registry: no duplicate registration

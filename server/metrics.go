@@ -5,6 +5,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	dto "github.com/prometheus/client_model/go"
 
 	"github.com/kvgate/kvgate/workers"
 )
@@ -109,4 +110,38 @@ func (c *workerCollector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(c.descInFlight, prometheus.GaugeValue, float64(n), st.URL, strconv.Itoa(rank))
 		}
 	}
+}
+
+// detailedLabel marks a detailed series: one per worker.
+const detailedLabel = "worker"
+
+// publicGatherer is g without the detailed series (those with a worker label): the client
+// listener's /metrics unless metrics.detailed_public.
+type publicGatherer struct{ g prometheus.Gatherer }
+
+// Gather implements prometheus.Gatherer.
+func (p publicGatherer) Gather() ([]*dto.MetricFamily, error) {
+	mfs, err := p.g.Gather()
+	out := mfs[:0]
+	for _, mf := range mfs {
+		ms := mf.Metric[:0]
+		for _, m := range mf.Metric {
+			if !hasLabel(m, detailedLabel) {
+				ms = append(ms, m)
+			}
+		}
+		if mf.Metric = ms; len(ms) > 0 {
+			out = append(out, mf)
+		}
+	}
+	return out, err
+}
+
+func hasLabel(m *dto.Metric, name string) bool {
+	for _, l := range m.GetLabel() {
+		if l.GetName() == name {
+			return true
+		}
+	}
+	return false
 }

@@ -158,8 +158,13 @@ func New(opts Options) (*Server, error) {
 	e.NoMethod(headAsGet(e, s.noRoute(http.StatusMethodNotAllowed)))
 	e.GET("/health", s.handleHealth)
 	e.HEAD("/health", s.handleHealth)
-	metricsHandler := promhttp.HandlerFor(s.m.reg, promhttp.HandlerOpts{})
-	e.GET("/metrics", gin.WrapH(metricsHandler))
+	// The per-worker series reveal when which worker cached how much of a prompt: on the
+	// client listener only with metrics.detailed_public, always on the admin one.
+	var public prometheus.Gatherer = publicGatherer{s.m.reg}
+	if opts.Config.Metrics.DetailedPublic {
+		public = s.m.reg
+	}
+	e.GET("/metrics", gin.WrapH(promhttp.HandlerFor(public, promhttp.HandlerOpts{})))
 	s.engine = e
 
 	// The debug endpoints reveal routing and cache state (which prompts are cached where), so
@@ -171,6 +176,7 @@ func New(opts Options) (*Server, error) {
 	a.POST("/debug/route", s.handleDebugRoute)
 	a.GET("/debug/workers", s.handleDebugWorkers)
 	a.GET("/debug/sessions/*id", s.handleDebugSession)
+	a.GET("/metrics", gin.WrapH(promhttp.HandlerFor(s.m.reg, promhttp.HandlerOpts{})))
 	s.admin = a
 	return s, nil
 }

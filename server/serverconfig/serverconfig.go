@@ -135,3 +135,12 @@ type CORS struct {
 	// turns CORS off: no CORS headers, OPTIONS is an unmatched route.
 	AllowedOrigins []string `yaml:"allowed_origins"`
 }
+
+// Metrics configures what GET /metrics shows where.
+type Metrics struct {
+	// DetailedPublic also serves the detailed series (every series with a worker label: the
+	// per-worker KV-event sequence numbers and block counters, requests and health per worker)
+	// on the client listener's /metrics; false (the default) serves them only on the admin
+	// listener's /metrics, since they reveal when which worker cached how much of a prompt.
+	DetailedPublic bool `yaml:"detailed_public"`
+}
