@@ -97,6 +97,11 @@ type Bindings struct {
 	leaderChanges atomic.Uint64
 	synced        atomic.Uint64
 	advisory      *nats.Subscription
+	deletedSubs   []*nats.Subscription
+	// deleted is set (with why) when a bucket was found deleted, until setup recreated it.
+	deleted   atomic.Bool
+	deletedMu sync.Mutex
+	deletedAt time.Time
 
 	// amu guards active (a leaf lock, never held with mu).
 	amu    sync.Mutex
@@ -243,9 +248,20 @@ func (b *Bindings) Start(ctx context.Context) {
 		b.node.CountError("bindings", fmt.Errorf("leader advisories: %w", err))
 	}
 	b.advisory = sub
+	// A bucket deleted under the replicas (nats-server's JSAdvisoryStreamDeletedPre): noticed
+	// at once, and by the periodic check (checkBuckets) if the advisory was missed.
+	for _, what := range []string{"sessions", "pins"} {
+		sub, err := b.node.Conn().Subscribe("$JS.EVENT.ADVISORY.STREAM.DELETED.KV_"+b.node.Bucket(what), func(*nats.Msg) { b.bucketGone(what) })
+		if err != nil {
+			b.node.CountError("bindings", fmt.Errorf("delete advisories: %w", err))
+			continue
+		}
+		b.deletedSubs = append(b.deletedSubs, sub)
+	}
 	b.requestEnsure()
 	var wg sync.WaitGroup
 	wg.Go(func() { b.maintain(ctx) })
+	wg.Go(func() { b.checkBuckets(ctx) })
 	wg.Go(func() { b.writer(ctx) })
 	wg.Go(func() { b.keeper(ctx) })
 	go func() { wg.Wait(); close(b.done) }()
@@ -256,6 +272,9 @@ func (b *Bindings) Close() {
 	b.stopOnce.Do(func() {
 		if b.advisory != nil {
 			_ = b.advisory.Unsubscribe()
+		}
+		for _, sub := range b.deletedSubs {
+			_ = sub.Unsubscribe()
 		}
 		if b.stop != nil {
 			b.stop()
@@ -294,6 +313,61 @@ func (b *Bindings) HealthDetail() (name string, detail any, degraded bool) {
 	st := BindingsStatus{Ready: b.Ready() && b.node.Connected(), CacheEntries: b.Len(), Behind: b.Behind(),
 		InFlightSessions: b.InFlight()}
 	return "cluster_bindings", st, !st.Ready
+}
+
+// bucketCheckEvery is how often a replica checks that the fleet's buckets still exist.
+const bucketCheckEvery = 2 * time.Second
+
+// bucketGone records that the what bucket was deleted and asks for it to be recreated.
+func (b *Bindings) bucketGone(what string) {
+	if b.deleted.CompareAndSwap(false, true) {
+		b.deletedMu.Lock()
+		b.deletedAt = b.now()
+		b.deletedMu.Unlock()
+		b.opsTotal.WithLabelValues("bucket", "deleted").Inc()
+		b.log.Error("a shared bucket was deleted under the fleet; recreating it (a NATS user allowed to delete streams did it: see cluster.embedded_nats.users)",
+			"bucket", b.node.Bucket(what))
+	}
+	b.ready.Store(false)
+	b.requestEnsure()
+}
+
+// checkBuckets looks the buckets' streams up every bucketCheckEvery while they are ready.
+func (b *Bindings) checkBuckets(ctx context.Context) {
+	t := time.NewTicker(bucketCheckEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if !b.ready.Load() || !b.node.Connected() {
+			continue
+		}
+		for _, what := range []string{"sessions", "pins"} {
+			cctx, cancel := context.WithTimeout(ctx, time.Second)
+			_, err := b.node.JetStream().Stream(cctx, "KV_"+b.node.Bucket(what))
+			cancel()
+			if errors.Is(err, jetstream.ErrStreamNotFound) {
+				b.bucketGone(what)
+			}
+		}
+	}
+}
+
+// Readiness implements server.ReadinessCheck: not ready while a bucket found deleted is not
+// recreated yet (bindings and pins are then this replica's own; a Responses follow-up through
+// another replica would not find its pin). NATS merely unreachable keeps the replica ready:
+// it routes on its own state, degraded in /health.
+func (b *Bindings) Readiness() (name string, ready bool, reason string) {
+	if !b.deleted.Load() {
+		return "cluster_bindings", true, ""
+	}
+	b.deletedMu.Lock()
+	at := b.deletedAt
+	b.deletedMu.Unlock()
+	return "cluster_bindings", false, "the shared session/pin bucket was deleted at " + at.UTC().Format(time.RFC3339) + "; recreating it"
 }
 
 func (b *Bindings) requestEnsure() {
@@ -342,6 +416,9 @@ func (b *Bindings) maintain(ctx context.Context) {
 		failures = 0
 		stopWatch = sw
 		b.ready.Store(true)
+		if b.deleted.CompareAndSwap(true, false) {
+			b.log.Info("shared buckets recreated after a deletion")
+		}
 	}
 }
 

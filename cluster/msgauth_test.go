@@ -287,3 +287,71 @@ func TestForgedSnapshotRefused(t *testing.T) {
 		})
 	}
 }
+
+// An outside client deletes both buckets (with no users on the server it may): every replica
+// notices within seconds, is not ready (server.ReadinessCheck) until it recreated them, and a
+// pin shared after that is found by the other replica.
+func TestDeletedBucketsRecreated(t *testing.T) {
+	srvCfg := embeddedConfig(t, "srv")
+	startNode(t, srvCfg)
+	na := startNode(t, replicaConfig(srvCfg, "a", time.Minute))
+	nb := startNode(t, replicaConfig(srvCfg, "b", time.Minute))
+	a := startBindings(t, na, BindingsOptions{})
+	b := startBindings(t, nb, BindingsOptions{})
+	if _, ready, _ := b.Readiness(); !ready {
+		t.Fatal("not ready at start")
+	}
+	evil := outsider(t, srvCfg)
+	js, err := jetstream.New(evil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var sawNotReady bool
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() { // /ready as a load balancer would poll it
+		defer close(done)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if _, ready, reason := b.Readiness(); !ready && strings.Contains(reason, "deleted") {
+				sawNotReady = true
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}()
+	for _, what := range []string{"sessions", "pins"} {
+		if err := js.DeleteKeyValue(ctx, nb.Bucket(what)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	eventually(t, 5*time.Second, "both buckets back", func() bool {
+		for _, what := range []string{"sessions", "pins"} {
+			if _, err := js.KeyValue(ctx, nb.Bucket(what)); err != nil {
+				return false
+			}
+		}
+		_, ra, _ := a.Readiness()
+		_, rb, _ := b.Readiness()
+		return ra && rb && a.Ready() && b.Ready()
+	})
+	close(stop)
+	<-done
+	if !sawNotReady {
+		t.Fatal("the deletion never showed in Readiness")
+	}
+	if v := counterOf(t, b.opsTotal.WithLabelValues("bucket", "deleted")); v < 1 {
+		t.Fatalf("deletions counted %v", v)
+	}
+	if err := a.SharePin(ctx, "resp_after", wC); err != nil {
+		t.Fatal(err)
+	}
+	if got, ok, err := b.LookupPin(ctx, "resp_after"); err != nil || !ok || got != wC {
+		t.Fatalf("pin after recreation: %v %v %v", got, ok, err)
+	}
+}

@@ -59,8 +59,10 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return fmt.Errorf("invalid configuration:\n  %w", err)
 	}
 	defer rt.close()
+	var readiness []server.ReadinessCheck
 	if rt.bindings != nil {
 		details = append(details, rt.bindings)
+		readiness = append(readiness, rt.bindings) // a deleted bucket holds the replica out until recreated
 	}
 	disc, err := newDiscovery(cfg, reg, prom, log)
 	if err != nil {
