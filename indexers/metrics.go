@@ -54,7 +54,8 @@ func (m *Subscribers) Collector() prometheus.Collector {
 			"batches of the same engine), implausible_seq (a jump the replay ring does not confirm), unconfirmed (a step back "+
 			"no later batch confirmed), skipped_seq (a sequence number the replay ring shows no batch ever had).", "reason"),
 		warmStarts: d("warm_starts_total", "Warm starts of the target's index from a peer replica's snapshot, by result: installed, "+
-			"no_peer, timeout, fetch_failed, install_failed, rejected (the replay ring did not confirm its cursor), no_replay_endpoint.", "result"),
+			"no_peer, timeout, fetch_failed, install_failed, rejected (the replay ring did not confirm its cursor), no_replay_endpoint, "+
+			"content_rejected (the ring's last batches up to the cursor contradict its content).", "result"),
 		warmBytes: d("warm_start_bytes_total", "Bytes of peer snapshots installed into the target's index."),
 		mode:      d("index_approximate", "1 while the target's index lost batches and the router scores it approximately."),
 		unknownTopic: prometheus.NewDesc("kvgate_kv_collector_unknown_messages_total",

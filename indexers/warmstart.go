@@ -39,10 +39,14 @@ const (
 	WarmInstallFailed = "install_failed"     // the snapshot was corrupt or did not fit
 	WarmRejected      = "rejected"           // installed, but the ring did not confirm its cursor
 	WarmNoReplay      = "no_replay_endpoint" // nothing to confirm a cursor with: not attempted
+	// WarmContentRejected: the ring's last batches up to the cursor contradict the snapshot's
+	// content (warmcheck.go); not installed.
+	WarmContentRejected = "content_rejected"
 )
 
 // warmResults are the outcomes counted per target, in metric order.
-var warmResults = [...]string{WarmInstalled, WarmNoPeer, WarmTimeout, WarmFetchFailed, WarmInstallFailed, WarmRejected, WarmNoReplay}
+var warmResults = [...]string{WarmInstalled, WarmNoPeer, WarmTimeout, WarmFetchFailed, WarmInstallFailed, WarmRejected, WarmNoReplay,
+	WarmContentRejected}
 
 // WarmStartDebug is a target's warm start in GET /debug/workers.
 type WarmStartDebug struct {
@@ -134,6 +138,19 @@ func (s *Subscriber) maybeWarmStart(ctx context.Context) {
 		s.log.Info("kv-events: no warm start from a peer; starting from the replay ring", "result", res, "err", err)
 		c.mu.Lock()
 		c.noteWarm(WarmStartDebug{State: "cold", Result: res, TookMS: took, Error: err.Error()})
+		c.mu.Unlock()
+		return
+	}
+	cctx, ccancel := context.WithTimeout(ctx, s.cfg.ReplayTimeout)
+	err = s.checkSnapshotContent(cctx, data)
+	ccancel()
+	if err != nil {
+		if ctx.Err() != nil {
+			return
+		}
+		s.log.Warn("kv-events: a peer's index snapshot contradicts the worker's replay ring; discarded, starting from the ring", "peer", peer, "err", err)
+		c.mu.Lock()
+		c.noteWarm(WarmStartDebug{State: "cold", Result: WarmContentRejected, Peer: peer, TookMS: took, Error: err.Error()})
 		c.mu.Unlock()
 		return
 	}

@@ -63,6 +63,28 @@ func TestLiveWarmStart(t *testing.T) {
 					return data, "peer-a", err
 				})
 			}},
+		{name: "a forged snapshot with a stolen cursor is discarded", want: WarmContentRejected, state: "cold",
+			peer: func(a *liveRig) WarmStarter {
+				return peerFunc(func(ctx context.Context, t kvkey.Target) ([]byte, string, error) {
+					// The real cursor (seq and digest, as a downloaded snapshot reveals them)
+					// on another stream's content.
+					sa := a.sub(t)
+					sa.cursor.mu.Lock()
+					cur := sa.cursor.cur
+					sa.cursor.mu.Unlock()
+					forged := NewIndex(Options{BlockSize: modelBS})
+					if err := forged.AddTarget(t); err != nil {
+						return nil, "", err
+					}
+					for _, pl := range newScenario(nil, 99, 60, LayoutMap).payloads {
+						if b, err := DecodeBatch(pl); err == nil {
+							_ = forged.Apply(t, b)
+						}
+					}
+					data, err := forged.EncodeSnapshot(t, cur)
+					return data, "evil", err
+				})
+			}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
