@@ -15,6 +15,7 @@ import (
 var notSecret = map[string]bool{
 	"auth.keys":                           true, // the list of entries; each entry's key is tagged
 	"cluster.nats_creds":                  true, // the path of a NATS credentials file, not its content
+	"kv_events.curve_client_keys":         true, // the publishers' CURVE public keys
 	"router.latency.prefill_ms_per_token": true, // a per-token time
 	"router.latency.step_ms_per_kv_token": true, // a per-token time
 }

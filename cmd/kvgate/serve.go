@@ -68,7 +68,6 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err != nil {
 		return fmt.Errorf("invalid configuration:\n  %w", err)
 	}
-	var readiness []server.ReadinessCheck
 	if disc != nil {
 		readiness = append(readiness, disc)
 	}
