@@ -18,6 +18,7 @@ type collector struct {
 	droppedBatches, mode, unknownTopic          *prometheus.Desc
 	refused                                     *prometheus.Desc
 	warmStarts, warmBytes                       *prometheus.Desc
+	silent                                      *prometheus.Desc
 }
 
 // Register registers the subscriptions' metrics (prefix kvgate_kv_) with reg.
@@ -58,6 +59,8 @@ func (m *Subscribers) Collector() prometheus.Collector {
 			"content_rejected (the ring's last batches up to the cursor contradict its content).", "result"),
 		warmBytes: d("warm_start_bytes_total", "Bytes of peer snapshots installed into the target's index."),
 		mode:      d("index_approximate", "1 while the target's index lost batches and the router scores it approximately."),
+		silent: d("events_silent", "1 while the subscription has heard no event although prompts were routed to the worker "+
+			"for 30s (a worker publishing elsewhere: a --kv-events-config endpoint tcp://HOST:PORT connects out; see the log)."),
 		unknownTopic: prometheus.NewDesc("kvgate_kv_collector_unknown_messages_total",
 			"Messages the collector could not attribute to a configured worker+rank, by cause: topic, dp_rank, sender (not an address of the topic's worker).", []string{"listen", "cause"}, nil),
 		refused: prometheus.NewDesc("kvgate_kv_collector_refused_connections_total",
@@ -69,7 +72,7 @@ func (m *Subscribers) Collector() prometheus.Collector {
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.events, c.blocks, c.dropped, c.resident, c.orphans, c.batches,
 		c.gaps, c.replays, c.resets, c.parseErrors, c.reconnects, c.lastSeq, c.state, c.version, c.joins, c.duplicates,
-		c.recoveries, c.droppedBatches, c.mode, c.unknownTopic, c.refused, c.warmStarts, c.warmBytes} {
+		c.recoveries, c.droppedBatches, c.mode, c.unknownTopic, c.refused, c.warmStarts, c.warmBytes, c.silent} {
 		ch <- d
 	}
 }
@@ -145,6 +148,11 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		counter(c.parseErrors, st.rankMismatch.Load(), w, r, "dp_rank_mismatch")
 		counter(c.parseErrors, st.pendingOverflow.Load(), w, r, "replay_buffer_overflow")
 		counter(c.reconnects, st.reconnects.Load(), w, r)
+		silent := 0.0
+		if st.silent.Load() {
+			silent = 1
+		}
+		gauge(c.silent, silent, w, r)
 		counter(c.joins, st.joinReplays.Load(), w, r)
 		counter(c.duplicates, st.lateDuplicates.Load(), w, r)
 		if st.haveSeq.Load() {

@@ -2,6 +2,7 @@ package indexers
 
 import (
 	"sync"
+	"time"
 
 	"github.com/kvgate/kvgate/kvkey"
 )
@@ -25,12 +26,18 @@ const maxRecoveryWalk = 64
 // indexed only when a store needs them. The index keeps references to local and seq; the
 // caller must not modify them afterwards. Unknown targets and malformed input are ignored.
 func (ix *Index) NoteRouted(t kvkey.Target, local []uint64, seq []kvkey.BlockHash) {
-	budget := ix.opt.RoutedBlocks
-	if budget <= 0 || len(local) == 0 || len(local) != len(seq) {
+	if len(local) == 0 || len(local) != len(seq) {
 		return
 	}
 	ts := ix.reg.Load().byTarget[t]
 	if ts == nil {
+		return
+	}
+	if ts.firstRouted.Load() == 0 {
+		ts.firstRouted.CompareAndSwap(0, time.Now().UnixNano())
+	}
+	budget := ix.opt.RoutedBlocks
+	if budget <= 0 {
 		return
 	}
 	if len(local) > budget {

@@ -60,6 +60,9 @@ type SubscriberConfig struct {
 	// Consumer, if set, hears every change set the subscriber's index updates made, after the
 	// index released its lock (Subscribers sets it from Subscribers.SetConsumer).
 	Consumer ChangeConsumer
+	// SilenceAfter is how long the subscription may hear nothing while prompts are routed to
+	// its worker before it is reported silent (silence.go); 0 takes SilenceAfter.
+	SilenceAfter time.Duration
 }
 
 // DefaultMaxMsgSize is the default ZMQ_MAXMSGSIZE of the KV-event sockets (64 MiB).
@@ -89,6 +92,9 @@ func (c *SubscriberConfig) defaults() {
 	}
 	if c.SnapshotTimeout <= 0 {
 		c.SnapshotTimeout = 5 * time.Second
+	}
+	if c.SilenceAfter <= 0 {
+		c.SilenceAfter = SilenceAfter
 	}
 }
 
@@ -133,6 +139,8 @@ type subStats struct {
 	approximate                                              atomic.Bool  // the index lost batches
 	modeReason                                               atomic.Value // string
 	lastEvent                                                atomic.Int64 // unix nanos
+	started                                                  atomic.Int64 // unix nanos of NewSubscriber
+	silent                                                   atomic.Bool  // silence.go
 }
 
 // Subscriber follows one worker+rank's KV events into an Index. Its ZMQ sockets live on the
@@ -174,6 +182,7 @@ func NewSubscriber(zctx *zmq.Context, ix *Index, cfg SubscriberConfig, log *slog
 	s := &Subscriber{cfg: cfg, ix: ix, zctx: zctx, seq: NewSequencer(cfg.seqConfig()),
 		log: log.With("component", "kv-events", "target", cfg.Target.String(), "endpoint", cfg.Endpoint)}
 	s.stats.modeReason.Store("")
+	s.stats.started.Store(time.Now().UnixNano())
 	s.cursor.exact = true // a new sequencer is in exact mode
 	s.setState(StateConnecting)
 	return s
@@ -322,6 +331,7 @@ func (s *Subscriber) step(ctx context.Context, now time.Time) {
 	s.joinIfDue(now)
 	s.exec(s.seq.Tick(now))
 	s.setState(s.connState())
+	s.checkSilence(now)
 }
 
 // onLive handles one live batch routed to this target.

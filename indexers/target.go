@@ -51,6 +51,9 @@ type targetState struct {
 	ix     *Index
 	target kvkey.Target
 	slot   int
+	// firstRouted is when a prompt with a full block was first routed here (unix nanos; 0:
+	// none yet): from then on the worker should publish KV events (silence.go).
+	firstRouted atomic.Int64
 
 	mu     sync.Mutex
 	ext    map[kvkey.EngineHash]extEntry

@@ -71,6 +71,9 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if disc != nil {
 		readiness = append(readiness, disc)
 	}
+	if rt.events != nil {
+		readiness = append(readiness, rt.events) // a subscription silent while its worker serves
+	}
 	srv, err := server.New(server.Options{Config: cfg, Registry: reg, Router: rt.dispatcher, Enricher: rt.enricher,
 		Logger: log, Metrics: prom, Details: details, Readiness: readiness})
 	if err != nil {
