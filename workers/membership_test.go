@@ -3,6 +3,7 @@ package workers
 import (
 	"context"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -75,12 +76,12 @@ func TestMembership(t *testing.T) {
 
 	// A removed worker's probe verdict reaches nobody.
 	gone, _ := reg.Add(configs.Worker{URL: "http://127.0.0.1:9"}, false)
-	changes := 0
-	reg.OnChange(func(*Worker, string) { changes++ })
+	var changes atomic.Int32 // probes run concurrently
+	reg.OnChange(func(*Worker, string) { changes.Add(1) })
 	reg.Remove(gone.URL())
 	reg.ProbeAll(context.Background())
-	if changes != 2 { // the static worker's and b's admissions, not the removed one's
-		t.Errorf("%d probe changes heard, want 2", changes)
+	if n := changes.Load(); n != 2 { // the static worker's and b's admissions, not the removed one's
+		t.Errorf("%d probe changes heard, want 2", n)
 	}
 
 	reg.SetDraining(b.URL, true)
