@@ -161,3 +161,28 @@ func TestApproxBudget(t *testing.T) {
 		t.Fatalf("forget left %d resident, %d blocks", a.Resident(tgt(0)), len(a.blocks))
 	}
 }
+
+// A fleet that churns reuses the bits of removed targets: the bitsets stay as wide as the
+// largest fleet, and a new target never inherits a removed one's blocks.
+func TestApproxRemoveTargetReusesBits(t *testing.T) {
+	clk := &fakeClock{t: time.Unix(1000, 0)}
+	a := newTestApprox(time.Minute, 1000, clk)
+	p := chain(1, 10)
+	a.Record(tgt(0), p)
+	a.Record(tgt(1), p[:4])
+	for i := 2; i < 200; i++ { // 198 workers come, take tgt(1)'s place in turn, and go
+		a.RemoveTarget(tgt(i - 1))
+		a.Record(tgt(i), p[:i%10])
+	}
+	if n := len(a.targets); n != 2 {
+		t.Errorf("%d target slots after churn, want 2 (bits reused)", n)
+	}
+	out := make([]int, 3)
+	matchG1(t, a, p, []kvkey.Target{tgt(0), tgt(198), tgt(199)}, out)
+	if out[0] != 10 || out[1] != 0 || out[2] != 199%10 {
+		t.Errorf("matches %v, want [10 0 9]: a removed target's blocks must not survive", out)
+	}
+	if a.Resident(tgt(198)) != 0 {
+		t.Error("a removed target still has resident blocks")
+	}
+}

@@ -393,6 +393,24 @@ func TestKVLearnsFromLifecycle(t *testing.T) {
 	if v := e.DebugTargets([]kvkey.Target{tgt(0)})[0].Latency; v.Ready || v.Samples != 0 || v.Theta["prefill_ms_per_token"] != p.timed.prior[latency.FTokens] {
 		t.Fatalf("after Forget the fit must be the prior again: %+v", v)
 	}
+
+	// RemoveTarget (the worker left the fleet) drops its state and its series altogether.
+	e.RemoveTarget(tgt(0))
+	if p.timed.get(tgt(0)) != nil || e.load.get(tgt(0)) != nil {
+		t.Error("the removed target still has time-model or load state")
+	}
+	if mfs, err = reg.Gather(); err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "worker" && l.GetValue() == tgt(0).String() {
+					t.Errorf("%s still has a series of the removed target", mf.GetName())
+				}
+			}
+		}
+	}
 }
 
 // TestKVTimeAccountingSteps: the queue and decode accounting per Lifecycle path, and which
