@@ -55,15 +55,32 @@ func TestDiscoveryKubernetesE2E(t *testing.T) {
 	for _, s := range slices[:3] {
 		api.Put(s)
 	}
+	api.SetForbidden(true) // the Role is not granted yet
 	g := startDiscoveredGateway(t, api, quiet, "--health-interval", "200ms", "--router-metrics-interval", "100ms",
 		"--proxy-expose-routing-headers")
 	f.gw, f.admin, f.client, f.prom, f.cfg = g.gw, g.admin, g.client, g.prom, g.cfg
+	// GET /ready says why: the source cannot list endpointslices.
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		body := f.get("/ready")
+		if strings.Contains(body, `"component":"discovery.kubernetes"`) && strings.Contains(body, "verbs [list, watch]") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("/ready never named the missing Role: %s", body)
+		}
+	}
+	api.SetForbidden(false)
 	deadline := time.Now().Add(10 * time.Second)
 	for _, ok, _ := g.src.Readiness(); !ok || g.reg.Len() != 3; _, ok, _ = g.src.Readiness() {
 		if time.Now().After(deadline) {
 			t.Fatalf("discovery never synced the 3 listed workers (%d)", g.reg.Len())
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+	for deadline := time.Now().Add(5 * time.Second); !strings.Contains(f.get("/ready"), `"ready":true`); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("/ready after the sync: %s", f.get("/ready"))
+		}
 	}
 	all := f.urls
 	f.urls = all[:3]
