@@ -144,6 +144,7 @@ func TestForgedLoadDropped(t *testing.T) {
 			}
 			got := b.Peers().Sum(w).Requests
 			rejected := counterOf(t, nb.unauth.WithLabelValues("load"))
+			t.Logf("b counts %d requests in flight on w (a's real 1); %v forged messages dropped", got, rejected)
 			if keyed {
 				if got != 1 || rejected == 0 {
 					t.Fatalf("with a fleet key: b counts %d requests on w (want a's 1), %v unauthenticated messages dropped", got, rejected)
@@ -209,6 +210,7 @@ func TestForgedBindingIgnored(t *testing.T) {
 	if got, ok := b.Lookup("s1"); !ok || got.Target != wB {
 		t.Fatalf("b's binding of s1 after the forgeries: %+v %v, want wB", got, ok)
 	}
+	t.Logf("after a forged value and a replayed old one: s1 → %s; %v writes refused", wB.Worker, counterOf(t, nb.unauth.WithLabelValues("binding")))
 }
 
 // An outside client answers every snapshot offer as replica "evil" and serves forged bytes
@@ -250,6 +252,7 @@ func TestForgedSnapshotRefused(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 			defer cancel()
 			got, peer, err := b.FetchSnapshot(ctx, tg)
+			t.Logf("cold replica fetched %q from %q (err %v)", got, peer, err)
 			if !keyed {
 				if err != nil || string(got) != string(forged) || peer != "evil" {
 					t.Fatalf("without a key the attack should reproduce: %q from %q, %v", got, peer, err)

@@ -66,6 +66,7 @@ func TestCollectorForgedPublisher(t *testing.T) {
 			time.Sleep(100 * time.Millisecond)
 			c := rig.m.Collectors()[0]
 			applied := s.stats.lastSeq.Load() == sent+1
+			t.Logf("forged batch applied: %v; refused connections %d, wrong-sender messages %d", applied, c.RefusedConnections, c.WrongSender)
 			if applied != tc.forged {
 				t.Fatalf("forged batch applied: %v, want %v (collector %+v)", applied, tc.forged, c)
 			}

@@ -124,6 +124,9 @@ func TestLiveWarmStart(t *testing.T) {
 			waitSeq(t, sa, last)
 			waitSeq(t, sb, last)
 			d := b.debug(t, tg)
+			if d.WarmStart != nil {
+				t.Logf("warm start: %s (%s) from %q, verified %v %s", d.WarmStart.Result, d.WarmStart.State, d.WarmStart.Peer, d.WarmStart.Verified, d.WarmStart.Error)
+			}
 			if d.WarmStart == nil || d.WarmStart.Result != tc.want || d.WarmStart.State != tc.state || d.WarmStart.Verified != tc.verified {
 				t.Fatalf("warm start %+v, want result %s state %s verified %v", d.WarmStart, tc.want, tc.state, tc.verified)
 			}
