@@ -88,6 +88,24 @@ test('countTokens matches the worker', async () => {
   assert.equal(viaGateway.input_tokens, fromWorker.input_tokens);
 });
 
+test('Claude Code with ANTHROPIC_API_KEY: x-api-key authenticates; errors and tools: [] as Anthropic clients expect', async () => {
+  const keyed = await startGateway(workers, { kv: true, extra: ['--auth-api-keys', 'sk-e2e-key'] });
+  const ok = new Anthropic({ baseURL: keyed, apiKey: 'sk-e2e-key', maxRetries: 0 }); // sent as x-api-key
+  const msg = await ok.messages.create({ model: MODEL, max_tokens: 4, tools: [], messages: [{ role: 'user', content: 'title this' }] });
+  assert.equal(msg.type, 'message');
+  const counted = await ok.messages.countTokens({ model: MODEL, tools: [], messages: [{ role: 'user', content: 'title this' }] });
+  assert.ok(counted.input_tokens > 0);
+  const wrong = new Anthropic({ baseURL: keyed, apiKey: 'sk-wrong', maxRetries: 0 });
+  await assert.rejects(
+    wrong.messages.create({ model: MODEL, max_tokens: 4, messages: [{ role: 'user', content: 'x' }] }),
+    (err) => err instanceof Anthropic.AuthenticationError && err.error?.type === 'error' && err.error?.error?.type === 'authentication_error',
+  );
+  await assert.rejects(
+    ok.messages.create({ model: MODEL, max_tokens: 4, messages: [] }),
+    (err) => err instanceof Anthropic.BadRequestError && err.error?.error?.type === 'invalid_request_error',
+  );
+});
+
 test('errors are Anthropic-shaped', async () => {
   await assert.rejects(
     client.messages.create({ model: 'no-such-model', max_tokens: 4, messages: [{ role: 'user', content: 'x' }] }),
