@@ -40,6 +40,7 @@ gotest:
 e2e-node: build
 	node scripts/e2e-openai.mjs
 	node scripts/e2e-anthropic.mjs
+	node scripts/e2e-agents.mjs
 
 test: setup fmt-check vet staticcheck gotest e2e-node
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Prepare a fresh machine for `make test` / `make demo` / CI: libzmq (cgo ZMQ), staticcheck,
-# and the openai and @anthropic-ai/sdk npm clients used by scripts/e2e-*.mjs. Idempotent; installs only what is
+# and the npm clients used by scripts/e2e-*.mjs (openai, @anthropic-ai/sdk, and the Claude Code
+# and Codex CLIs, pinned in scripts/package.json). Idempotent; installs only what is
 # missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,8 +23,9 @@ if [ ! -x "$STATICCHECK" ]; then
 	go install honnef.co/go/tools/cmd/staticcheck@v0.8.2
 fi
 
-if [ ! -d scripts/node_modules/openai ] || [ ! -d scripts/node_modules/@anthropic-ai/sdk ]; then
-	echo "setup: installing the npm clients (openai, @anthropic-ai/sdk) into scripts/node_modules" >&2
+if [ ! -d scripts/node_modules/openai ] || [ ! -d scripts/node_modules/@anthropic-ai/sdk ] ||
+	[ ! -x scripts/node_modules/.bin/claude ] || [ ! -x scripts/node_modules/.bin/codex ]; then
+	echo "setup: installing the npm clients (openai, @anthropic-ai/sdk, @anthropic-ai/claude-code, @openai/codex) into scripts/node_modules" >&2
 	(cd scripts && npm ci --no-audit --no-fund --loglevel=error 2>/dev/null || npm install --no-audit --no-fund --loglevel=error)
 fi
 
