@@ -65,6 +65,13 @@ type Config struct {
 	// AccessLog writes one info line per client request (server's access log); false = none.
 	AccessLog bool `yaml:"access_log"`
 
+	// Models lists the served models, each with its own fleet (Model); empty: the single-model
+	// form above (model, tokenizer, workers). Pools resolves either form.
+	Models []Model `yaml:"models"`
+
+	// pools and poolErrs are the pools normalize resolved (nil before: Pools resolves then).
+	pools    []Pool
+	poolErrs []error
 	// policyAuto records that router.policy was auto, for validation messages.
 	policyAuto bool
 }

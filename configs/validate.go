@@ -15,8 +15,18 @@ import (
 
 // normalize fills implied values: dp_size 0 means 1, worker URLs lose a trailing slash, a
 // worker without api_key gets auth.worker_api_key, and router.policy auto (or empty) becomes
-// kv when any worker has kv_events, else round_robin.
+// kv when any worker has kv_events, else round_robin. The pools are resolved first (an entry of
+// models: inherits the top-level router.policy as written, auto included) and normalized alike.
 func (c *Config) normalize() {
+	pools, errs := c.resolvePools()
+	c.normalizeOne()
+	for i := range pools {
+		pools[i].normalizeOne()
+	}
+	c.pools, c.poolErrs = pools, errs
+}
+
+func (c *Config) normalizeOne() {
 	for i := range c.Workers {
 		c.Workers[i].URL = strings.TrimRight(strings.TrimSpace(c.Workers[i].URL), "/")
 		if c.Workers[i].DPSize == 0 {
@@ -47,7 +57,8 @@ func (c *Config) EventsWorker() int {
 	return -1
 }
 
-// Validate checks every key and returns all problems at once, each naming its key.
+// Validate checks every key and returns all problems at once, each naming its key. The
+// model-scoped keys are checked per pool (models[i]. before the key in the models: form).
 func (c *Config) Validate() error {
 	var errs []error
 	bad := func(key, format string, args ...any) {
@@ -60,14 +71,66 @@ func (c *Config) Validate() error {
 		bad("listen", "%q has no port", c.Listen)
 	}
 	c.validateAnthropic(bad)
+
+	pools, perrs := c.pools, c.poolErrs
+	if pools == nil {
+		pools, perrs = c.resolvePools()
+	}
+	errs = append(errs, perrs...)
+	c.validateModels(pools, bad)
+	for i := range pools {
+		p := &pools[i]
+		pbad := bad
+		if p.Key != "" {
+			pbad = func(key, format string, args ...any) {
+				if key == "model" {
+					key = "name"
+				}
+				bad(p.Key+"."+key, format, args...)
+			}
+		}
+		p.validatePool(pbad)
+	}
+
+	errs = append(errs, confval.Split(confval.Prefix("kv_events.", c.KVEvents.Validate()))...)
+	validateCollector(c.KVEvents.Listen, pools, bad)
+	errs = append(errs, confval.Split(confval.Prefix("proxy.", c.Proxy.Validate()))...)
+	errs = append(errs, confval.Split(confval.Prefix("health.", c.Health.Validate()))...)
+	errs = append(errs, confval.Split(confval.Prefix("limits.", c.Limits.Validate()))...)
+	errs = append(errs, confval.Split(confval.Prefix("cluster.", c.Cluster.Validate()))...)
+	c.validateAuth(bad)
+	if c.ShutdownDrainDelay < 0 {
+		bad("shutdown_drain_delay", "must not be negative, got %s", c.ShutdownDrainDelay)
+	}
+	if c.ShutdownTimeout < 0 {
+		bad("shutdown_timeout", "must not be negative, got %s", c.ShutdownTimeout)
+	}
+	switch c.LogLevel {
+	case "debug", "info", "warn", "error":
+	default:
+		bad("log_level", "%q is not one of debug, info, warn, error", c.LogLevel)
+	}
+	switch c.LogFormat {
+	case "text", "json":
+	default:
+		bad("log_format", "%q is not one of text, json", c.LogFormat)
+	}
+	return errors.Join(errs...)
+}
+
+// validatePool checks the model-scoped keys of one pool: model, tokenizer, chat template,
+// block size, workers (static or discovered), router and sessions.
+func (c *Config) validatePool(bad func(key, format string, args ...any)) {
 	if strings.TrimSpace(c.Model) == "" {
 		bad("model", "is required: the served model name clients send (vllm serve --served-model-name)")
 	}
 	if c.Tokenizer != "" {
-		if st, err := os.Stat(c.Tokenizer); err != nil || !st.IsDir() {
-			bad("tokenizer", "%q is not a folder", c.Tokenizer)
-		} else if _, err := os.Stat(filepath.Join(c.Tokenizer, "tokenizer.json")); err != nil {
-			bad("tokenizer", "%q holds no tokenizer.json", c.Tokenizer)
+		if st, err := os.Stat(c.Tokenizer); err == nil && st.IsDir() {
+			if _, err := os.Stat(filepath.Join(c.Tokenizer, "tokenizer.json")); err != nil {
+				bad("tokenizer", "%q holds no tokenizer.json", c.Tokenizer)
+			}
+		} else if !IsHubModelID(c.Tokenizer) {
+			bad("tokenizer", "%q is not a folder (nor a Hugging Face model id org/name)", c.Tokenizer)
 		}
 	}
 	if c.ChatTemplate != "" {
@@ -116,36 +179,41 @@ func (c *Config) Validate() error {
 			bad(key+".dp_size", "must be at least 1, got %d", w.DPSize)
 		}
 	}
-
-	errs = append(errs, confval.Split(confval.Prefix("kv_events.", c.KVEvents.Validate()))...)
-	c.validateKVEvents(bad)
 	c.validateRouter(bad)
-	errs = append(errs, confval.Split(confval.Prefix("router.", c.Router.KV.Validate()))...)
-	errs = append(errs, confval.Split(confval.Prefix("router.responses.", c.Router.Responses.Validate()))...)
-	errs = append(errs, confval.Split(confval.Prefix("proxy.", c.Proxy.Validate()))...)
-	errs = append(errs, confval.Split(confval.Prefix("health.", c.Health.Validate()))...)
-	errs = append(errs, confval.Split(confval.Prefix("discovery.", c.Discovery.Validate()))...)
-	errs = append(errs, confval.Split(confval.Prefix("limits.", c.Limits.Validate()))...)
-	errs = append(errs, confval.Split(confval.Prefix("sessions.", c.Sessions.Validate()))...)
-	errs = append(errs, confval.Split(confval.Prefix("cluster.", c.Cluster.Validate()))...)
-	c.validateAuth(bad)
-	if c.ShutdownDrainDelay < 0 {
-		bad("shutdown_drain_delay", "must not be negative, got %s", c.ShutdownDrainDelay)
+	for _, sec := range []struct {
+		prefix string
+		err    error
+	}{
+		{"router.", c.Router.KV.Validate()},
+		{"router.responses.", c.Router.Responses.Validate()},
+		{"sessions.", c.Sessions.Validate()},
+		{"discovery.", c.Discovery.Validate()},
+	} {
+		for _, e := range confval.Split(confval.Prefix(sec.prefix, sec.err)) {
+			key, msg, _ := strings.Cut(e.Error(), ": ")
+			bad(key, "%s", msg)
+		}
 	}
-	if c.ShutdownTimeout < 0 {
-		bad("shutdown_timeout", "must not be negative, got %s", c.ShutdownTimeout)
+}
+
+// IsHubModelID reports whether s has the form of a Hugging Face model id (org/name), which the
+// gateway fetches from the hub at start when no folder of that name exists.
+func IsHubModelID(s string) bool {
+	org, name, ok := strings.Cut(s, "/")
+	return ok && hubPart(org) && hubPart(name)
+}
+
+func hubPart(s string) bool {
+	if s == "" || s[0] == '.' || s[0] == '-' || strings.Contains(s, "..") {
+		return false
 	}
-	switch c.LogLevel {
-	case "debug", "info", "warn", "error":
-	default:
-		bad("log_level", "%q is not one of debug, info, warn, error", c.LogLevel)
+	for _, r := range s {
+		ok := r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '.' || r == '_' || r == '-'
+		if !ok {
+			return false
+		}
 	}
-	switch c.LogFormat {
-	case "text", "json":
-	default:
-		bad("log_format", "%q is not one of text, json", c.LogFormat)
-	}
-	return errors.Join(errs...)
+	return true
 }
 
 func checkHTTPURL(raw string) string {
@@ -191,22 +259,28 @@ func checkZMQEndpoint(ep string) string {
 	return ""
 }
 
-// validateKVEvents checks what of kv_events spans sections: the collector's workers and topics.
-func (c *Config) validateKVEvents(bad func(key, format string, args ...any)) {
-	// The section's own keys are checked by its owner (eventsconfig.Config.Validate, see
-	// Validate); what spans sections, the collector's workers and their topics, is checked here.
-	if c.KVEvents.Listen == "" {
+// validateCollector checks what of kv_events spans the pools: the collector's workers and
+// their topics (the section's own keys are checked by its owner, eventsconfig.Config).
+func validateCollector(listen string, pools []Pool, bad func(key, format string, args ...any)) {
+	if listen == "" {
 		return
 	}
-	topics := map[string]int{}
-	for i, w := range c.Workers {
-		if !c.CollectorWorker(w) {
-			continue
+	topics := map[string]string{}
+	for _, p := range pools {
+		prefix := ""
+		if p.Key != "" {
+			prefix = p.Key + "."
 		}
-		if j, dup := topics[w.Topic]; dup {
-			bad(fmt.Sprintf("workers[%d].topic", i), "%q is also workers[%d]'s: the collector attributes messages by topic", w.Topic, j)
-		} else {
-			topics[w.Topic] = i
+		for i, w := range p.Workers {
+			if !p.CollectorWorker(w) {
+				continue
+			}
+			key := fmt.Sprintf("%sworkers[%d]", prefix, i)
+			if prev, dup := topics[w.Topic]; dup {
+				bad(key+".topic", "%q is also %s's: the collector attributes messages by topic", w.Topic, prev)
+			} else {
+				topics[w.Topic] = key
+			}
 		}
 	}
 	if len(topics) == 0 {
