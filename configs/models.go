@@ -3,6 +3,7 @@ package configs
 import (
 	"bytes"
 	"fmt"
+	"slices"
 	"strings"
 
 	"gopkg.in/yaml.v3"
@@ -110,6 +111,7 @@ func (c *Config) resolvePools() ([]Pool, []error) {
 		o.Router.Latency.LearnFrom = append([]string(nil), c.Router.Latency.LearnFrom...)
 		o.Sessions.Headers = append([]string(nil), c.Sessions.Headers...)
 		o.Sessions.ParentHeaders = append([]string(nil), c.Sessions.ParentHeaders...)
+		o.Sessions.FinalHeaders = append([]string(nil), c.Sessions.FinalHeaders...)
 		if err := strictDecode(m.node, &o); err != nil {
 			errs = append(errs, fmt.Errorf("%s: %w", key, err))
 			continue
@@ -170,6 +172,10 @@ func (c *Config) validateModels(pools []Pool, bad func(key, format string, args 
 				continue
 			}
 			names[n] = key
+		}
+		if !slices.Equal(p.Sessions.Headers, c.Sessions.Headers) || !slices.Equal(p.Sessions.ParentHeaders, c.Sessions.ParentHeaders) ||
+			!slices.Equal(p.Sessions.FinalHeaders, c.Sessions.FinalHeaders) {
+			bad(p.Key+".sessions", "headers, parent_headers and final_headers are read before the model is known: set them at the top level only")
 		}
 		for i, w := range p.Workers {
 			u := strings.TrimRight(strings.TrimSpace(w.URL), "/")

@@ -163,6 +163,12 @@ models:
     workers: [{url: "http://127.0.0.1:9001"}]
     router: {prefill_weight: -1}
 `, nil, []string{"models[0].router.prefill_weight"}},
+		{"identity headers per entry", `
+models:
+  - name: a
+    workers: [{url: "http://127.0.0.1:9001"}]
+    sessions: {headers: [x-my-session]}
+`, nil, []string{"models[0].sessions: headers, parent_headers and final_headers are read before the model is known"}},
 		{"several models and a cluster", `
 cluster: {nats_url: "nats://127.0.0.1:4222"}
 models:
