@@ -108,6 +108,7 @@ type targetView struct {
 
 // workersDebug is the body of GET /debug/workers.
 type workersDebug struct {
+	Model     string       `json:"model"`
 	Policy    string       `json:"policy"`
 	BlockSize int          `json:"block_size"`
 	Targets   []targetView `json:"targets"`
@@ -116,13 +117,19 @@ type workersDebug struct {
 	Details map[string]any `json:"details,omitempty"`
 }
 
-// handleDebugWorkers answers GET /debug/workers: per worker+rank its health, load, scoring
-// mode and KV-event subscription (state, sequence, gaps, replays, resets, index size).
+// handleDebugWorkers answers GET /debug/workers: per worker+rank of one model's pool
+// (?model=NAME, default the first model) its health, load, scoring mode and KV-event
+// subscription (state, sequence, gaps, replays, resets, index size).
 func (s *Server) handleDebugWorkers(c *gin.Context) {
-	out := workersDebug{Policy: s.router.Name(), BlockSize: s.cfg.BlockSize, Targets: []targetView{},
-		FleetView: s.router.DebugFleet()}
+	p, e := s.resolvePool(c.Query("model"))
+	if e != nil {
+		writeError(c, e)
+		return
+	}
+	out := workersDebug{Model: p.Model, Policy: p.Router.Name(), BlockSize: p.BlockSize, Targets: []targetView{},
+		FleetView: p.Router.DebugFleet()}
 	var ts []kvkey.Target
-	for _, w := range s.reg.Workers() {
+	for _, w := range p.Registry.Workers() {
 		st := w.Status()
 		for rank := range w.DPSize() {
 			ts = append(ts, kvkey.Target{Worker: w.URL(), DPRank: rank})
@@ -130,7 +137,7 @@ func (s *Server) handleDebugWorkers(c *gin.Context) {
 				State: st.State, LastError: st.LastError, InFlight: w.InFlight(rank), KVEvents: w.Config().KVEvents})
 		}
 	}
-	for i, v := range s.router.DebugTargets(ts) {
+	for i, v := range p.Router.DebugTargets(ts) {
 		out.Targets[i].TargetView, out.Targets[i].Mode = v, v.Mode
 	}
 	if len(s.details) > 0 {
@@ -142,18 +149,24 @@ func (s *Server) handleDebugWorkers(c *gin.Context) {
 }
 
 // handleDebugSession answers GET /debug/sessions/{id}: the session's parent, affinity,
-// frontiers per worker+rank, sibling group and the hints its next request would get. With
-// ?lineage=true every frontier lists its block lineage. Unknown sessions are 404.
+// frontiers per worker+rank, sibling group and the hints its next request would get, in one
+// model's pool (?model=NAME, default the first model). With ?lineage=true every frontier lists
+// its block lineage. Unknown sessions are 404.
 func (s *Server) handleDebugSession(c *gin.Context) {
+	p, e := s.resolvePool(c.Query("model"))
+	if e != nil {
+		writeError(c, e)
+		return
+	}
 	id := strings.TrimPrefix(c.Param("id"), "/")
 	if id == "" {
 		// No id: the Responses API pins (response id → the worker+rank storing it).
-		c.JSON(http.StatusOK, debugPins{ResponsePins: s.router.DebugPins(1000)})
+		c.JSON(http.StatusOK, debugPins{ResponsePins: p.Router.DebugPins(1000)})
 		return
 	}
 	lineage := c.Query("lineage") == "true" || c.Query("lineage") == "1"
 	// Sessions are kept under their hashed id: the client's id or the hashed one both work.
-	view, err := s.router.DebugSession(kvkey.HashSessionID(id), lineage)
+	view, err := p.Router.DebugSession(kvkey.HashSessionID(id), lineage)
 	if err != nil {
 		status := http.StatusInternalServerError
 		if errors.Is(err, router.ErrNoSession) {

@@ -30,7 +30,7 @@ func TestDebugEndpointsSimplePolicy(t *testing.T) {
 		{"explicit endpoint", "/debug/route?endpoint=completions", `{"model":"` + testModel + `","prompt":[1,2,3]}`, 200, `"policy":"round_robin"`},
 		{"bad endpoint", "/debug/route?endpoint=embeddings", `{}`, 400, `"param":"endpoint"`},
 		{"neither", "/debug/route", `{"model":"` + testModel + `"}`, 400, `messages: must be a non-empty array`},
-		{"unknown model", "/debug/route", `{"model":"nope","prompt":"x"}`, 404, "The model `nope` does not exist."},
+		{"unknown model", "/debug/route", `{"model":"nope","prompt":"x"}`, 404, `{"error":{"message":"The model ` + "`nope`" + ` does not exist or you do not have access to it.","type":"invalid_request_error","param":"model","code":"model_not_found"}}`},
 		{"session echoed", "/debug/route", `{"model":"` + testModel + `","prompt":"x","nvext":{"session_control":{"session_id":"s-1"}}}`, 200, `"session_id":"` + kvkey.HashSessionID("s-1") + `"`},
 		{"bad session id", "/debug/route", `{"model":"` + testModel + `","prompt":"x","nvext":{"session_control":{"session_id":"a\u0001b"}}}`, 400, `session`},
 	}

@@ -127,7 +127,7 @@ func TestE2EOpenAIClient(t *testing.T) {
 		req.Model = "nope"
 		_, err := cl.CreateChatCompletion(ctx, req)
 		var apiErr *openai.APIError
-		if !errors.As(err, &apiErr) || apiErr.HTTPStatusCode != 404 || apiErr.Type != "NotFoundError" {
+		if !errors.As(err, &apiErr) || apiErr.HTTPStatusCode != 404 || apiErr.Type != "invalid_request_error" || apiErr.Code != "model_not_found" {
 			t.Fatalf("err = %#v", err)
 		}
 	})

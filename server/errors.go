@@ -25,6 +25,8 @@ type apiError struct {
 	// errType replaces the type derived from Status (vLLM's own type for some answers, e.g.
 	// invalid_request_error for an unknown response id).
 	errType string
+	// code replaces the numeric code with OpenAI's string code (model_not_found).
+	code string
 }
 
 func (e *apiError) Error() string { return e.Message }
@@ -69,6 +71,27 @@ func (e *apiError) body() errorBody {
 	return errorBody{Error: info}
 }
 
+// wireBody is the error body as sent: vLLM's numeric code, or OpenAI's string code where the
+// gateway answers as OpenAI does (model_not_found).
+type wireBody struct {
+	Error struct {
+		Message string  `json:"message"`
+		Type    string  `json:"type"`
+		Param   *string `json:"param"`
+		Code    any     `json:"code"`
+	} `json:"error"`
+}
+
+func (e *apiError) wire() wireBody {
+	b := e.body()
+	var w wireBody
+	w.Error.Message, w.Error.Type, w.Error.Param, w.Error.Code = b.Error.Message, b.Error.Type, b.Error.Param, b.Error.Code
+	if e.code != "" {
+		w.Error.Code = e.code
+	}
+	return w
+}
+
 // writeError sends e as a JSON error response and stops the gin chain.
 func writeError(c *gin.Context, e *apiError) {
 	c.Header("Content-Type", "application/json")
@@ -80,7 +103,7 @@ func writeError(c *gin.Context, e *apiError) {
 		_, _ = c.Writer.Write(anthropicError(e))
 		return
 	}
-	data, _ := json.Marshal(e.body())
+	data, _ := json.Marshal(e.wire())
 	_, _ = c.Writer.Write(data)
 }
 
@@ -103,15 +126,11 @@ func sseErrorEvent(e *apiError) []byte {
 	sb.Write(typ)
 	sb.WriteString(`, "param": `)
 	sb.WriteString(param)
+	code, _ := json.Marshal(e.wire().Error.Code)
 	sb.WriteString(`, "code": `)
-	sb.WriteString(itoa(b.Error.Code))
+	sb.Write(code)
 	sb.WriteString("}}\n\ndata: [DONE]\n\n")
 	return []byte(sb.String())
-}
-
-func itoa(n int) string {
-	data, _ := json.Marshal(n)
-	return string(data)
 }
 
 // BadRequest returns an error that the server answers with HTTP 400 and this message (param

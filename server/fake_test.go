@@ -241,7 +241,7 @@ func TestEnricherAndTrackerHooks(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	e := g.enricher.(*spyEnricher)
+	e := g.pools[0].Enricher.(*spyEnricher)
 	if e.calls.Load() != 4 {
 		t.Errorf("enricher called %d times", e.calls.Load())
 	}

@@ -207,8 +207,6 @@ func TestErrorResponses(t *testing.T) {
 		{"numeric cache_salt", pathCompletions, `{"model":"test-model","prompt":"x","cache_salt":5}`, 400, "BadRequestError", "cache_salt", "non-empty string"},
 		{"missing prompt", pathCompletions, `{"model":"test-model"}`, 400, "BadRequestError", "prompt", "prompt: is required"},
 		{"empty prompt list", pathCompletions, `{"model":"test-model","prompt":[]}`, 400, "BadRequestError", "prompt", "empty array"},
-		{"unknown model", pathChat, `{"model":"gpt-9",` + msgs + `}`, 404, "NotFoundError", "model", "The model `gpt-9` does not exist."},
-		{"unknown model completions", pathCompletions, `{"model":"gpt-9","prompt":"x"}`, 404, "NotFoundError", "model", "does not exist"},
 		{"body over limit", pathChat, `{"model":"test-model",` + msgs + `,"pad":"` + strings.Repeat("x", 3000) + `"}`, 413, "RequestEntityTooLargeError", "", "exceeds the gateway limit of 2048 bytes"},
 		{"unknown route", "/v1/embeddingz", `{}`, 404, "NotFoundError", "", "no route POST /v1/embeddingz"},
 	}
@@ -219,6 +217,12 @@ func TestErrorResponses(t *testing.T) {
 			if !strings.Contains(string(body), jsonEscape(tc.msg)) {
 				t.Errorf("body %s lacks %q", body, tc.msg)
 			}
+		})
+	}
+	for _, path := range []string{pathChat, pathCompletions} {
+		t.Run("unknown model "+path, func(t *testing.T) {
+			resp, body := g.post(t, path, `{"model":"gpt-9","prompt":"x",`+msgs+`}`, nil)
+			checkModelNotFound(t, resp, body, "gpt-9")
 		})
 	}
 	if got := len(w.rec.all()); got != 0 {
@@ -282,6 +286,15 @@ func TestNoHealthyWorker(t *testing.T) {
 	mr.Body.Close()
 	if mr.StatusCode != 503 {
 		t.Errorf("models with no worker: %d %s", mr.StatusCode, mb)
+	}
+}
+
+// checkModelNotFound checks OpenAI's answer for an unknown model: 404, the whole body exactly.
+func checkModelNotFound(t *testing.T, resp *http.Response, body []byte, model string) {
+	t.Helper()
+	want := `{"error":{"message":"The model ` + "`" + model + "`" + ` does not exist or you do not have access to it.","type":"invalid_request_error","param":"model","code":"model_not_found"}}`
+	if resp.StatusCode != http.StatusNotFound || string(body) != want || !strings.HasPrefix(resp.Header.Get("Content-Type"), "application/json") {
+		t.Errorf("%d %s %s, want 404 %s", resp.StatusCode, resp.Header.Get("Content-Type"), body, want)
 	}
 }
 

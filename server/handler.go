@@ -42,61 +42,62 @@ func (s *Server) handleCompletion(endpoint string) gin.HandlerFunc {
 			fail(e)
 			return
 		}
-		in, rreq, e := s.prepare(c.Request.Context(), endpoint, body, c.Request.Header, tenantOf(c))
+		p, in, rreq, e := s.prepare(c.Request.Context(), endpoint, body, c.Request.Header, tenantOf(c))
 		if e != nil {
 			fail(e)
 			return
 		}
 		// The routing side hears the request before its first attempt; end runs after its
 		// last (an end-of-session request releases its session then).
-		end := s.router.Start(rreq)
+		end := p.Router.Start(rreq)
 		defer end()
-		code = s.proxy(c, in, rreq, start)
+		code = s.proxy(c, p, in, rreq, start, false)
 	}
 }
 
-// prepare parses and validates a body and builds the routing request (session ids, and the
-// enricher's prompt tokens and block hashes when one is configured), holding tokenization
-// slots (limits.max_concurrent_tokenizations) while it does. tn is the client key's tenant
-// (nil without client keys): its cache salt goes into the hashes and the forwarded body, its
-// name onto the request's Responses pins.
-func (s *Server) prepare(ctx context.Context, endpoint string, body []byte, h http.Header, tn *tenant) (*apireq.Request, *router.Request, *apiError) {
+// prepare parses and validates a body, picks the pool serving its model and builds the routing
+// request (session ids, and the pool enricher's prompt tokens and block hashes when it has
+// one), holding tokenization slots (limits.max_concurrent_tokenizations) while it does. tn is
+// the client key's tenant (nil without client keys): its cache salt goes into the hashes and
+// the forwarded body, its name onto the request's Responses pins.
+func (s *Server) prepare(ctx context.Context, endpoint string, body []byte, h http.Header, tn *tenant) (*pool, *apireq.Request, *router.Request, *apiError) {
 	if endpoint == pathResponses {
 		// Items referenced by id come from the stored responses holding them (itemrefs.go),
 		// the key's own only: the worker gets, and the gateway renders, the whole conversation.
 		var e *apiError
 		if body, e = s.resolveItemReferences(ctx, body, h, tn.owner()); e != nil {
-			return nil, nil, e
+			return nil, nil, nil, e
 		}
 	}
 	// Parsing and tokenizing cost CPU and a few times the body in memory: bounded together.
 	release, e := s.tokenize.acquire(ctx, len(body))
 	if e != nil {
-		return nil, nil, e
+		return nil, nil, nil, e
 	}
 	defer release()
 	in, e := parseRequest(s.requests, endpoint, body)
 	if e != nil {
-		return nil, nil, e
+		return nil, nil, nil, e
 	}
-	if e := s.checkModel(in.Model); e != nil {
-		return nil, nil, e
+	p, e := s.resolvePool(in.Model)
+	if e != nil {
+		return nil, nil, nil, e
 	}
 	// Session identity comes from the same parse of the body.
 	if e := s.requests.Identify(in, h); e != nil {
-		return nil, nil, fromRequestError(e)
+		return nil, nil, nil, fromRequestError(e)
 	}
 	if e := tn.isolate(in); e != nil {
-		return nil, nil, e
+		return nil, nil, nil, e
 	}
 	id := in.Session
 	model := in.Model
 	if model == "" {
-		model = s.cfg.Model
+		model = p.Model
 	}
 	rreq := &router.Request{
 		Model:           model,
-		BlockSize:       s.cfg.BlockSize,
+		BlockSize:       p.BlockSize,
 		SessionID:       id.SessionID,
 		ParentSessionID: id.ParentID,
 		EndsSession:     id.Final,
@@ -105,9 +106,9 @@ func (s *Server) prepare(ctx context.Context, endpoint string, body []byte, h ht
 		Stream:          in.Stream,
 		Header:          h,
 	}
-	if s.enricher != nil {
-		in.MaxModelLen = s.maxModelLen(model)
-		if err := s.enricher.Enrich(ctx, in, rreq); err != nil {
+	if p.Enricher != nil {
+		in.MaxModelLen = s.maxModelLen(p, model)
+		if err := p.Enricher.Enrich(ctx, in, rreq); err != nil {
 			ae, isAPI := asRequestError(err)
 			if !isAPI {
 				isAPI = errors.As(err, &ae)
@@ -115,13 +116,13 @@ func (s *Server) prepare(ctx context.Context, endpoint string, body []byte, h ht
 			if isAPI {
 				// The request itself is wrong (e.g. the chat template rejects it): the worker
 				// would answer 400 too, so answer now with the same message.
-				return nil, nil, ae
+				return nil, nil, nil, ae
 			}
-			s.log.Warn("request enrichment failed; routing without it", "endpoint", endpoint, "err", err)
+			s.log.Warn("request enrichment failed; routing without it", "endpoint", endpoint, "model", p.Model, "err", err)
 		}
 	}
 	accessFrom(ctx).noteRequest(model, id.SessionID, rreq.PromptTokens)
-	return in, rreq, nil
+	return p, in, rreq, nil
 }
 
 // decide runs the routing steps of one request without proxying it — parse, validate,
@@ -130,15 +131,15 @@ func (s *Server) prepare(ctx context.Context, endpoint string, body []byte, h ht
 // state changes (Pick only reads), though policies with state (round robin) advance. A request
 // error is returned as an error whose message is the client-facing one.
 func (s *Server) decide(ctx context.Context, endpoint string, body []byte, h http.Header, tn *tenant) (router.Decision, *router.Request, error) {
-	_, rreq, e := s.prepare(ctx, endpoint, body, h, tn)
+	p, _, rreq, e := s.prepare(ctx, endpoint, body, h, tn)
 	if e != nil {
 		return router.Decision{}, nil, e
 	}
-	cands := s.candidates(nil)
+	cands := candidates(p, nil)
 	if len(cands) == 0 {
 		return router.Decision{}, nil, &apiError{Status: http.StatusServiceUnavailable, Message: "no healthy worker"}
 	}
-	d, err := s.router.Pick(ctx, rreq, cands)
+	d, err := p.Router.Pick(ctx, rreq, cands)
 	if err != nil {
 		return router.Decision{}, nil, fmt.Errorf("routing failed: %w", err)
 	}
@@ -186,19 +187,6 @@ func (s *Server) readBody(c *gin.Context) ([]byte, *apiError) {
 	}
 	lift()
 	return body, nil
-}
-
-// checkModel accepts the configured model, any model a worker lists (LoRA adapters), and an
-// absent model (vLLM then serves its default); anything else is vLLM's 404.
-func (s *Server) checkModel(model string) *apiError {
-	if model == "" || model == s.cfg.Model || slices.Contains(s.reg.Models(), model) {
-		return nil
-	}
-	return &apiError{
-		Status:  http.StatusNotFound,
-		Message: fmt.Sprintf("The model `%s` does not exist.", model),
-		Param:   "model",
-	}
 }
 
 // hopHeaders are connection-scoped and never forwarded (RFC 9110 §7.6.1), plus headers the

@@ -177,12 +177,23 @@ const errNoStoredResponse = "no stored response this gateway can reach for you h
 // fetchOutput reads a stored response's output items from the worker it is pinned to; the pin
 // is owner's or it is not found (router.Request.Owner).
 func (s *Server) fetchOutput(ctx context.Context, response string, h http.Header, owner string) (map[string]json.RawMessage, string) {
-	rreq := &router.Request{Model: s.cfg.Model, BlockSize: s.cfg.BlockSize, PinResponseID: response, Owner: owner, Header: h}
-	d, life, err := s.router.Route(ctx, rreq, s.candidates(nil))
+	// The response id names no model: the pool whose router pinned it holds it.
+	var (
+		p    *pool
+		d    router.Decision
+		life router.Lifecycle
+		err  error = router.ErrUnknownResponse
+	)
+	for _, p = range s.pools {
+		rreq := &router.Request{Model: p.Model, BlockSize: p.BlockSize, PinResponseID: response, Owner: owner, Header: h}
+		if d, life, err = p.Router.Route(ctx, rreq, candidates(p, nil)); err == nil {
+			break
+		}
+	}
 	if err != nil {
 		return nil, errNoStoredResponse
 	}
-	w := s.reg.Get(d.Chosen.Worker)
+	w := p.Registry.Get(d.Chosen.Worker)
 	if w == nil {
 		life.Failed(errors.New("unknown worker"))
 		return nil, errNoStoredResponse

@@ -148,12 +148,12 @@ func (t *tokenizeSlots) grant() {
 }
 
 // maxModelLen is the context length prompts are checked against: limits.max_model_len, else
-// the largest max_model_len the workers list for model; 0 when unknown.
-func (s *Server) maxModelLen(model string) int {
+// the largest max_model_len p's workers list for model; 0 when unknown.
+func (s *Server) maxModelLen(p *pool, model string) int {
 	if n := s.cfg.Limits.MaxModelLen; n > 0 {
 		return n
 	}
-	return s.reg.MaxModelLen(model)
+	return p.Registry.MaxModelLen(model)
 }
 
 // ContextLengthError is vLLM's 400 for a prompt that leaves no room in the model's context

@@ -114,16 +114,16 @@ func (s *Server) handleCountTokens(c *gin.Context) {
 		writeError(c, e)
 		return
 	}
-	in, rreq, e := s.prepare(c.Request.Context(), endpoint, body, c.Request.Header, tenantOf(c))
+	p, in, rreq, e := s.prepare(c.Request.Context(), endpoint, body, c.Request.Header, tenantOf(c))
 	if e != nil {
 		code = e.Status
 		writeError(c, e)
 		return
 	}
-	if s.enricher == nil || rreq.BlockHashes == nil && rreq.PromptTokens == 0 {
-		end := s.router.Start(rreq)
+	if p.Enricher == nil || rreq.BlockHashes == nil && rreq.PromptTokens == 0 {
+		end := p.Router.Start(rreq)
 		defer end()
-		code = s.proxy(c, in, rreq, start)
+		code = s.proxy(c, p, in, rreq, start, false)
 		return
 	}
 	code = http.StatusOK

@@ -33,8 +33,9 @@ const (
 	errIdle            = "idle_timeout"      // no bytes for proxy.stream_idle_timeout
 )
 
-// newMetrics registers the server's series on prom (a new registry when nil).
-func newMetrics(reg *workers.Registry, prom *prometheus.Registry) *metrics {
+// newMetrics registers the server's series on prom (a new registry when nil); fleet lists every
+// pool's workers at scrape time.
+func newMetrics(fleet func() []*workers.Worker, prom *prometheus.Registry) *metrics {
 	if prom == nil {
 		prom = prometheus.NewRegistry()
 	}
@@ -71,20 +72,21 @@ func newMetrics(reg *workers.Registry, prom *prometheus.Registry) *metrics {
 		}, []string{"listener"}),
 	}
 	m.reg.MustRegister(m.requests, m.inFlight, m.ttfb, m.duration, m.upstreamErrors, m.retries,
-		m.workerRequests, m.disconnects, m.authFailures, newWorkerCollector(reg),
+		m.workerRequests, m.disconnects, m.authFailures, newWorkerCollector(fleet),
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
 
-// workerCollector reads worker health and in-flight counts at scrape time.
+// workerCollector reads worker health and in-flight counts at scrape time. A worker belongs to
+// one model's pool (configs checks it), so its URL alone names it.
 type workerCollector struct {
-	reg                                      *workers.Registry
+	fleet                                    func() []*workers.Worker
 	descHealthy, descInFlight, descEjections *prometheus.Desc
 }
 
-func newWorkerCollector(reg *workers.Registry) *workerCollector {
+func newWorkerCollector(fleet func() []*workers.Worker) *workerCollector {
 	return &workerCollector{
-		reg:           reg,
+		fleet:         fleet,
 		descHealthy:   prometheus.NewDesc("kvgate_worker_healthy", "1 when the worker is routable, 0 when ejected.", []string{"worker"}, nil),
 		descInFlight:  prometheus.NewDesc("kvgate_worker_in_flight", "Requests in flight from this gateway to the worker's DP rank.", []string{"worker", "dp_rank"}, nil),
 		descEjections: prometheus.NewDesc("kvgate_worker_ejections_total", "Times the worker was ejected by health checking.", []string{"worker"}, nil),
@@ -98,7 +100,7 @@ func (c *workerCollector) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (c *workerCollector) Collect(ch chan<- prometheus.Metric) {
-	for _, w := range c.reg.Workers() {
+	for _, w := range c.fleet() {
 		st := w.Status()
 		healthy := 0.0
 		if st.Healthy {

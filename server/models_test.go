@@ -37,7 +37,7 @@ func TestModelRetrieve(t *testing.T) {
 			body, _ := io.ReadAll(resp.Body)
 			resp.Body.Close()
 			if tc.status != 200 {
-				checkErrorBody(t, resp, body, tc.status, "NotFoundError", "model")
+				checkModelNotFound(t, resp, body, tc.id)
 				return
 			}
 			var card struct {

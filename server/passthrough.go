@@ -64,10 +64,16 @@ func (s *Server) handlePassthrough(c *gin.Context) {
 		writeError(c, e)
 		return
 	}
+	p, e := s.passthroughPool(c.ContentType(), body)
+	if e != nil {
+		code = e.Status
+		writeError(c, e)
+		return
+	}
 	tried := map[string]bool{}
 	var last *apiError
 	for attempt := 0; attempt <= s.cfg.Proxy.MaxRetries; attempt++ {
-		w, rank := s.leastLoaded(tried)
+		w, rank := leastLoaded(p, tried)
 		if w == nil {
 			break
 		}
@@ -84,16 +90,17 @@ func (s *Server) handlePassthrough(c *gin.Context) {
 	}
 	if last == nil {
 		last = &apiError{Status: http.StatusServiceUnavailable,
-			Message: fmt.Sprintf("no healthy worker: 0 of %d workers are routable", len(s.reg.Workers()))}
+			Message: fmt.Sprintf("no healthy worker: 0 of %d workers of model %s are routable", len(p.Registry.Workers()), p.Model)}
 	}
 	code = last.Status
 	writeError(c, last)
 }
 
-// leastLoaded is the routable target of an untried worker with the fewest requests in flight.
-func (s *Server) leastLoaded(tried map[string]bool) (*workers.Worker, int) {
+// leastLoaded is the routable target of an untried worker of p with the fewest requests in
+// flight.
+func leastLoaded(p *pool, tried map[string]bool) (*workers.Worker, int) {
 	var best *router.Candidate
-	for _, cand := range s.candidates(tried) {
+	for _, cand := range candidates(p, tried) {
 		if best == nil || cand.InFlight < best.InFlight {
 			cand := cand
 			best = &cand
@@ -102,10 +109,10 @@ func (s *Server) leastLoaded(tried map[string]bool) (*workers.Worker, int) {
 	if best == nil {
 		return nil, 0
 	}
-	w := s.reg.Get(best.Worker)
+	w := p.Registry.Get(best.Worker)
 	if w == nil { // it left the fleet since the candidate list: pick among the others
 		tried[best.Worker] = true
-		return s.leastLoaded(tried)
+		return leastLoaded(p, tried)
 	}
 	return w, best.DPRank
 }

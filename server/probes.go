@@ -83,15 +83,15 @@ func (s *Server) readiness() []readyReason {
 	return out
 }
 
-// registryReadiness is the single fleet's check: the configured model needs at least one
+// registryReadiness is one model pool's check: every configured model needs at least one
 // routable worker. It counts workers and never names them (the probe is unauthenticated).
-type registryReadiness struct{ s *Server }
+type registryReadiness struct{ p *pool }
 
 // Readiness implements ReadinessCheck.
 func (r registryReadiness) Readiness() (string, bool, string) {
-	total := len(r.s.reg.Workers())
-	if n := r.s.reg.RoutableCount(); n > 0 {
+	total := len(r.p.Registry.Workers())
+	if n := r.p.Registry.RoutableCount(); n > 0 {
 		return componentWorkers, true, ""
 	}
-	return componentWorkers, false, fmt.Sprintf("model %q has no routable worker (0 of %d)", r.s.cfg.Model, total)
+	return componentWorkers, false, fmt.Sprintf("model %q has no routable worker (0 of %d)", r.p.Model, total)
 }

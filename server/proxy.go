@@ -32,15 +32,17 @@ const (
 	clientGone                // the client left; stop
 )
 
-// proxy routes the request and relays the response, trying another worker when one fails
-// before its first byte (at most proxy.max_retries times). It returns the status for metrics.
-func (s *Server) proxy(c *gin.Context, in *apireq.Request, rreq *router.Request, start time.Time) int {
+// proxy routes the request within pool p and relays the response, trying another worker when
+// one fails before its first byte (at most proxy.max_retries times). It returns the status for
+// metrics. With orNext, a request pinned to a response p's router does not know is left
+// unanswered and proxy returns errPinElsewhere (another pool may hold the pin).
+func (s *Server) proxy(c *gin.Context, p *pool, in *apireq.Request, rreq *router.Request, start time.Time, orNext bool) int {
 	ctx := c.Request.Context()
 	tried := map[string]bool{}
 	maxAttempts := 1 + s.cfg.Proxy.MaxRetries
 	var last *apiError
 	for attempt := 0; attempt < maxAttempts; attempt++ {
-		cands := s.candidates(tried)
+		cands := candidates(p, tried)
 		if len(cands) == 0 && last != nil && last.engineRestart {
 			// Every worker was tried and the last one's engine was restarting (as all of a
 			// fleet's may at once after a deploy): an engine that restarts in place is back
@@ -49,15 +51,21 @@ func (s *Server) proxy(c *gin.Context, in *apireq.Request, rreq *router.Request,
 				break
 			}
 			clear(tried)
-			cands = s.candidates(tried)
+			cands = candidates(p, tried)
 		}
 		if len(cands) == 0 {
+			if orNext && attempt == 0 {
+				return errPinElsewhere
+			}
 			break
 		}
 		if attempt > 0 {
 			s.m.retries.WithLabelValues(string(in.Endpoint)).Inc()
 		}
-		d, life, err := s.router.Route(ctx, rreq, cands)
+		d, life, err := p.Router.Route(ctx, rreq, cands)
+		if errors.Is(err, router.ErrUnknownResponse) && orNext && attempt == 0 {
+			return errPinElsewhere
+		}
 		if errors.Is(err, router.ErrUnknownResponse) {
 			// A hard pin: only the worker storing the response can serve it. A retry after it
 			// failed keeps that failure; otherwise it is vLLM's 404 for an unknown id.
@@ -71,7 +79,7 @@ func (s *Server) proxy(c *gin.Context, in *apireq.Request, rreq *router.Request,
 			last = &apiError{Status: http.StatusInternalServerError, Message: "routing failed: " + err.Error()}
 			break
 		}
-		w := s.reg.Get(d.Chosen.Worker)
+		w := p.Registry.Get(d.Chosen.Worker)
 		if w == nil {
 			// The worker left the fleet (discovery removed it) between the candidate list and
 			// the decision: nothing was sent, so another worker may take the request.
@@ -83,7 +91,7 @@ func (s *Server) proxy(c *gin.Context, in *apireq.Request, rreq *router.Request,
 		}
 		tried[w.URL()] = true
 		scope := retryScope{again: attempt+1 < maxAttempts}
-		scope.other = scope.again && len(s.candidates(tried)) > 0
+		scope.other = scope.again && len(candidates(p, tried)) > 0
 		res, code, e := s.attempt(c, &call{in: in, d: d, life: life, w: w, start: start, scope: scope})
 		switch res {
 		case served:
@@ -105,17 +113,21 @@ func (s *Server) proxy(c *gin.Context, in *apireq.Request, rreq *router.Request,
 	if last == nil {
 		last = &apiError{
 			Status:  http.StatusServiceUnavailable,
-			Message: fmt.Sprintf("no healthy worker: 0 of %d workers are routable", len(s.reg.Workers())),
+			Message: fmt.Sprintf("no healthy worker: 0 of %d workers of model %s are routable", len(p.Registry.Workers()), p.Model),
 		}
 	}
 	writeError(c, last)
 	return last.Status
 }
 
-// candidates lists routable targets of workers not yet tried for this request.
-func (s *Server) candidates(tried map[string]bool) []router.Candidate {
+// errPinElsewhere is proxy's result when, asked to, it left a pinned request unanswered because
+// the pool does not know the response (see proxy's orNext).
+const errPinElsewhere = -1
+
+// candidates lists routable targets of p's workers not yet tried for this request.
+func candidates(p *pool, tried map[string]bool) []router.Candidate {
 	var out []router.Candidate
-	for _, t := range s.reg.Routable() {
+	for _, t := range p.Registry.Routable() {
 		if !tried[t.Worker] {
 			out = append(out, router.Candidate{Target: t.Target, InFlight: t.InFlight})
 		}

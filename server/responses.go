@@ -50,9 +50,15 @@ func (s *Server) handleResponseByID(c *gin.Context) {
 	id := c.Param("id")
 	in := &apireq.Request{Endpoint: apireq.Endpoint(pathResponseByID), Body: body,
 		Stream: c.Query("stream") == "true"}
-	rreq := &router.Request{Model: s.cfg.Model, BlockSize: s.cfg.BlockSize, PinResponseID: id,
-		Owner: tenantOf(c).owner(), Stream: in.Stream, Header: c.Request.Header}
-	code = s.proxy(c, in, rreq, start)
+	// The id names no model: the pool whose router pinned it serves it (the last pool asked
+	// answers vLLM's 404 when none did).
+	for i, p := range s.pools {
+		rreq := &router.Request{Model: p.Model, BlockSize: p.BlockSize, PinResponseID: id,
+			Owner: tenantOf(c).owner(), Stream: in.Stream, Header: c.Request.Header}
+		if code = s.proxy(c, p, in, rreq, start, i < len(s.pools)-1); code != errPinElsewhere {
+			return
+		}
+	}
 }
 
 // upstreamTarget is the method and path a request is sent to the worker with: the client's

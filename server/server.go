@@ -31,7 +31,11 @@ type RequestEnricher interface {
 
 // Options are the parts a Server is built from.
 type Options struct {
-	Config   configs.Config
+	Config configs.Config
+	// Pools are the served models, each with its own fleet and routing; the first is the
+	// default model (a request without "model"). Empty: one pool of Config.Model and
+	// Config.BlockSize with Registry, Router and Enricher below.
+	Pools    []Pool
 	Registry *workers.Registry
 	// Router is the routing side (a *router.Dispatcher): the server calls Start per request,
 	// Route per attempt and reports the attempt's steps on its Lifecycle; the debug endpoints
@@ -46,11 +50,11 @@ type Options struct {
 	// link); a degraded one is shown, never a reason to answer 503.
 	Details []HealthDetail
 	// Readiness are the components GET /ready asks besides the server's own checks (draining,
-	// and the single fleet's "at least one routable worker", which NoFleetReadiness leaves out
+	// and each model pool's "at least one routable worker", which NoFleetReadiness leaves out
 	// for callers that check their pools themselves).
 	Readiness []ReadinessCheck
-	// NoFleetReadiness drops the built-in check that Registry has a routable worker (a caller
-	// with one ReadinessCheck per model pool asks those instead).
+	// NoFleetReadiness drops the built-in check that every pool's registry has a routable
+	// worker (a caller that checks its pools itself asks those instead).
 	NoFleetReadiness bool
 }
 
@@ -63,9 +67,7 @@ type HealthDetail interface {
 // Server is the gateway's HTTP front. Each Server owns its gin engine and Prometheus registry.
 type Server struct {
 	cfg      configs.Config
-	reg      *workers.Registry
-	router   router.Router
-	enricher RequestEnricher
+	pools    []*pool        // the served models; pools[0] is the default
 	requests *apireq.Parser // the request model: one parse per body, session identity
 	log      *slog.Logger
 	m        *metrics
@@ -87,28 +89,29 @@ type Server struct {
 
 // New builds a server; it does not start probing or listening (see Serve).
 func New(opts Options) (*Server, error) {
-	if opts.Registry == nil || opts.Router == nil {
-		return nil, errors.New("server: registry and router are required")
+	pools, err := newPools(opts)
+	if err != nil {
+		return nil, err
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
 	s := &Server{
 		cfg:      opts.Config,
-		reg:      opts.Registry,
-		router:   opts.Router,
-		enricher: opts.Enricher,
+		pools:    pools,
 		requests: apireq.NewParser(identityConfig(opts.Config.Sessions)),
 		log:      opts.Logger,
-		m:        newMetrics(opts.Registry, opts.Metrics),
 		tokenize: newTokenizeSlots(opts.Config.Limits),
 		// One entry per output item of a stored response, bounded like the response pins.
 		items:   newItemIndex(opts.Config.Router.Responses.MaxPins),
 		details: opts.Details,
 	}
+	s.m = newMetrics(s.allWorkers, opts.Metrics)
 	s.cutCtx, s.cut = context.WithCancel(context.Background())
 	if !opts.NoFleetReadiness {
-		s.checks = append(s.checks, registryReadiness{s})
+		for _, p := range s.pools {
+			s.checks = append(s.checks, registryReadiness{p})
+		}
 	}
 	s.checks = append(s.checks, opts.Readiness...)
 	if err := s.requests.SetInlineSystem(opts.Config.Anthropic.InlineSystem); err != nil {

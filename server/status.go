@@ -16,7 +16,9 @@ import (
 )
 
 // handleModels answers GET /v1/models from the workers' own /v1/models: the cards of every
-// routable worker, merged by id in fleet order, exactly as the workers wrote them.
+// routable worker of every model's pool (base models, aliases and LoRA adapters, loaded at
+// start or at runtime), merged by id in pool and fleet order, exactly as the workers wrote
+// them.
 func (s *Server) handleModels(c *gin.Context) {
 	cards, e := s.mergedModels(c.Request.Context())
 	if e != nil {
@@ -31,8 +33,8 @@ func (s *Server) handleModels(c *gin.Context) {
 }
 
 // handleModel answers GET /v1/models/{id} (the OpenAI clients' models.retrieve), which vLLM
-// itself does not serve: the card of that id from the merged list of handleModels, else the
-// 404 vLLM answers for an unknown model.
+// itself does not serve: the card of that id from the merged list of handleModels, else
+// OpenAI's 404 model_not_found.
 func (s *Server) handleModel(c *gin.Context) {
 	id := strings.TrimPrefix(c.Param("id"), "/") // a catch-all: ids like org/name have slashes
 	cards, e := s.mergedModels(c.Request.Context())
@@ -46,7 +48,7 @@ func (s *Server) handleModel(c *gin.Context) {
 			return
 		}
 	}
-	writeError(c, &apiError{Status: http.StatusNotFound, Message: fmt.Sprintf("The model `%s` does not exist.", id), Param: "model"})
+	writeError(c, modelNotFound(id))
 }
 
 // modelCard is one worker's model card and its id.
@@ -55,11 +57,11 @@ type modelCard struct {
 	raw json.RawMessage
 }
 
-// mergedModels asks every routable worker for its /v1/models and merges the cards by id in
-// fleet order.
+// mergedModels asks every routable worker of every pool for its /v1/models and merges the
+// cards by id in pool and fleet order.
 func (s *Server) mergedModels(ctx context.Context) ([]modelCard, *apiError) {
 	var ws []*workers.Worker
-	for _, w := range s.reg.Workers() {
+	for _, w := range s.allWorkers() {
 		if w.Routable() {
 			ws = append(ws, w)
 		}
@@ -136,7 +138,7 @@ func (s *Server) handleHealth(c *gin.Context) {
 	var states []workerState
 	routable := 0
 	var reasons []string
-	for _, w := range s.reg.Workers() {
+	for _, w := range s.allWorkers() {
 		st := w.Status()
 		states = append(states, workerState{URL: st.URL, State: st.State, InFlight: st.InFlight, LastError: st.LastError})
 		if st.Healthy {
