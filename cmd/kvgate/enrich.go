@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/kvgate/kvgate/apireq"
 	"github.com/kvgate/kvgate/router"
@@ -18,6 +19,8 @@ type enricher struct {
 	tok       *tokenize.Tokenizer
 	blockSize int
 	baseModel string
+	// baseNames are the model's name and aliases (models[].aliases); nil: baseModel alone.
+	baseNames []string
 }
 
 // Enrich implements server.RequestEnricher. A chat-template or request error is the client's:
@@ -65,9 +68,9 @@ func (e *enricher) Enrich(ctx context.Context, in *apireq.Request, req *router.R
 		}
 		return fmt.Errorf("tokenize: %w", err)
 	}
-	// A model other than the served one is a LoRA adapter the worker listed (the server accepts
-	// no other): vLLM folds the adapter's name into every block hash.
-	if req.Model != "" && req.Model != e.baseModel {
+	// A model other than the served one (or an alias of it) is a LoRA adapter the worker listed
+	// (the server accepts no other): vLLM folds the adapter's name into every block hash.
+	if req.Model != "" && req.Model != e.baseModel && !slices.Contains(e.baseNames, req.Model) {
 		p.LoRAName = req.Model
 	}
 	req.PromptTokens = len(p.TokenIDs)

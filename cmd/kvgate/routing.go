@@ -41,15 +41,16 @@ type routing struct {
 func buildRouting(ctx context.Context, cfg configs.Config, reg *workers.Registry, prom prometheus.Registerer, log *slog.Logger, node *cluster.Node) (rt *routing, err error) {
 	bg, stop := context.WithCancel(context.WithoutCancel(ctx))
 	var closers []func()
-	rt = &routing{close: func() {
+	closeAll := func() {
 		stop()
 		for i := len(closers) - 1; i >= 0; i-- {
 			closers[i]()
 		}
-	}}
+	}
+	rt = &routing{close: closeAll}
 	defer func() {
 		if err != nil {
-			rt.close()
+			closeAll() // a failed return has already set rt to nil
 			rt = nil
 		}
 	}()

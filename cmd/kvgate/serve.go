@@ -16,7 +16,6 @@ import (
 	"github.com/kvgate/kvgate/cluster"
 	"github.com/kvgate/kvgate/configs"
 	"github.com/kvgate/kvgate/server"
-	"github.com/kvgate/kvgate/workers"
 )
 
 // runServe loads the config (file, KVGATE_* env, flags), probes the fleet once, then serves
@@ -39,11 +38,6 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	log := newLogger(cfg.LogLevel, cfg.LogFormat, stderr)
 
-	reg, err := workers.NewRegistry(cfg, log)
-	if err != nil {
-		return err
-	}
-	defer reg.Close()
 	prom := prometheus.NewRegistry()
 	var details []server.HealthDetail
 	var node *cluster.Node
@@ -54,32 +48,18 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		defer node.Close()
 		details = append(details, node)
 	}
-	rt, err := buildRouting(ctx, cfg, reg, prom, log, node)
+	ps, err := buildPools(ctx, cfg, prom, log, node)
 	if err != nil {
 		return fmt.Errorf("invalid configuration:\n  %w", err)
 	}
-	defer rt.close()
-	var readiness []server.ReadinessCheck
-	if rt.bindings != nil {
-		details = append(details, rt.bindings)
-		readiness = append(readiness, rt.bindings) // a deleted bucket holds the replica out until recreated
-	}
-	disc, err := newDiscovery(cfg, reg, prom, log)
-	if err != nil {
-		return fmt.Errorf("invalid configuration:\n  %w", err)
-	}
-	if disc != nil {
-		readiness = append(readiness, disc)
-	}
-	if rt.events != nil {
-		readiness = append(readiness, rt.events) // a subscription silent while its worker serves
-	}
-	srv, err := server.New(server.Options{Config: cfg, Registry: reg, Router: rt.dispatcher, Enricher: rt.enricher,
-		Logger: log, Metrics: prom, Details: details, Readiness: readiness})
+	defer ps.close()
+	details = append(details, ps.healthDetails()...)
+	srv, err := server.New(server.Options{Config: cfg, Pools: ps.serverPools(), Logger: log, Metrics: prom,
+		Details: details, Readiness: ps.readiness()})
 	if err != nil {
 		return err
 	}
-	forgetRemovedWorkers(reg, srv)
+	ps.forgetRemovedWorkers(srv)
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		return fmt.Errorf("listen: %w", err)
@@ -98,16 +78,14 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 
 	probeCtx, stopProbes := context.WithCancel(ctx)
 	defer stopProbes()
-	reg.ProbeAll(probeCtx) // know the fleet before the first request
-	go reg.Run(probeCtx)
-	if disc != nil {
-		// Started once every membership listener is registered (routing, server metrics).
-		go disc.Run(probeCtx)
-	}
+	ps.probe(probeCtx) // know the fleet before the first request
 
 	keys, _ := cfg.ClientAPIKeys() // validated; server.New read them too
-	log.Info("kvgate listening", "addr", ln.Addr().String(), "model", cfg.Model,
-		"policy", rt.dispatcher.Name(), "workers", len(cfg.Workers), "routable", reg.RoutableCount(),
+	for _, p := range ps.list {
+		log.Info("serving model", "model", p.cfg.Model, "aliases", p.cfg.Aliases, "policy", p.rt.dispatcher.Name(),
+			"workers", len(p.reg.Workers()), "routable", p.reg.RoutableCount())
+	}
+	log.Info("kvgate listening", "addr", ln.Addr().String(), "models", len(ps.list),
 		"client_keys", len(keys), "routing_headers", cfg.Proxy.ExposeRoutingHeaders)
 	if adminLn == nil {
 		return srv.Serve(ctx, ln)
