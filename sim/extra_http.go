@@ -35,7 +35,7 @@ func (w *Worker) handleTokenize(rw http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if b.Model != "" && b.Model != w.opts.ServedModelName {
-		if _, ok := w.loras[b.Model]; !ok {
+		if _, ok := w.loras.id(b.Model); !ok {
 			writeError(rw, http.StatusNotFound, "The model `"+b.Model+"` does not exist.")
 			return
 		}

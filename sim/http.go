@@ -28,6 +28,10 @@ func (w *Worker) routes() http.Handler {
 	mux.HandleFunc("POST /v1/messages", func(rw http.ResponseWriter, r *http.Request) { w.handleMessages(rw, r, false) })
 	mux.HandleFunc("POST /v1/messages/count_tokens", func(rw http.ResponseWriter, r *http.Request) { w.handleMessages(rw, r, true) })
 	mux.HandleFunc("GET /v1/models", w.handleModels)
+	if w.opts.AllowRuntimeLoRAUpdating {
+		mux.HandleFunc("POST /v1/load_lora_adapter", w.handleLoadLoRA)
+		mux.HandleFunc("POST /v1/unload_lora_adapter", w.handleUnloadLoRA)
+	}
 	mux.HandleFunc("POST /v1/responses", w.handleResponses)
 	mux.HandleFunc("GET /v1/responses/{id}", w.handleResponseGet)
 	mux.HandleFunc("POST /v1/responses/{id}/cancel", w.handleResponseCancel)
@@ -107,8 +111,11 @@ func (w *Worker) handleModels(rw http.ResponseWriter, _ *http.Request) {
 				Created: w.created, AllowSampling: true, AllowLogprobs: true, AllowView: true, Organization: "*"}}}
 	}
 	list := modelList{Object: "list", Data: []modelCard{card(w.opts.ServedModelName, nil)}}
-	for _, name := range w.opts.LoRAModules {
-		list.Data = append(list.Data, card(name, &w.opts.ServedModelName))
+	names, paths := w.loras.list()
+	for i, name := range names {
+		c := card(name, &w.opts.ServedModelName)
+		c.Root = paths[i] // vLLM: a LoRA card's root is the adapter's path
+		list.Data = append(list.Data, c)
 	}
 	writeJSON(rw, http.StatusOK, list)
 }
@@ -173,7 +180,7 @@ func (w *Worker) parseRequest(r *http.Request, chat bool, prompt func(ctx contex
 	}
 	b := &a.body
 	if b.Model != "" && b.Model != w.opts.ServedModelName {
-		if _, ok := w.loras[b.Model]; !ok {
+		if _, ok := w.loras.id(b.Model); !ok {
 			return nil, apiErrorf(http.StatusNotFound, "The model `%s` does not exist.", b.Model)
 		}
 		a.lora = b.Model
@@ -297,7 +304,8 @@ func (w *Worker) handleCompletion(rw http.ResponseWriter, r *http.Request, chat 
 		return
 	}
 	req := newSimRequest(w.newID())
-	req.seq = seqState{tokens: a.tokens, salt: a.salt, loraName: a.lora, loraID: w.loras[a.lora]}
+	loraID, _ := w.loras.id(a.lora)
+	req.seq = seqState{tokens: a.tokens, salt: a.salt, loraName: a.lora, loraID: loraID}
 	req.promptLen = len(a.tokens)
 	req.maxTokens = a.maxTok
 	if !a.body.IgnoreEOS {

@@ -461,7 +461,7 @@ func (w *Worker) handleMessages(rw http.ResponseWriter, r *http.Request, countTo
 	}
 	if countTokens {
 		if b.Model != "" && b.Model != w.opts.ServedModelName {
-			if _, ok := w.loras[b.Model]; !ok {
+			if _, ok := w.loras.id(b.Model); !ok {
 				writeAnthropicError(rw, http.StatusNotFound, "NotFoundError", fmt.Sprintf("The model `%s` does not exist.", b.Model))
 				return
 			}

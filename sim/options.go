@@ -24,6 +24,9 @@ type Options struct {
 	Tokenize *tokenize.Tokenizer
 	// LoRAModules are adapter names clients may use as "model" (vLLM --lora-modules name=path).
 	LoRAModules []string
+	// AllowRuntimeLoRAUpdating serves POST /v1/load_lora_adapter and /v1/unload_lora_adapter
+	// (vLLM's VLLM_ALLOW_RUNTIME_LORA_UPDATING=True).
+	AllowRuntimeLoRAUpdating bool
 	// APIKeys, when any is set, are the keys every /v1/* request must carry as
 	// Authorization: Bearer (vLLM --api-key, which may be given several times); other paths
 	// (/health, /metrics, ...) stay open, as in vLLM.

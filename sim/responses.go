@@ -163,7 +163,8 @@ func (w *Worker) handleResponses(rw http.ResponseWriter, r *http.Request) {
 		return
 	}
 	req := newSimRequest(w.newID())
-	req.seq = seqState{tokens: a.tokens, salt: a.salt, loraName: a.lora, loraID: w.loras[a.lora]}
+	loraID, _ := w.loras.id(a.lora)
+	req.seq = seqState{tokens: a.tokens, salt: a.salt, loraName: a.lora, loraID: loraID}
 	req.promptLen, req.maxTokens, req.sessionID = len(a.tokens), a.maxTok, a.session
 	if !b.IgnoreEOS {
 		req.stopAt = w.naturalLength(a.tokens)

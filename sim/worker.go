@@ -24,7 +24,7 @@ type Worker struct {
 	tok        promptTokenizer
 	filler     *filler
 	metrics    *simMetrics
-	loras      map[string]int // adapter name -> lora id
+	loras      *loraSet
 	created    int64
 	idSalt     uint64 // random per worker: ids never repeat across workers
 
@@ -69,16 +69,13 @@ func New(opts Options) (*Worker, error) {
 	if err != nil {
 		return nil, err
 	}
-	w := &Worker{opts: o, loras: make(map[string]int), created: time.Now().Unix(),
+	w := &Worker{opts: o, loras: newLoRASet(o.LoRAModules), created: time.Now().Unix(),
 		faultRand: newLockedRand(o.Faults.Seed), stored: newResponseStore(),
 		responses: apireq.NewParser(apireq.IdentityConfig{})}
 	var salt [8]byte
 	_, _ = rand.Read(salt[:]) // crypto/rand.Read never fails (Go >= 1.24)
 	w.idSalt = binary.BigEndian.Uint64(salt[:])
 	w.started.Store(math.Float64bits(unixSeconds(time.Now())))
-	for i, name := range o.LoRAModules {
-		w.loras[name] = i + 1
-	}
 	w.tok, err = loadTokenizer(o)
 	if err != nil {
 		return nil, err

@@ -124,6 +124,12 @@ func newServeFlags(fs *flag.FlagSet, o *sim.Options, c *serveConfig) func() erro
 				o.APIKeys = []string{k}
 			}
 		}
+		// vLLM serves /v1/load_lora_adapter and /v1/unload_lora_adapter only with this
+		// variable "1" or "true" (vllm/envs.py).
+		switch strings.ToLower(strings.TrimSpace(os.Getenv("VLLM_ALLOW_RUNTIME_LORA_UPDATING"))) {
+		case "1", "true":
+			o.AllowRuntimeLoRAUpdating = true
+		}
 		o.LoRAModules = nil
 		for _, l := range loras {
 			name, _, _ := strings.Cut(l, "=")
