@@ -20,6 +20,7 @@ type fakeWorker struct {
 	*httptest.Server
 	status atomic.Int32
 	probes atomic.Int32
+	extra  atomic.Pointer[string] // a further card, as a runtime-loaded adapter adds one
 }
 
 func newFake(t *testing.T) *fakeWorker {
@@ -31,7 +32,11 @@ func newFake(t *testing.T) *fakeWorker {
 			f.probes.Add(1)
 			w.WriteHeader(int(f.status.Load()))
 		case "/v1/models":
-			_, _ = w.Write([]byte(`{"object":"list","data":[{"id":"base","object":"model","max_model_len":4096},{"id":"lora-a","object":"model","parent":"base"}]}`))
+			extra := ""
+			if id := f.extra.Load(); id != nil {
+				extra = `,{"id":"` + *id + `","object":"model","parent":"base"}`
+			}
+			_, _ = w.Write([]byte(`{"object":"list","data":[{"id":"base","object":"model","max_model_len":4096},{"id":"lora-a","object":"model","parent":"base"}` + extra + `]}`))
 		default:
 			http.NotFound(w, r)
 		}
@@ -210,5 +215,30 @@ func TestRunProbesPeriodically(t *testing.T) {
 	<-done
 	if f.probes.Load() < 3 {
 		t.Fatalf("only %d probes", f.probes.Load())
+	}
+}
+
+// An adapter a worker lists after its admission (loaded at runtime) is known after the next
+// healthy probe, with no state change.
+func TestModelsRefreshedByProbes(t *testing.T) {
+	f := newFake(t)
+	c := testConfig(f.URL)
+	c.Health.SuccessThreshold = 1
+	reg, err := NewRegistry(c, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	reg.ProbeAll(ctx)
+	if got := strings.Join(reg.Models(), ","); got != "base,lora-a" {
+		t.Fatalf("models %s", got)
+	}
+	id := "runtime-lora"
+	f.extra.Store(&id)
+	var changes []string
+	reg.OnChange(func(_ *Worker, change string) { changes = append(changes, change) })
+	reg.ProbeAll(ctx)
+	if got := strings.Join(reg.Models(), ","); got != "base,lora-a,runtime-lora" || len(changes) != 0 {
+		t.Errorf("models %s, changes %v; want the runtime adapter and no change", got, changes)
 	}
 }

@@ -313,14 +313,14 @@ func (w *Worker) Status() Status {
 	}
 }
 
-// Models returns the model ids the worker listed in its /v1/models at its last admission.
+// Models returns the model ids the worker listed in its /v1/models at its last healthy probe.
 func (w *Worker) Models() []string {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return append([]string(nil), w.models...)
 }
 
-// MaxModelLen returns the max_model_len the worker reported for model at its last admission,
+// MaxModelLen returns the max_model_len the worker reported for model at its last healthy probe,
 // or 0 when it reported none. model "" is the worker's first listed model (vLLM's default).
 func (w *Worker) MaxModelLen(model string) int {
 	w.mu.Lock()
@@ -359,11 +359,15 @@ func (w *Worker) probe(parent context.Context) (change string, err error) {
 		admitted = w.succeed(w.clock())
 	}
 	w.mu.Unlock()
+	if err == nil {
+		// Every healthy probe rereads /v1/models: an adapter loaded at runtime
+		// (/v1/load_lora_adapter) becomes routable within one health.interval.
+		w.refreshModels(ctx)
+	}
 	switch {
 	case ejected:
 		return ChangeEjected, err
 	case admitted:
-		w.refreshModels(ctx)
 		if wasEjected {
 			return ChangeReadmitted, nil
 		}
