@@ -25,7 +25,7 @@ type loraSet struct {
 func newLoRASet(names []string) *loraSet {
 	s := &loraSet{ids: map[string]int{}, paths: map[string]string{}}
 	for _, n := range names {
-		_ = s.load(n, n)
+		s.load(n, n)
 	}
 	return s
 }
@@ -38,7 +38,7 @@ func (s *loraSet) id(name string) (int, bool) {
 	return id, ok
 }
 
-// names lists the loaded adapters in load order, with their paths.
+// list lists the loaded adapters in load order, with their paths.
 func (s *loraSet) list() (names, paths []string) {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
@@ -48,16 +48,17 @@ func (s *loraSet) list() (names, paths []string) {
 	return names, paths
 }
 
-func (s *loraSet) load(name, path string) error {
+// load adds an adapter; false when one of that name is loaded already.
+func (s *loraSet) load(name, path string) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if _, dup := s.ids[name]; dup {
-		return fmt.Errorf("The lora adapter '%s' has already been loaded.", name)
+		return false
 	}
 	s.nextID++
 	s.ids[name], s.paths[name] = s.nextID, path
 	s.order = append(s.order, name)
-	return nil
+	return true
 }
 
 func (s *loraSet) unload(name string) bool {
@@ -104,8 +105,8 @@ func (w *Worker) handleLoadLoRA(rw http.ResponseWriter, r *http.Request) {
 		writeTypedError(rw, http.StatusBadRequest, "InvalidUserInput", "Both 'lora_name' and 'lora_path' must be provided.")
 		return
 	}
-	if err := w.loras.load(req.LoRAName, req.LoRAPath); err != nil {
-		writeTypedError(rw, http.StatusBadRequest, "InvalidUserInput", err.Error())
+	if !w.loras.load(req.LoRAName, req.LoRAPath) {
+		writeTypedError(rw, http.StatusBadRequest, "InvalidUserInput", fmt.Sprintf("The lora adapter '%s' has already been loaded.", req.LoRAName))
 		return
 	}
 	rw.Header().Set("Content-Type", "text/plain; charset=utf-8")

@@ -129,12 +129,12 @@ func (ps *pools) serverPools() []server.Pool {
 	return out
 }
 
-// readiness is one check per pool: a model with no routable worker holds the gateway out of
-// service (GET /ready).
+// readiness is what holds the gateway out of service per pool besides the server's own check
+// that every model has a routable worker: the shared bindings' bucket, the discovery source
+// until it has synced, the KV-event subscriptions.
 func (ps *pools) readiness() []server.ReadinessCheck {
-	out := make([]server.ReadinessCheck, 0, len(ps.list))
+	var out []server.ReadinessCheck
 	for _, p := range ps.list {
-		out = append(out, p)
 		if p.rt.bindings != nil {
 			out = append(out, p.rt.bindings) // a deleted bucket holds the replica out until recreated
 		}
@@ -146,15 +146,6 @@ func (ps *pools) readiness() []server.ReadinessCheck {
 		}
 	}
 	return out
-}
-
-// Readiness implements server.ReadinessCheck: ready while at least one worker is routable.
-func (p *modelPool) Readiness() (string, bool, string) {
-	name := "model " + p.cfg.Model
-	if n := p.reg.RoutableCount(); n == 0 {
-		return name, false, fmt.Sprintf("no routable worker (0 of %d)", len(p.reg.Workers()))
-	}
-	return name, true, ""
 }
 
 // healthDetails are the pools' parts /health reports besides the workers (the cluster's
