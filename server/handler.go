@@ -135,7 +135,7 @@ func (s *Server) decide(ctx context.Context, endpoint string, body []byte, h htt
 	if e != nil {
 		return router.Decision{}, nil, e
 	}
-	cands := candidates(p, nil)
+	cands := candidates(p, rreq.Model, nil)
 	if len(cands) == 0 {
 		return router.Decision{}, nil, &apiError{Status: http.StatusServiceUnavailable, Message: "no healthy worker"}
 	}

@@ -186,7 +186,7 @@ func (s *Server) fetchOutput(ctx context.Context, response string, h http.Header
 	)
 	for _, p = range s.pools {
 		rreq := &router.Request{Model: p.Model, BlockSize: p.BlockSize, PinResponseID: response, Owner: owner, Header: h}
-		if d, life, err = p.Router.Route(ctx, rreq, candidates(p, nil)); err == nil {
+		if d, life, err = p.Router.Route(ctx, rreq, candidates(p, "", nil)); err == nil {
 			break
 		}
 	}

@@ -64,7 +64,7 @@ func (s *Server) handlePassthrough(c *gin.Context) {
 		writeError(c, e)
 		return
 	}
-	p, e := s.passthroughPool(c.ContentType(), body)
+	p, model, e := s.passthroughPool(c.ContentType(), body)
 	if e != nil {
 		code = e.Status
 		writeError(c, e)
@@ -73,7 +73,7 @@ func (s *Server) handlePassthrough(c *gin.Context) {
 	tried := map[string]bool{}
 	var last *apiError
 	for attempt := 0; attempt <= s.cfg.Proxy.MaxRetries; attempt++ {
-		w, rank := leastLoaded(p, tried)
+		w, rank := leastLoaded(p, model, tried)
 		if w == nil {
 			break
 		}
@@ -98,9 +98,9 @@ func (s *Server) handlePassthrough(c *gin.Context) {
 
 // leastLoaded is the routable target of an untried worker of p with the fewest requests in
 // flight.
-func leastLoaded(p *pool, tried map[string]bool) (*workers.Worker, int) {
+func leastLoaded(p *pool, model string, tried map[string]bool) (*workers.Worker, int) {
 	var best *router.Candidate
-	for _, cand := range candidates(p, tried) {
+	for _, cand := range candidates(p, model, tried) {
 		if best == nil || cand.InFlight < best.InFlight {
 			cand := cand
 			best = &cand

@@ -90,22 +90,24 @@ func modelNotFound(model string) *apiError {
 }
 
 // passthroughPool picks the pool of a passthrough request by the "model" of a JSON body (as
-// vLLM's own endpoints read it); a body without one, or not JSON, goes to the first pool.
-func (s *Server) passthroughPool(contentType string, body []byte) (*pool, *apiError) {
+// vLLM's own endpoints read it), and returns that model; a body without one, or not JSON, goes
+// to the first pool.
+func (s *Server) passthroughPool(contentType string, body []byte) (*pool, string, *apiError) {
 	if mt, _, _ := mime.ParseMediaType(contentType); mt != "application/json" || len(bytes.TrimSpace(body)) == 0 {
-		return s.pools[0], nil
+		return s.pools[0], "", nil
 	}
 	var probe struct {
 		Model json.RawMessage `json:"model"`
 	}
 	if json.Unmarshal(body, &probe) != nil {
-		return s.pools[0], nil // the worker answers the malformed body itself
+		return s.pools[0], "", nil // the worker answers the malformed body itself
 	}
 	var model string
 	if json.Unmarshal(probe.Model, &model) != nil {
-		return s.pools[0], nil
+		return s.pools[0], "", nil
 	}
-	return s.resolvePool(model)
+	p, e := s.resolvePool(model)
+	return p, model, e
 }
 
 // allWorkers lists every pool's workers, pool by pool in configured order.

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"testing"
 
@@ -173,6 +174,23 @@ func TestPoolsOptions(t *testing.T) {
 	for _, tc := range cases {
 		if _, err := New(Options{Config: cfg, Pools: tc.pools}); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: err %v, want %q", tc.name, err, tc.want)
+		}
+	}
+}
+
+// A request for an adapter only some of a pool's workers list goes only to those.
+func TestAdapterOnSomeWorkers(t *testing.T) {
+	with := fastSim()
+	with.LoRAModules = []string{"adapter-x"}
+	a, b := startSim(t, fastSim()), startSim(t, with)
+	g := startGateway(t, nil, a.srv.URL, b.srv.URL)
+	for i := range 4 {
+		for model, want := range map[string][]string{"adapter-x": {b.srv.URL}, testModel: {a.srv.URL, b.srv.URL}} {
+			resp, data := g.post(t, pathChat, `{"model":"`+model+`","max_tokens":1,"messages":[{"role":"user","content":"hi"}]}`, nil)
+			got := resp.Header.Get("X-Kvgate-Worker")
+			if resp.StatusCode != http.StatusOK || !slices.Contains(want, got) {
+				t.Fatalf("request %d for %s: %d from %s, want 200 from %v: %s", i, model, resp.StatusCode, got, want, data)
+			}
 		}
 	}
 }

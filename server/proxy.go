@@ -10,6 +10,7 @@ import (
 	"mime"
 	"net"
 	"net/http"
+	"slices"
 	"strconv"
 	"time"
 
@@ -42,7 +43,7 @@ func (s *Server) proxy(c *gin.Context, p *pool, in *apireq.Request, rreq *router
 	maxAttempts := 1 + s.cfg.Proxy.MaxRetries
 	var last *apiError
 	for attempt := 0; attempt < maxAttempts; attempt++ {
-		cands := candidates(p, tried)
+		cands := candidates(p, rreq.Model, tried)
 		if len(cands) == 0 && last != nil && last.engineRestart {
 			// Every worker was tried and the last one's engine was restarting (as all of a
 			// fleet's may at once after a deploy): an engine that restarts in place is back
@@ -51,7 +52,7 @@ func (s *Server) proxy(c *gin.Context, p *pool, in *apireq.Request, rreq *router
 				break
 			}
 			clear(tried)
-			cands = candidates(p, tried)
+			cands = candidates(p, rreq.Model, tried)
 		}
 		if len(cands) == 0 {
 			if orNext && attempt == 0 {
@@ -91,7 +92,7 @@ func (s *Server) proxy(c *gin.Context, p *pool, in *apireq.Request, rreq *router
 		}
 		tried[w.URL()] = true
 		scope := retryScope{again: attempt+1 < maxAttempts}
-		scope.other = scope.again && len(candidates(p, tried)) > 0
+		scope.other = scope.again && len(candidates(p, rreq.Model, tried)) > 0
 		res, code, e := s.attempt(c, &call{in: in, d: d, life: life, w: w, start: start, scope: scope})
 		switch res {
 		case served:
@@ -124,13 +125,22 @@ func (s *Server) proxy(c *gin.Context, p *pool, in *apireq.Request, rreq *router
 // the pool does not know the response (see proxy's orNext).
 const errPinElsewhere = -1
 
-// candidates lists routable targets of p's workers not yet tried for this request.
-func candidates(p *pool, tried map[string]bool) []router.Candidate {
+// candidates lists routable targets of p's workers not yet tried for this request. A request
+// for an adapter (a model other than the pool's names) goes only to workers that list it: an
+// adapter loaded on some workers at runtime is unknown to the others.
+func candidates(p *pool, model string, tried map[string]bool) []router.Candidate {
+	adapter := model != "" && !slices.Contains(p.names, model)
 	var out []router.Candidate
 	for _, t := range p.Registry.Routable() {
-		if !tried[t.Worker] {
-			out = append(out, router.Candidate{Target: t.Target, InFlight: t.InFlight})
+		if tried[t.Worker] {
+			continue
 		}
+		if adapter {
+			if w := p.Registry.Get(t.Worker); w == nil || !slices.Contains(w.Models(), model) {
+				continue
+			}
+		}
+		out = append(out, router.Candidate{Target: t.Target, InFlight: t.InFlight})
 	}
 	return out
 }
