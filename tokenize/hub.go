@@ -38,8 +38,9 @@ type hubFile struct {
 	required bool
 }
 
-// hubFiles lists the files Load reads; only tokenizer.json is required (a folder without
-// tokenizer_config.json loads with no chat template and no special-token names).
+// hubFiles lists the files Load reads (config.json for the model type, e.g. gpt-oss's Harmony);
+// only tokenizer.json is required (a folder without tokenizer_config.json loads with no chat
+// template and no special-token names).
 func hubFiles() []hubFile {
 	return []hubFile{
 		{"tokenizer.json", true},
@@ -47,6 +48,7 @@ func hubFiles() []hubFile {
 		{"chat_template.jinja", false},
 		{"chat_template.json", false},
 		{"special_tokens_map.json", false},
+		{"config.json", false},
 		{"generation_config.json", false},
 	}
 }
