@@ -7,13 +7,16 @@ import (
 	"strings"
 
 	"gopkg.in/yaml.v3"
+
+	"github.com/kvgate/kvgate/workers/discoveryconfig"
 )
 
 // Model is one entry of models:, one served model with its own fleet. Every key an entry leaves
 // out takes the top-level key's value (tokenizer, chat_template, default_chat_template_kwargs,
 // block_size, router, sessions: the top-level sections are the defaults of every entry, and an
-// entry's router: or sessions: overrides only the keys it names). name and workers are the
-// entry's own: the top-level model and workers must be empty when models: is used.
+// entry's router: or sessions: overrides only the keys it names). name, workers and discovery
+// are the entry's own: the top-level model, workers and discovery must be empty when models:
+// is used.
 type Model struct {
 	// Name is the served model name clients put in "model" (vllm serve --served-model-name).
 	Name string `yaml:"name"`
@@ -25,8 +28,11 @@ type Model struct {
 	DefaultChatTemplateKwargs string   `yaml:"default_chat_template_kwargs"`
 	BlockSize                 int      `yaml:"block_size"`
 	Workers                   []Worker `yaml:"workers"`
-	Router                    Router   `yaml:"router"`
-	Sessions                  Sessions `yaml:"sessions"`
+	// Discovery finds this model's workers at runtime (discoveryconfig.Config); its keys left
+	// out take discoveryconfig's defaults, not the top-level section.
+	Discovery Discovery `yaml:"discovery"`
+	Router    Router    `yaml:"router"`
+	Sessions  Sessions  `yaml:"sessions"`
 
 	// node is the entry as written, laid over the top-level keys by Pools; nil for an entry
 	// built in Go, whose fields are taken as given.
@@ -100,13 +106,13 @@ func (c *Config) resolvePools() ([]Pool, []error) {
 		if m.node == nil {
 			p.Model, p.Tokenizer, p.ChatTemplate = m.Name, m.Tokenizer, m.ChatTemplate
 			p.DefaultChatTemplateKwargs, p.BlockSize = m.DefaultChatTemplateKwargs, m.BlockSize
-			p.Workers, p.Router, p.Sessions = m.Workers, m.Router, m.Sessions
+			p.Workers, p.Router, p.Sessions, p.Discovery = m.Workers, m.Router, m.Sessions, m.Discovery
 			pools = append(pools, Pool{Config: p, Aliases: m.Aliases, Key: key})
 			continue
 		}
 		o := modelOverlay{Tokenizer: c.Tokenizer, ChatTemplate: c.ChatTemplate,
 			DefaultChatTemplateKwargs: c.DefaultChatTemplateKwargs, BlockSize: c.BlockSize,
-			Router: c.Router, Sessions: c.Sessions}
+			Router: c.Router, Sessions: c.Sessions, Discovery: discoveryconfig.Default()}
 		// Slices in the top-level sections must not be shared with the entry's decode.
 		o.Router.Latency.LearnFrom = append([]string(nil), c.Router.Latency.LearnFrom...)
 		o.Sessions.Headers = append([]string(nil), c.Sessions.Headers...)
@@ -118,7 +124,7 @@ func (c *Config) resolvePools() ([]Pool, []error) {
 		}
 		p.Model, p.Tokenizer, p.ChatTemplate = o.Name, o.Tokenizer, o.ChatTemplate
 		p.DefaultChatTemplateKwargs, p.BlockSize = o.DefaultChatTemplateKwargs, o.BlockSize
-		p.Workers, p.Router, p.Sessions = o.Workers, o.Router, o.Sessions
+		p.Workers, p.Router, p.Sessions, p.Discovery = o.Workers, o.Router, o.Sessions, o.Discovery
 		pools = append(pools, Pool{Config: p, Aliases: o.Aliases, Key: key})
 	}
 	return pools, errs
@@ -126,15 +132,16 @@ func (c *Config) resolvePools() ([]Pool, []error) {
 
 // modelOverlay is a models: entry decoded over the top-level keys it may override.
 type modelOverlay struct {
-	Name                      string   `yaml:"name"`
-	Aliases                   []string `yaml:"aliases"`
-	Tokenizer                 string   `yaml:"tokenizer"`
-	ChatTemplate              string   `yaml:"chat_template"`
-	DefaultChatTemplateKwargs string   `yaml:"default_chat_template_kwargs"`
-	BlockSize                 int      `yaml:"block_size"`
-	Workers                   []Worker `yaml:"workers"`
-	Router                    Router   `yaml:"router"`
-	Sessions                  Sessions `yaml:"sessions"`
+	Name                      string    `yaml:"name"`
+	Aliases                   []string  `yaml:"aliases"`
+	Tokenizer                 string    `yaml:"tokenizer"`
+	ChatTemplate              string    `yaml:"chat_template"`
+	DefaultChatTemplateKwargs string    `yaml:"default_chat_template_kwargs"`
+	BlockSize                 int       `yaml:"block_size"`
+	Workers                   []Worker  `yaml:"workers"`
+	Discovery                 Discovery `yaml:"discovery"`
+	Router                    Router    `yaml:"router"`
+	Sessions                  Sessions  `yaml:"sessions"`
 }
 
 // validateModels checks what spans the pools: the single-model keys are not mixed with
@@ -149,6 +156,9 @@ func (c *Config) validateModels(pools []Pool, bad func(key, format string, args 
 	}
 	if len(c.Workers) > 0 {
 		bad("workers", "are set together with models: give each model its own workers (models[].workers)")
+	}
+	if c.Discovery.Enabled() {
+		bad("discovery", "is set together with models: give each model its own discovery (models[].discovery)")
 	}
 	if len(pools) > 1 && c.Cluster.Enabled() {
 		bad("models", "several models with cluster: replicas share session bindings, pins and load keyed by session and worker only; run one model per replica fleet")

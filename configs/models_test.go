@@ -86,6 +86,26 @@ models:
 	}
 }
 
+// A models: entry's discovery is its own, with discoveryconfig's defaults for the keys it
+// leaves out; the other entries have none.
+func TestModelsDiscovery(t *testing.T) {
+	c, err := loadYAML(t, `
+tokenizer: `+tokenizerDir(t)+`
+models:
+  - name: a
+    discovery: {kubernetes: {namespace: ns, service: vllm-a}}
+  - name: b
+    workers: [{url: "http://127.0.0.1:9002"}]
+`, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, b := c.Pools()[0], c.Pools()[1]
+	if !a.Discovery.Kubernetes.Enabled() || a.Discovery.Kubernetes.Service != "vllm-a" || a.Discovery.Kubernetes.PortName != "http" || b.Discovery.Enabled() {
+		t.Errorf("a %+v, b %+v", a.Discovery, b.Discovery)
+	}
+}
+
 // The single-model form is one pool: the top-level config itself.
 func TestSingleModelIsOnePool(t *testing.T) {
 	c, err := Load([]string{"--model", "m", "--worker", "http://127.0.0.1:8101"}, envOf(nil), io.Discard)
@@ -177,6 +197,19 @@ models:
   - name: b
     workers: [{url: "http://127.0.0.1:9002"}]
 `, nil, []string{"models: several models with cluster"}},
+		{"discovery per entry", `
+models:
+  - name: a
+    discovery: {dns: {name: vllm-a.internal, port: 8000}}
+  - name: b
+    workers: [{url: "http://127.0.0.1:9002"}]
+`, nil, nil},
+		{"top-level discovery with models", `
+discovery: {dns: {name: vllm.internal, port: 8000}}
+models:
+  - name: a
+    workers: [{url: "http://127.0.0.1:9001"}]
+`, nil, []string{"discovery: is set together with models"}},
 		{"hub id accepted", `
 models:
   - name: a

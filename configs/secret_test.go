@@ -18,6 +18,9 @@ var notSecret = map[string]bool{
 	"kv_events.curve_client_keys":         true, // the publishers' CURVE public keys
 	"router.latency.prefill_ms_per_token": true, // a per-token time
 	"router.latency.step_ms_per_kv_token": true, // a per-token time
+	// The same keys in a models: entry's router overrides.
+	"models[].router.latency.prefill_ms_per_token": true,
+	"models[].router.latency.step_ms_per_kv_token": true,
 }
 
 // Every key whose name sounds like a secret (key, token, password, secret, credentials, seed;

@@ -112,7 +112,7 @@ func leastLoaded(p *pool, model string, tried map[string]bool) (*workers.Worker,
 	w := p.Registry.Get(best.Worker)
 	if w == nil { // it left the fleet since the candidate list: pick among the others
 		tried[best.Worker] = true
-		return leastLoaded(p, tried)
+		return leastLoaded(p, model, tried)
 	}
 	return w, best.DPRank
 }

@@ -1,10 +1,12 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"strings"
 
@@ -50,9 +52,25 @@ func checkConfigFlag(args []string) ([]string, bool, error) {
 // and returns nil; otherwise it returns every problem.
 func checkConfig(cfg configs.Config, loadErr error, stdout, stderr io.Writer) error {
 	problems := confval.Split(loadErr)
-	if tokenizerChecked(problems) && cfg.Tokenizer != "" {
-		if _, err := loadTokenizer(cfg); err != nil {
-			problems = append(problems, err)
+	if tokenizerChecked(problems) {
+		// Every model's tokenizer (a hub id is fetched, or read from the hub cache).
+		for _, p := range cfg.Pools() {
+			if p.Tokenizer == "" {
+				continue
+			}
+			dir, err := fetchTokenizer(context.Background(), p.Tokenizer, slog.New(slog.DiscardHandler))
+			if err == nil {
+				p.Tokenizer = dir
+				_, err = loadTokenizer(p.Config)
+			}
+			if err != nil {
+				if p.Key != "" {
+					err = fmt.Errorf("%s.%w", p.Key, err)
+				} else if !strings.HasPrefix(err.Error(), "tokenizer") && !strings.HasPrefix(err.Error(), "chat_template") {
+					err = fmt.Errorf("tokenizer: %w", err)
+				}
+				problems = append(problems, err)
+			}
 		}
 	}
 	if len(problems) > 0 {
@@ -67,12 +85,14 @@ func checkConfig(cfg configs.Config, loadErr error, stdout, stderr io.Writer) er
 	if err := enc.Close(); err != nil {
 		return fmt.Errorf("printing the configuration: %w", err)
 	}
-	tok := "no tokenizer"
-	if cfg.Tokenizer != "" {
-		tok = "tokenizer " + cfg.Tokenizer + " loaded"
+	for _, p := range cfg.Pools() {
+		tok := "no tokenizer"
+		if p.Tokenizer != "" {
+			tok = "tokenizer " + p.Tokenizer + " loaded"
+		}
+		fmt.Fprintf(stderr, "kvgate: configuration OK (model %s, %d workers, policy %s, %s); secrets masked\n",
+			p.Model, len(p.Workers), p.Router.Policy, tok)
 	}
-	fmt.Fprintf(stderr, "kvgate: configuration OK (model %s, %d workers, policy %s, %s); secrets masked\n",
-		cfg.Model, len(cfg.Workers), cfg.Router.Policy, tok)
 	return nil
 }
 
@@ -81,7 +101,7 @@ func checkConfig(cfg configs.Config, loadErr error, stdout, stderr io.Writer) er
 func tokenizerChecked(problems []error) bool {
 	for _, p := range problems {
 		for _, key := range []string{"tokenizer:", "chat_template:", "default_chat_template_kwargs:"} {
-			if strings.HasPrefix(p.Error(), key) {
+			if strings.HasPrefix(p.Error(), key) || strings.HasPrefix(p.Error(), "models[") && strings.Contains(p.Error(), "]."+key) {
 				return false
 			}
 		}
