@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/prometheus/client_golang/prometheus"
 )
 
 // Replica messages are authenticated end to end with the fleet key (cluster.fleet_key_file),
@@ -49,7 +48,6 @@ type fleetKey struct {
 	key    []byte
 	window time.Duration
 	now    func() time.Time
-	bad    *prometheus.CounterVec // kind
 }
 
 // loadFleetKey reads the key file: its bytes, surrounding whitespace trimmed (e.g. the output

@@ -166,13 +166,6 @@ func Start(ctx context.Context, cfg clusterconfig.Config, o Options) (*Node, err
 // Authenticated reports whether replica messages are signed and checked with a fleet key.
 func (n *Node) Authenticated() bool { return n.key != nil }
 
-// publish sends data on subj, signed with the fleet key.
-func (n *Node) publish(subj string, data []byte) error {
-	m := &nats.Msg{Subject: subj, Data: data}
-	n.key.signMsg(m)
-	return n.nc.PublishMsg(m)
-}
-
 // authentic reports whether m carries a valid fleet-key signature (always, without a key);
 // a message that does not is counted under kind and noted as the node's last error.
 func (n *Node) authentic(m *nats.Msg, kind string) bool {

@@ -279,9 +279,9 @@ func (h *zapHandler) answer(req [][]byte) [][]byte {
 	reply := func(code, text string) [][]byte {
 		return [][]byte{req[0], req[1], []byte(code), []byte(text), {}, {}}
 	}
-	domain, address, mechanism := string(req[2]), string(req[3]), string(req[5])
+	address, mechanism := string(req[3]), string(req[5])
 	h.mu.Lock()
-	g := h.guards[domain]
+	g := h.guards[string(req[2])]
 	h.mu.Unlock()
 	if g == nil {
 		return reply("400", "unknown domain")
