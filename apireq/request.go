@@ -79,6 +79,10 @@ type Request struct {
 	// flag (default true); other endpoints leave both zero.
 	PreviousResponseID string
 	Store              bool
+	// MaxTokens is the output cap the request asks for (max_tokens, max_completion_tokens or
+	// max_output_tokens; the smallest when several are set), 0 when none: the first-byte deadline
+	// of a non-stream request is derived from it.
+	MaxTokens int
 	// MaxModelLen is the model's context length (0: unknown). An enricher that tokenizes refuses
 	// a prompt of MaxModelLen or more tokens, and stops tokenizing as soon as that is certain
 	// (vLLM requires room for one output token).
@@ -231,6 +235,11 @@ func (r *Request) fill() *Error {
 	}
 	if v, ok := d.Get("stream"); ok {
 		r.Stream = v.AsBool()
+	}
+	for _, k := range []string{"max_tokens", "max_completion_tokens", "max_output_tokens"} {
+		if v, ok := d.Get(k); ok && v.IsInt() && v.AsInt() > 0 && (r.MaxTokens == 0 || int(v.AsInt()) < r.MaxTokens) {
+			r.MaxTokens = int(v.AsInt())
+		}
 	}
 	if _, ok := d.Get("stream_options"); ok {
 		so := &StreamOptions{}

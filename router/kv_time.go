@@ -544,7 +544,8 @@ type timeObs struct {
 	routedCached float64
 	pairs        int64 // the attention pairs accounted in the queue
 	predMs       float64
-	stream       bool // only a streamed response's first byte is its first token
+	itlMs        float64 // predicted inter-token time: one decode step with this request added
+	stream       bool    // only a streamed response's first byte is its first token
 
 	// events counts the response's events relayed after its first token and lastEvent is when
 	// the last one was (ns after start); both lock-free (Lifecycle.Chunk, once per event).
@@ -594,7 +595,8 @@ func (p *KVPolicy) beginTime(d Decision, req *Request) *timeObs {
 	o := &timeObs{tm: p.timed, tt: tt, target: d.Chosen.Target, worker: d.Chosen.Target.String(), now: p.now, start: p.now(),
 		routedCached: math.Min(float64(CachedBlocks(d)), math.Floor(math.Max(prompt-1, 0)/float64(bs))) * float64(bs),
 		state:        st, prompt: prompt, u: u, c: c, pairs: int64(latency.Pairs(u, c)), accountU: int64(u), stream: req.Stream,
-		predMs: latency.PredictTTFT(th, p.timed.params, st, latency.Req{Uncached: u, Cached: c}).TotalMs}
+		predMs: latency.PredictTTFT(th, p.timed.params, st, latency.Req{Uncached: u, Cached: c}).TotalMs,
+		itlMs:  latency.StepMs(th, 0, 0, st.DecodeKVTokens+prompt)}
 	tt.aheadTokens.Add(o.accountU)
 	tt.aheadPairs.Add(o.pairs)
 	tt.routedU.Add(o.accountU)

@@ -44,6 +44,9 @@ type Lifecycle interface {
 	Done()
 	// Failed: nothing reached the client; another worker may be tried with a new attempt.
 	Failed(err error)
+	// Predicted is the chosen target's predicted time to first token and inter-token time at
+	// routing, in ms; ok is false when the policy predicts no time (all but kv).
+	Predicted() (ttftMs, itlMs float64, ok bool)
 }
 
 // attempt is the Dispatcher's Lifecycle: the load handle, the post-selection session update and
@@ -99,6 +102,14 @@ func (a *attempt) UsageSeen(u Usage) {
 // Produced pins the response id to the attempt's target (bounded: router.responses), and
 // shares the pin with the fleet's other replicas when they share pins.
 func (a *attempt) Produced(id string) { a.e.pins.produced(id, a.req.Owner, a.d.Chosen.Target) }
+
+// Predicted returns the kv policy's prediction for the attempt (timeObs).
+func (a *attempt) Predicted() (ttftMs, itlMs float64, ok bool) {
+	if a.obs == nil {
+		return 0, 0, false
+	}
+	return a.obs.predMs, a.obs.itlMs, true
+}
 
 // Done releases the attempt's load (feeding the latency fit if UsageSeen did not).
 func (a *attempt) Done() { a.end(true) }

@@ -26,11 +26,12 @@ type metrics struct {
 
 // Upstream error kinds.
 const (
-	errConnect         = "connect"           // dial, reset or header timeout before any response
-	errStatus          = "status"            // 502/503/504 from the worker, retried
-	errBeforeFirstByte = "before_first_byte" // response started but no body byte arrived
-	errMidStream       = "mid_stream"        // the stream broke after bytes reached the client
-	errIdle            = "idle_timeout"      // no bytes for proxy.stream_idle_timeout
+	errConnect         = "connect"             // dial, reset or header timeout before any response
+	errStatus          = "status"              // 502/503/504 from the worker, retried
+	errBeforeFirstByte = "before_first_byte"   // response started but no body byte arrived
+	errMidStream       = "mid_stream"          // the stream broke after bytes reached the client
+	errIdle            = "idle_timeout"        // no bytes for proxy.stream_idle_timeout
+	errFirstByte       = "first_byte_deadline" // no body byte within the predicted deadline (proxy.first_byte_*)
 )
 
 // newMetrics registers the server's series on prom (a new registry when nil); fleet lists every
@@ -56,7 +57,7 @@ func newMetrics(fleet func() []*workers.Worker, prom *prometheus.Registry) *metr
 			Buckets: prometheus.ExponentialBuckets(0.01, 2, 16),
 		}, []string{"endpoint"}),
 		upstreamErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "kvgate_upstream_errors_total", Help: "Worker failures seen while proxying, by kind: connect, status, before_first_byte, mid_stream, idle_timeout.",
+			Name: "kvgate_upstream_errors_total", Help: "Worker failures seen while proxying, by kind: connect, status, before_first_byte, mid_stream, idle_timeout, first_byte_deadline.",
 		}, []string{"worker", "kind"}),
 		retries: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvgate_retries_total", Help: "Requests sent to another worker after a failure before the first byte.",

@@ -24,6 +24,10 @@ import (
 // errIdleTimeout is the cancel cause of an upstream request that went quiet for too long.
 var errIdleTimeout = errors.New("no bytes from the worker within proxy.stream_idle_timeout")
 
+// errFirstByteDeadline is the cancel cause of an attempt whose worker sent no body byte within
+// the deadline derived from its predicted TTFT (firstByteDeadline).
+var errFirstByteDeadline = errors.New("no first byte within the deadline derived from the predicted TTFT (proxy.first_byte_multiple, first_byte_floor)")
+
 // outcome of one attempt on one worker.
 type outcome int
 
@@ -119,6 +123,41 @@ func (s *Server) proxy(c *gin.Context, p *pool, in *apireq.Request, rreq *router
 	}
 	writeError(c, last)
 	return last.Status
+}
+
+// firstByteDeadline is how long an attempt may wait for the worker's first body byte: the
+// predicted TTFT (for a non-stream request, plus max_tokens × the predicted inter-token time,
+// since its body comes after the generation) times proxy.first_byte_multiple, plus
+// proxy.first_byte_floor. None (false) when the multiple is 0, the policy predicts no time, or
+// a non-stream request sets no max_tokens: then only the proxy timeouts bound the wait.
+func (s *Server) firstByteDeadline(a *call) (time.Duration, bool) {
+	p := s.cfg.Proxy
+	if p.FirstByteMultiple <= 0 {
+		return 0, false
+	}
+	ttft, itl, ok := a.life.Predicted()
+	if !ok {
+		return 0, false
+	}
+	ms := ttft
+	if !a.in.Stream {
+		if a.in.MaxTokens <= 0 {
+			return 0, false
+		}
+		ms += float64(a.in.MaxTokens) * itl
+	}
+	return time.Duration(p.FirstByteMultiple*ms*float64(time.Millisecond)) + p.FirstByteFloor.D(), true
+}
+
+// missedFirstByte counts a first-byte deadline w missed (and ejects it after
+// proxy.first_byte_eject_after in a row) and returns the attempt's error.
+func (s *Server) missedFirstByte(w *workers.Worker) *apiError {
+	s.m.upstreamErrors.WithLabelValues(w.URL(), errFirstByte).Inc()
+	if w.ReportDeadlineMiss(errFirstByteDeadline.Error(), s.cfg.Proxy.FirstByteEjectAfter) {
+		s.log.Warn("worker ejected: it missed its first-byte deadline repeatedly while its /health passed",
+			"worker", w.URL(), "misses", s.cfg.Proxy.FirstByteEjectAfter)
+	}
+	return &apiError{Status: http.StatusGatewayTimeout, Message: fmt.Sprintf("worker %s: %v", w.URL(), errFirstByteDeadline)}
 }
 
 // errPinElsewhere is proxy's result when, asked to, it left a pinned request unanswered because
@@ -250,6 +289,13 @@ func (s *Server) send(ctx context.Context, c *gin.Context, a *call) (outcome, in
 		idleTimer = time.AfterFunc(idle, func() { cancel(errIdleTimeout) })
 		defer idleTimer.Stop()
 	}
+	// The worker's own prediction bounds the wait for its first byte: a worker that stalls
+	// with /health passing is replaced in about the time it should have taken, not minutes.
+	var firstByte *time.Timer
+	if dl, ok := s.firstByteDeadline(a); ok {
+		firstByte = time.AfterFunc(dl, func() { cancel(errFirstByteDeadline) })
+		defer firstByte.Stop()
+	}
 	resp, err := w.Client().Do(up)
 	if err != nil {
 		if clientCtx.Err() != nil {
@@ -257,6 +303,9 @@ func (s *Server) send(ctx context.Context, c *gin.Context, a *call) (outcome, in
 		}
 		if cutByShutdown(ctx) {
 			return failed, 0, shutdownCutError()
+		}
+		if context.Cause(ctx) == errFirstByteDeadline {
+			return failed, 0, s.missedFirstByte(w)
 		}
 		if context.Cause(ctx) == errIdleTimeout {
 			err = fmt.Errorf("no response headers within proxy.stream_idle_timeout %s: %w", idle, errIdleTimeout)
@@ -303,6 +352,8 @@ func (s *Server) send(ctx context.Context, c *gin.Context, a *call) (outcome, in
 				Message: fmt.Sprintf("worker %s failed the request before its first byte (500 without a body: engine died or restarted)", w.URL())}
 		case errors.Is(rerr, io.EOF) && resp.StatusCode != http.StatusOK:
 			// An empty error body is still the worker's answer: pass the status through.
+		case context.Cause(ctx) == errFirstByteDeadline:
+			return failed, 0, s.missedFirstByte(w)
 		default:
 			cause := rerr
 			if context.Cause(ctx) == errIdleTimeout {
@@ -312,6 +363,9 @@ func (s *Server) send(ctx context.Context, c *gin.Context, a *call) (outcome, in
 			s.m.upstreamErrors.WithLabelValues(w.URL(), errBeforeFirstByte).Inc()
 			return failed, 0, &apiError{Status: http.StatusBadGateway, Message: fmt.Sprintf("worker %s closed the response before its first byte: %v", w.URL(), cause)}
 		}
+	}
+	if firstByte != nil && !firstByte.Stop() && context.Cause(ctx) == errFirstByteDeadline {
+		return failed, 0, s.missedFirstByte(w)
 	}
 	w.ReportSuccess()
 

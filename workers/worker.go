@@ -30,6 +30,7 @@ type Worker struct {
 	mu       sync.Mutex
 	state    state
 	fails    int // consecutive failures (probes and passive reports)
+	misses   int // consecutive first-byte deadline misses (only a response clears them)
 	oks      int // consecutive successful probes while ejected
 	lastErr  string
 	models   []string
@@ -210,11 +211,32 @@ func (w *Worker) ReportFailure(err error) {
 	w.fail(err.Error())
 }
 
+// ReportDeadlineMiss records a first-byte deadline the worker missed while proxying (it accepted
+// the request and said nothing within the time its own prediction allowed). After ejectAfter
+// misses in a row (0: never), with no response from it in between, it is ejected like a worker
+// failing its probes, even though its /health passes (passing probes do not clear misses; they
+// readmit it later, as after any ejection). It reports whether this miss ejected the worker.
+func (w *Worker) ReportDeadlineMiss(reason string, ejectAfter int) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.misses++
+	w.lastErr = reason
+	if ejectAfter <= 0 || w.misses < ejectAfter || w.state == stateEjected {
+		return false
+	}
+	w.misses, w.oks = 0, 0
+	w.state = stateEjected
+	w.ejected++
+	w.holdDown(w.clock())
+	return true
+}
+
 // ReportSuccess records a response received while proxying; it clears the failure streak of
-// a routable worker.
+// a routable worker and its first-byte deadline misses.
 func (w *Worker) ReportSuccess() {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	w.misses = 0
 	if w.state != stateEjected {
 		w.fails = 0
 	}

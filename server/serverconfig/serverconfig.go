@@ -23,6 +23,15 @@ type Proxy struct {
 	ResponseHeaderTimeout confval.Duration `yaml:"response_header_timeout"`
 	// StreamIdleTimeout bounds the silence between two body chunks of a worker's response; 0 = none.
 	StreamIdleTimeout confval.Duration `yaml:"stream_idle_timeout"`
+	// FirstByteMultiple and FirstByteFloor derive an attempt's first-byte deadline from the
+	// router's prediction (kv policy): multiple × predicted TTFT + floor for a stream, multiple ×
+	// (predicted TTFT + max_tokens × predicted inter-token time) + floor otherwise. A worker that
+	// misses it is retried elsewhere. Multiple 0 = off (only the timeouts above bound the wait).
+	FirstByteMultiple float64          `yaml:"first_byte_multiple"`
+	FirstByteFloor    confval.Duration `yaml:"first_byte_floor"`
+	// FirstByteEjectAfter ejects a worker after this many first-byte deadline misses in a row
+	// (no response in between), even while its /health passes; 0 = never.
+	FirstByteEjectAfter int `yaml:"first_byte_eject_after"`
 	// IdleConnTimeout is how long an idle pooled connection to a worker is kept; 0 = no limit.
 	IdleConnTimeout confval.Duration `yaml:"idle_conn_timeout"`
 	// MaxIdleConnsPerWorker bounds the idle pooled connections to one worker.
@@ -40,6 +49,9 @@ func DefaultProxy() Proxy {
 		DialTimeout:           confval.Duration(5 * time.Second),
 		ResponseHeaderTimeout: confval.Duration(10 * time.Minute),
 		StreamIdleTimeout:     confval.Duration(5 * time.Minute),
+		FirstByteMultiple:     4,
+		FirstByteFloor:        confval.Duration(5 * time.Second),
+		FirstByteEjectAfter:   3,
 		IdleConnTimeout:       confval.Duration(90 * time.Second),
 		MaxIdleConnsPerWorker: 128,
 	}
@@ -60,6 +72,15 @@ func (c Proxy) Validate() error {
 	}
 	if c.ResponseHeaderTimeout < 0 {
 		p.Addf("response_header_timeout", "must not be negative, got %s", c.ResponseHeaderTimeout)
+	}
+	if c.FirstByteMultiple < 0 {
+		p.Addf("first_byte_multiple", "must not be negative, got %v", c.FirstByteMultiple)
+	}
+	if c.FirstByteFloor < 0 {
+		p.Addf("first_byte_floor", "must not be negative, got %s", c.FirstByteFloor)
+	}
+	if c.FirstByteEjectAfter < 0 {
+		p.Addf("first_byte_eject_after", "must not be negative, got %d", c.FirstByteEjectAfter)
 	}
 	if c.StreamIdleTimeout < 0 {
 		p.Addf("stream_idle_timeout", "must not be negative, got %s", c.StreamIdleTimeout)
