@@ -50,8 +50,12 @@ func (s *Subscriber) checkSilence(now time.Time) {
 	s.stats.silent.Store(silent) // after the warning: whoever sees the mark finds it logged
 }
 
+// Advisory marks the subscriptions' check as a warning (server.AdvisoryCheck): a silent
+// subscription degrades routing on its worker, it does not take the gateway out of service.
+func (m *Subscribers) Advisory() {}
+
 // Readiness reports the KV-event subscriptions as a readiness check (server.ReadinessCheck):
-// not ready while any is silent (silentSince). The reason counts them and names the usual
+// not ready while any is silent (silentSince); GET /ready lists it as a warning (Advisory). The reason counts them and names the usual
 // cause; it names no worker (GET /ready is open), the log and /debug/workers do.
 func (m *Subscribers) Readiness() (name string, ready bool, reason string) {
 	subs := m.bySub.Load()

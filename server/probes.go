@@ -21,10 +21,12 @@ const (
 )
 
 // readyBody is GET /ready's answer: {"ready": true} with 200, or {"ready": false, "reasons":
-// [{"component", "reason"}, ...]} with 503, one reason per component not ready.
+// [{"component", "reason"}, ...]} with 503, one reason per component not ready. Warnings (an
+// AdvisoryCheck not ready) are listed either way and never make it 503.
 type readyBody struct {
-	Ready   bool          `json:"ready"`
-	Reasons []readyReason `json:"reasons,omitempty"`
+	Ready    bool          `json:"ready"`
+	Reasons  []readyReason `json:"reasons,omitempty"`
+	Warnings []readyReason `json:"warnings,omitempty"`
 }
 
 // readyReason is why one component holds the gateway out of service.
@@ -56,18 +58,19 @@ func (s *Server) handleLive(c *gin.Context) {
 // handleReady is 200 when nothing holds the gateway out of service, else 503 with every
 // reason (see readiness).
 func (s *Server) handleReady(c *gin.Context) {
-	reasons := s.readiness()
+	reasons, warnings := s.readiness()
 	if len(reasons) > 0 {
-		c.JSON(http.StatusServiceUnavailable, readyBody{Reasons: reasons})
+		c.JSON(http.StatusServiceUnavailable, readyBody{Reasons: reasons, Warnings: warnings})
 		return
 	}
-	c.JSON(http.StatusOK, readyBody{Ready: true})
+	c.JSON(http.StatusOK, readyBody{Ready: true, Warnings: warnings})
 }
 
 // readiness lists why the gateway should not get traffic: it is draining, the model has no
 // routable worker, or a ReadinessCheck (discovery, model pools, KV subscriptions) is not ready.
-// Empty means ready.
-func (s *Server) readiness() []readyReason {
+// No reasons means ready; warnings are the AdvisoryChecks not ready, listed but never holding
+// the gateway out.
+func (s *Server) readiness() (reasons, warnings []readyReason) {
 	var out []readyReason
 	if s.phase() != phaseServing {
 		out = append(out, readyReason{componentServer, "draining: shutting down on a signal"})
@@ -77,10 +80,14 @@ func (s *Server) readiness() []readyReason {
 			if reason == "" {
 				reason = "not ready"
 			}
+			if _, advisory := rc.(AdvisoryCheck); advisory {
+				warnings = append(warnings, readyReason{name, reason})
+				continue
+			}
 			out = append(out, readyReason{name, reason})
 		}
 	}
-	return out
+	return out, warnings
 }
 
 // registryReadiness is one model pool's check: every configured model needs at least one

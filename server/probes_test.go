@@ -2,6 +2,7 @@ package server
 
 import (
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -21,6 +22,11 @@ type fakeCheck struct {
 }
 
 func (f fakeCheck) Readiness() (string, bool, string) { return f.name, f.ready, f.reason }
+
+// fakeAdvisory is an AdvisoryCheck with a fixed answer.
+type fakeAdvisory struct{ fakeCheck }
+
+func (fakeAdvisory) Advisory() {}
 
 // probeServer builds a server (not listening) over the given workers, probed once.
 func probeServer(t *testing.T, mutate func(*configs.Config, *Options), urls ...string) *Server {
@@ -64,6 +70,7 @@ func TestReadyReasons(t *testing.T) {
 		mutate func(*configs.Config, *Options)
 		phase  int32
 		want   []readyReason // nil: ready
+		warn   []readyReason
 	}{
 		{name: "a routable worker", urls: []string{up, down}},
 		{name: "no routable worker", urls: []string{down},
@@ -73,6 +80,17 @@ func TestReadyReasons(t *testing.T) {
 				o.Readiness = []ReadinessCheck{fakeCheck{"discovery", true, ""}, fakeCheck{"kv_events", false, "no event for 30s"}}
 			},
 			want: []readyReason{{"kv_events", "no event for 30s"}}},
+		{name: "an advisory check not ready: a warning, still ready", urls: []string{up},
+			mutate: func(_ *configs.Config, o *Options) {
+				o.Readiness = []ReadinessCheck{fakeAdvisory{fakeCheck{"kv_events", false, "1 subscription silent"}}}
+			},
+			warn: []readyReason{{"kv_events", "1 subscription silent"}}},
+		{name: "not ready with a warning", urls: []string{down},
+			mutate: func(_ *configs.Config, o *Options) {
+				o.Readiness = []ReadinessCheck{fakeAdvisory{fakeCheck{"kv_events", false, "1 subscription silent"}}}
+			},
+			want: []readyReason{{componentWorkers, `model "test-model" has no routable worker (0 of 1)`}},
+			warn: []readyReason{{"kv_events", "1 subscription silent"}}},
 		{name: "a check not ready without a reason", urls: []string{up},
 			mutate: func(_ *configs.Config, o *Options) { o.Readiness = []ReadinessCheck{fakeCheck{"pool", false, ""}} },
 			want:   []readyReason{{"pool", "not ready"}}},
@@ -113,6 +131,9 @@ func TestReadyReasons(t *testing.T) {
 				if got.Reasons[i] != tc.want[i] {
 					t.Errorf("reason %d = %+v, want %+v", i, got.Reasons[i], tc.want[i])
 				}
+			}
+			if fmt.Sprint(got.Warnings) != fmt.Sprint(tc.warn) {
+				t.Errorf("warnings %+v, want %+v", got.Warnings, tc.warn)
 			}
 			for _, u := range tc.urls {
 				if strings.Contains(body, strings.TrimPrefix(u, "http://")) {

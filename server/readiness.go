@@ -11,3 +11,13 @@ type ReadinessCheck interface {
 	// (empty when ready).
 	Readiness() (name string, ready bool, reason string)
 }
+
+// AdvisoryCheck is a ReadinessCheck whose "not ready" is a warning: GET /ready lists its
+// reason under "warnings" and stays 200. One misconfigured worker (its KV events silent)
+// degrades routing to that worker; answering 503 for it would take every gateway replica out
+// of its Service and turn one worker's fault into an outage.
+type AdvisoryCheck interface {
+	ReadinessCheck
+	// Advisory marks the check's reasons as warnings.
+	Advisory()
+}

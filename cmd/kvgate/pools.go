@@ -11,6 +11,7 @@ import (
 
 	"github.com/kvgate/kvgate/cluster"
 	"github.com/kvgate/kvgate/configs"
+	"github.com/kvgate/kvgate/indexers"
 	"github.com/kvgate/kvgate/server"
 	"github.com/kvgate/kvgate/tokenize"
 	"github.com/kvgate/kvgate/workers"
@@ -128,6 +129,9 @@ func (ps *pools) serverPools() []server.Pool {
 	}
 	return out
 }
+
+// A silent subscription is a warning on GET /ready, never a 503.
+var _ server.AdvisoryCheck = (*indexers.Subscribers)(nil)
 
 // readiness is what holds the gateway out of service per pool besides the server's own check
 // that every model has a routable worker: the shared bindings' bucket, the discovery source
