@@ -32,8 +32,10 @@ staticcheck:
 
 lint: setup fmt-check vet staticcheck
 
+# cmd/kvgate's end-to-end tests take ~8 minutes under -race on two cores (more while other
+# packages share them): past go test's default 10-minute timeout per package.
 gotest:
-	$(GO) test -race -count=1 ./...
+	$(GO) test -race -count=1 -timeout 30m ./...
 
 # The official openai and @anthropic-ai/sdk npm clients against kvgate + two simulated workers
 # (built binaries).
