@@ -96,7 +96,10 @@ test('errors: unknown model 404, empty messages 400, malformed JSON 400', async 
     assert.ok(e instanceof OpenAI.NotFoundError, `got ${e?.constructor?.name}`);
     assert.equal(e.status, 404);
     assert.match(e.message, /The model `no-such-model` does not exist/);
-    assert.equal(e.error?.type ?? e.type, 'NotFoundError');
+    // OpenAI's own answer for an unknown model (issue 30's model_not_found), not vLLM's NotFoundError.
+    assert.equal(e.error?.type ?? e.type, 'invalid_request_error');
+    assert.equal(e.code, 'model_not_found');
+    assert.equal(e.param, 'model');
     return true;
   });
   await assert.rejects(client.chat.completions.create({ model: MODEL, messages: [] }), (e) => {
