@@ -130,7 +130,8 @@ func (c *Config) resolvePools() ([]Pool, []error) {
 	return pools, errs
 }
 
-// modelOverlay is a models: entry decoded over the top-level keys it may override.
+// modelOverlay is a models: entry decoded over the top-level keys it may override. It repeats
+// Model's fields because Model's UnmarshalYAML keeps the node instead of decoding it.
 type modelOverlay struct {
 	Name                      string    `yaml:"name"`
 	Aliases                   []string  `yaml:"aliases"`
