@@ -25,7 +25,7 @@ const (
 )
 
 // KVPolicy is the KV-aware policy (docs/ARCHITECTURE.md, "Routing cost"). Under `kv` the cost
-// of a target is the predicted time to first token there, in ms (kv_time.go, router/latency):
+// of a target is the predicted time to first token there, in ms (kv_time_score.go, router/latency):
 // the prefill queued ahead, the request's own uncached prefill with its attention over the
 // cached context, the running decodes' share of those steps and a KV-pressure term, plus the
 // fleet term (this prefill stretches the steps of the target's running decodes), minus the
