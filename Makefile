@@ -93,7 +93,7 @@ sweep: setup build
 
 # Three kvgate replicas sharing NATS behind HAProxy (round robin), an agentic trace replayed
 # through them: scripts/replicas.sh (REPLICAS, NATS, STOP_NATS_AT, COLD_REPLICA, COMPARE; see
-# README "Replicas").
+# docs/replicas.md).
 replicas: setup build
 	BIN=bin SKIP_BUILD=1 scripts/replicas.sh $(TRACE)
 

@@ -13,7 +13,7 @@ type conversation struct {
 	history []Message // ContextDeltas: sent turns plus live replies
 
 	// ContextWeka reconstruction state (aiperf src/aiperf/dataset/loader/weka_trace_models.py;
-	// README "Trace formats").
+	// docs/benchmarking.md "Trace formats").
 	segs    []wekaMsg
 	prevIDs []int64
 	prevOut int

@@ -102,7 +102,7 @@ func checkTrace(t *testing.T, path string, w traceWant) {
 }
 
 // TestLoadEmbeddedTraces loads every trace file under testdata/traces and checks it against an
-// independent reading of it (mooncake_trace and Weka / cc-traces formats, README "Trace formats").
+// independent reading of it (mooncake_trace and Weka / cc-traces formats, docs/benchmarking.md "Trace formats").
 func TestLoadEmbeddedTraces(t *testing.T) {
 	seen := 0
 	err := filepath.WalkDir(embeddedTraces, func(p string, d os.DirEntry, err error) error {

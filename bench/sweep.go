@@ -89,7 +89,7 @@ func (c *sweepCell) median(get func(*Summary) float64) float64 { return c.stat(g
 // meanOverRuns is get averaged over the cell's runs. The median of a few runs is one of them,
 // so when runs vary independently the mean moves less from sweep to sweep: the ratio of the
 // mean TTFTs averaged over runs is the one to compare when asking whether a sweep repeats
-// (README, "Five runs per level").
+// (docs/benchmarks/2026-12-04-issue-load-sweep.md, "Five runs per level").
 func (c *sweepCell) meanOverRuns(get func(*Summary) float64) float64 { return c.stat(get).Avg }
 
 // sweepCells groups the points into one cell per policy and level, and returns the policy

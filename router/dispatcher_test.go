@@ -109,7 +109,7 @@ func TestDispatcherDryRunAccountsNothing(t *testing.T) {
 			t.Fatalf("dry run accounted state on %v", c.Target)
 		}
 	}
-	// The record serialises with the fixed keys documented in the README ("POST /debug/route").
+	// The record serialises with the fixed keys documented in docs/operations.md ("POST /debug/route").
 	raw, err := json.Marshal(d)
 	if err != nil {
 		t.Fatal(err)

@@ -15,7 +15,7 @@ import (
 	"github.com/kvgate/kvgate/router"
 )
 
-// routeDebug is the body of POST /debug/route: the decision record (fixed fields; README,
+// routeDebug is the body of POST /debug/route: the decision record (fixed fields; docs/operations.md,
 // "POST /debug/route") plus what the gateway read from the request.
 type routeDebug struct {
 	router.Decision
@@ -98,7 +98,7 @@ type targetView struct {
 	State     string `json:"state"` // health: unknown, healthy, ejected
 	LastError string `json:"last_error,omitempty"`
 	InFlight  int    `json:"in_flight"`
-	// Mode is the router's TargetView.Mode, here so that the keys keep the order the README
+	// Mode is the router's TargetView.Mode, here so that the keys keep the order docs/operations.md
 	// shows (the shallower field wins over the embedded one in encoding/json).
 	Mode string `json:"mode,omitempty"`
 	// KVEvents is the configured event endpoint ("" = none: approximate mode only).

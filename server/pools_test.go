@@ -85,7 +85,7 @@ func TestPoolsRouteByModel(t *testing.T) {
 			resp, data := g.post(t, pathChat, body, nil)
 			if tc.model == "a-latest" {
 				// The alias reaches the worker unchanged; this worker does not serve it (the
-				// README says to give the workers every alias): its own 404 proves the route.
+				// docs/routing.md says to give the workers every alias): its own 404 proves the route.
 				if resp.StatusCode != http.StatusNotFound || resp.Header.Get("X-Kvgate-Worker") != tc.worker {
 					t.Fatalf("%d from %q: %s", resp.StatusCode, resp.Header.Get("X-Kvgate-Worker"), data)
 				}

@@ -211,7 +211,7 @@ type Prompt struct {
 }
 
 // BlockHashes returns the chained hashes of the prompt's full blocks with its cache salt and
-// LoRA folded in (see the README's "Keys").
+// LoRA folded in (see docs/routing.md, "Keys").
 func (p *Prompt) BlockHashes(blockSize int) []kvkey.BlockHash {
 	return SequenceHashes(p.LocalHashes(blockSize))
 }

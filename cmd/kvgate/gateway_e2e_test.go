@@ -139,7 +139,7 @@ func TestGatewayRoutesRepeatsToTheCache(t *testing.T) {
 	}
 }
 
-// TestDebugRouteContract pins POST /debug/route's documented JSON (README, "POST /debug/route"):
+// TestDebugRouteContract pins POST /debug/route's documented JSON (docs/operations.md, "POST /debug/route"):
 // fixed fields with per-candidate tiers, mode and cost; a dry run sends nothing, accounts no load
 // and creates no session; the session headers it saw are echoed.
 func TestDebugRouteContract(t *testing.T) {

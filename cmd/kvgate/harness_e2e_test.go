@@ -271,7 +271,7 @@ func (f *fleet) post(path string, body any, h map[string]string) (int, http.Head
 	return resp.StatusCode, resp.Header, b
 }
 
-// routeJSON is the documented POST /debug/route body (README, "POST /debug/route").
+// routeJSON is the documented POST /debug/route body (docs/operations.md, "POST /debug/route").
 type routeJSON struct {
 	PromptTokens int    `json:"prompt_tokens"`
 	PromptBlocks int    `json:"prompt_blocks"`

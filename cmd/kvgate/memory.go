@@ -11,7 +11,7 @@ import (
 
 // memoryCollector reports every bounded cache's byte budget and estimated bytes in use
 // (kvgate_memory_budget_bytes{cache}, kvgate_memory_used_bytes{cache}), read at scrape time.
-// The README lists the caches and their default budgets.
+// docs/operations.md ("Memory budgets") lists the caches and their default budgets.
 type memoryCollector struct {
 	targets    func() int // worker+ranks in the fleet: per-target budgets are multiplied by it
 	dispatcher *router.Dispatcher

@@ -101,7 +101,7 @@ func (r *loadReplica) stopAll(cancel context.CancelFunc, wg *sync.WaitGroup, rt 
 	reg.Close()
 }
 
-// peersJSON is a target's peers object in GET /debug/workers (README, "Shared in-flight load").
+// peersJSON is a target's peers object in GET /debug/workers (docs/replicas.md, "Shared in-flight load").
 type peersJSON struct {
 	Worker string `json:"worker"`
 	Peers  *struct {

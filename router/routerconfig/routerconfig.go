@@ -166,7 +166,7 @@ type Latency struct {
 	// gateway measures), worker_prefill and worker_step (the worker's own prefill-time and
 	// inter-token-latency histograms, per scrape window), gateway_itl (the time between relayed
 	// stream events). Default gateway_ttft only: with the worker's sources on as well, kv
-	// captured less of the cache on the simulator (README, "The fit's sources").
+	// captured less of the cache on the simulator (docs/routing.md, the `latency.learn_from` row).
 	LearnFrom []string `yaml:"learn_from"`
 	// Forgetting is the fit's forgetting factor λ in (0, 1] (default 0.997: a memory of ~330
 	// requests). Lower tracks changes faster and is noisier.

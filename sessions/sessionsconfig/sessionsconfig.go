@@ -22,7 +22,7 @@ const (
 )
 
 // Config names the request headers that carry session identity (first match wins, see the
-// README's sessions section) and configures session affinity and parent-aware placement
+// docs/sessions.md) and configures session affinity and parent-aware placement
 // (KV-aware policies only). Every field is used as given: zero is a value, not "use the
 // default" (affinity_blocks 0 or parent_blocks 0 turn that hint off); start from Default.
 type Config struct {

@@ -13,7 +13,7 @@ import (
 )
 
 // The goldens are produced by scripts/goldens/gen-tokens.mjs with the real HF tokenizers (Rust)
-// through the npm binding @anush008/tokenizers (README, "Token goldens and benchmarks").
+// through the npm binding @anush008/tokenizers (docs/tokenization.md, "Token goldens and benchmarks").
 
 var goldenModels = []string{"qwen3", "llama3_1", "deepseek_v3", "gptoss", "gemma3"}
 
