@@ -205,6 +205,17 @@ func (c *Config) validateAuth(bad func(key, format string, args ...any)) {
 			}
 			names[k.Name] = i
 		}
+		for _, f := range []struct {
+			name string
+			v    int
+		}{{"requests_per_minute", k.RequestsPerMinute}, {"tokens_per_minute", k.TokensPerMinute}, {"max_concurrent", k.MaxConcurrent}, {"burst", k.Burst}} {
+			if f.v < 0 {
+				bad(at+"."+f.name, "must be 0 (no limit) or positive, got %d", f.v)
+			}
+		}
+		if k.Burst > 0 && k.RequestsPerMinute == 0 && k.TokensPerMinute == 0 {
+			bad(at+".burst", "is set but neither requests_per_minute nor tokens_per_minute is (burst sizes their buckets)")
+		}
 		if k.CacheGroup != "" && !keyNamePattern.MatchString(k.CacheGroup) {
 			bad(at+".cache_group", "%q must be 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit", k.CacheGroup)
 		}

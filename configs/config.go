@@ -123,6 +123,21 @@ type ClientKey struct {
 	Name string `yaml:"name"`
 	// CacheGroup, when set, shares one cache salt among the keys that name the same group.
 	CacheGroup string `yaml:"cache_group"`
+	// RequestsPerMinute limits the key's requests to the inference endpoints (a token bucket
+	// refilled continuously at this rate, holding at most Burst); over it the answer is 429 with
+	// Retry-After. With replicas on NATS the limit is the fleet's. 0 (the default) is no limit.
+	RequestsPerMinute int `yaml:"requests_per_minute"`
+	// TokensPerMinute limits the key's tokens (prompt plus max_tokens, 1,024 when the request
+	// names none, corrected by the worker's usage when the response ends), as a token bucket
+	// like RequestsPerMinute's. 0 (the default) is no limit.
+	TokensPerMinute int `yaml:"tokens_per_minute"`
+	// MaxConcurrent bounds the key's requests in flight (admitted and not finished, across the
+	// fleet with replicas); over it the answer is 429. 0 (the default) is no bound.
+	MaxConcurrent int `yaml:"max_concurrent"`
+	// Burst is the most requests the key may send at once: the size of the requests bucket. The
+	// tokens bucket holds the same span of time at its own rate (or Burst tokens without
+	// RequestsPerMinute). 0 (the default) is one second of each rate, at least 1.
+	Burst int `yaml:"burst"`
 }
 
 // The auth.cache_isolation values.
