@@ -42,11 +42,20 @@ func (s *Server) handleCompletion(endpoint string) gin.HandlerFunc {
 			fail(e)
 			return
 		}
-		p, in, rreq, e := s.prepare(c.Request.Context(), endpoint, body, c.Request.Header, tenantOf(c))
+		tn := tenantOf(c)
+		p, in, rreq, e := s.prepare(c.Request.Context(), endpoint, body, c.Request.Header, tn)
 		if e != nil {
 			fail(e)
 			return
 		}
+		// The key's limits come before the routing side and any queue: a refused request
+		// occupies neither.
+		release, e := s.admitLimits(c, tn, tokenEstimate(in, rreq.PromptTokens))
+		if e != nil {
+			fail(e)
+			return
+		}
+		defer release()
 		// The routing side hears the request before its first attempt; end runs after its
 		// last (an end-of-session request releases its session then).
 		end := p.Router.Start(rreq)

@@ -121,6 +121,15 @@ func (s *Server) handleCountTokens(c *gin.Context) {
 		return
 	}
 	if p.Enricher == nil || rreq.BlockHashes == nil && rreq.PromptTokens == 0 {
+		// Forwarded to a worker: a request like any other for the key's limits (counted
+		// locally it costs no worker anything and is not limited).
+		release, e := s.admitLimits(c, tenantOf(c), tokenEstimate(in, rreq.PromptTokens))
+		if e != nil {
+			code = e.Status
+			writeError(c, e)
+			return
+		}
+		defer release()
 		end := p.Router.Start(rreq)
 		defer end()
 		code = s.proxy(c, p, in, rreq, start, false)

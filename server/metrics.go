@@ -22,6 +22,7 @@ type metrics struct {
 	workerRequests *prometheus.CounterVec   // worker, code
 	disconnects    *prometheus.CounterVec   // endpoint
 	authFailures   *prometheus.CounterVec   // listener
+	limited        *prometheus.CounterVec   // reason
 }
 
 // Upstream error kinds.
@@ -71,9 +72,12 @@ func newMetrics(fleet func() []*workers.Worker, prom *prometheus.Registry) *metr
 		authFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvgate_auth_failures_total", Help: "Requests refused with 401 for a missing or wrong key, by listener: client (auth.api_keys) or admin (admin_token).",
 		}, []string{"listener"}),
+		limited: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvgate_key_limited_total", Help: "Requests refused with 429 by their client key's limits (auth.keys), by reason: requests, tokens, concurrency.",
+		}, []string{"reason"}),
 	}
 	m.reg.MustRegister(m.requests, m.inFlight, m.ttfb, m.duration, m.upstreamErrors, m.retries,
-		m.workerRequests, m.disconnects, m.authFailures, newWorkerCollector(fleet),
+		m.workerRequests, m.disconnects, m.authFailures, m.limited, newWorkerCollector(fleet),
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

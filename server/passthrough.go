@@ -70,6 +70,17 @@ func (s *Server) handlePassthrough(c *gin.Context) {
 		writeError(c, e)
 		return
 	}
+	if c.Request.Method == http.MethodPost {
+		// Work for a worker: one request, and a quarter of the body's bytes as its tokens (the
+		// gateway does not tokenize these bodies).
+		release, e := s.admitLimits(c, tenantOf(c), len(body)/4)
+		if e != nil {
+			code = e.Status
+			writeError(c, e)
+			return
+		}
+		defer release()
+	}
 	tried := map[string]bool{}
 	var last *apiError
 	for attempt := 0; attempt <= s.cfg.Proxy.MaxRetries; attempt++ {

@@ -251,6 +251,7 @@ func (s *Server) attempt(c *gin.Context, a *call) (res outcome, code int, e *api
 		if u, ok := a.uc.usage(); ok {
 			a.life.UsageSeen(u)
 		}
+		s.correctLimits(c, a.uc)
 	}
 	return res, code, e
 }

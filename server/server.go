@@ -16,6 +16,7 @@ import (
 
 	"github.com/kvgate/kvgate/apireq"
 	"github.com/kvgate/kvgate/configs"
+	"github.com/kvgate/kvgate/keylimits"
 	"github.com/kvgate/kvgate/router"
 	"github.com/kvgate/kvgate/workers"
 )
@@ -74,11 +75,12 @@ type Server struct {
 	engine   *gin.Engine // the client listener: OpenAI API, /health, /metrics
 	admin    *gin.Engine // the admin listener: /debug/*
 
-	clientKeys keySet         // empty: the client listener is open
-	tenants    *tenants       // the client keys' names and cache salts, in clientKeys order
-	adminToken keySet         // empty: the admin listener is open
-	tokenize   *tokenizeSlots // caps concurrent enrichments (tokenizations)
-	items      *itemIndex     // Responses output item → the stored response holding it
+	clientKeys keySet             // empty: the client listener is open
+	tenants    *tenants           // the client keys' names and cache salts, in clientKeys order
+	limits     *keylimits.Limiter // the client keys' limits (nil: no key has any)
+	adminToken keySet             // empty: the admin listener is open
+	tokenize   *tokenizeSlots     // caps concurrent enrichments (tokenizations)
+	items      *itemIndex         // Responses output item → the stored response holding it
 	details    []HealthDetail
 	checks     []ReadinessCheck // what GET /ready asks besides the shutdown phase
 
@@ -129,6 +131,7 @@ func New(opts Options) (*Server, error) {
 	if s.tenants, err = newTenants(opts.Config, entries); err != nil {
 		return nil, fmt.Errorf("server: %w", err)
 	}
+	s.limits = newKeyLimiter(entries, opts.Config.Cluster.PeerTimeout.D())
 	if opts.Config.AdminToken != "" {
 		s.adminToken = newKeySet([]string{opts.Config.AdminToken})
 	}
@@ -143,7 +146,7 @@ func New(opts Options) (*Server, error) {
 		e.Use(s.cors(o))
 	}
 	if len(s.clientKeys) > 0 {
-		e.Use(s.clientAuth, s.identifyTenant)
+		e.Use(s.clientAuth, s.identifyTenant, s.limitHeaders)
 	}
 	e.POST(pathChat, s.handleCompletion(pathChat))
 	e.POST(pathCompletions, s.handleCompletion(pathCompletions))
