@@ -30,7 +30,7 @@ type Record struct {
 
 	StartOffset time.Duration `json:"-"` // request start since the run started
 	TTFT        time.Duration `json:"-"` // first content chunk - start
-	Latency     time.Duration `json:"-"` // last content chunk - start
+	Latency     time.Duration `json:"-"` // last content chunk - start; failed without content: failure - start
 	Chunks      int           `json:"content_chunks"`
 
 	PromptTokens int  `json:"prompt_tokens"`

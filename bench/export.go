@@ -61,6 +61,7 @@ func recordLine(r *Record) RecordLine {
 			Type    string `json:"type"`
 			Message string `json:"message"`
 		}{r.ErrorKind, r.Error}
+		l.Metrics["time_to_error"] = valueUnit{ms(r.Latency), "ms"}
 		return l
 	}
 	l.Metrics["time_to_first_token"] = valueUnit{ms(r.TTFT), "ms"}
@@ -171,6 +172,13 @@ func WriteCSV(w io.Writer, s *Summary) error {
 	_ = cw.Write([]string{"Total Usage Prompt Tokens", strconv.Itoa(s.TotalUsagePromptTokens)})
 	_ = cw.Write([]string{"Total Usage Prompt Cache Read Tokens", strconv.Itoa(s.TotalUsagePromptCacheReadTokens)})
 	_ = cw.Write([]string{"Benchmark Duration (sec)", f(s.BenchmarkDuration)})
+	_ = cw.Write([]string{"Run Duration (sec)", f(s.RunDuration)})
+	if s.InputConfig.GoodputTTFTMS > 0 {
+		_ = cw.Write([]string{"Goodput TTFT Limit (ms)", f(s.InputConfig.GoodputTTFTMS)})
+		_ = cw.Write([]string{"Good Request Count", strconv.Itoa(s.GoodRequestCount)})
+		_ = cw.Write([]string{"Goodput (requests/sec)", f(s.Goodput)})
+	}
+	_ = cw.Write([]string{"Oldest Request Age (ms)", f(s.OldestRequestAgeMS)})
 	for _, k := range sortedCounts(s.ErrorSummary) {
 		_ = cw.Write([]string{"Errors: " + k, strconv.Itoa(s.ErrorSummary[k])})
 	}
@@ -259,6 +267,7 @@ func compareRows() []compareRow {
 		{"latency p90", func(s *Summary) float64 { return s.RequestLatency.P90 }, true, "ms"},
 		{"output tok/s", func(s *Summary) float64 { return s.OutputTokenThroughput.Avg }, false, "tok/s"},
 		{"requests/s", func(s *Summary) float64 { return s.RequestThroughput.Avg }, false, "req/s"},
+		{"goodput", func(s *Summary) float64 { return s.Goodput }, false, "req/s"},
 		{"cached ratio", func(s *Summary) float64 { return s.CachedTokenRatio }, false, ""},
 		{"theoretical hit", func(s *Summary) float64 { return s.TheoreticalPrefixCacheHit }, false, ""},
 		{"captured of theoretical", func(s *Summary) float64 { return s.CapturedCacheFraction }, false, ""},

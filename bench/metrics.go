@@ -93,8 +93,21 @@ type Summary struct {
 	// Missed splits the theoretical hit the workers did not report (theoretical cacheable
 	// minus cached, per request, when positive) by where the request went; nil unless every
 	// request counted names its worker.
-	Missed             *MissedCache   `json:"missed_cache,omitempty"`
-	BenchmarkDuration  float64        `json:"benchmark_duration"`
+	Missed            *MissedCache `json:"missed_cache,omitempty"`
+	BenchmarkDuration float64      `json:"benchmark_duration"`
+	// RunDuration is the run's wall time in seconds, from its start to the end of its last
+	// request, failed ones included: the time the offered work took, over which goodput is
+	// counted.
+	RunDuration float64 `json:"run_duration"`
+	// GoodRequestCount counts the successful requests whose TTFT was under
+	// InputConfig.GoodputTTFTMS, and Goodput is that count per second of RunDuration (issue 33's
+	// "requests per second finishing with TTFT under 2 s"). A rejected or failed request is never
+	// good. Both 0 when the run had no TTFT limit.
+	GoodRequestCount int     `json:"good_request_count"`
+	Goodput          float64 `json:"goodput"`
+	// OldestRequestAgeMS is the longest any request waited for its answer to begin: its TTFT
+	// when it succeeded, the time to its error otherwise (a gateway's 429 or 503, a timeout).
+	OldestRequestAgeMS float64        `json:"oldest_request_age_ms"`
 	ErrorSummary       map[string]int `json:"error_summary"`
 	WorkerDistribution map[string]int `json:"worker_distribution"`
 	ContextResets      int            `json:"context_resets"`
@@ -188,6 +201,13 @@ type InputConfig struct {
 	MaxRequests    int     `json:"max_requests,omitempty"`
 	SessionHeaders string  `json:"session_headers"`
 	Policy         string  `json:"policy,omitempty"`
+	// GoodputTTFTMS is the TTFT under which a successful request counts towards goodput, in ms
+	// (kvbench --goodput-ttft; 0 = no goodput).
+	GoodputTTFTMS float64 `json:"goodput_ttft_ms,omitempty"`
+	// OfferedRequestRate is the requests per second the schedule asks for if every answer were
+	// instant (fixed mode: the requests sent over the trace's scaled zero-latency span,
+	// Trace.Span); closed-loop sessions send slower when answers take time. 0 when unknown.
+	OfferedRequestRate float64 `json:"offered_request_rate,omitempty"`
 }
 
 // SchemaVersion tags kvbench summaries.
@@ -202,19 +222,27 @@ func Summarize(label string, cfg InputConfig, res *Result) *Summary {
 	var ttft, itl, lat, isl, osl []float64
 	first, last := time.Duration(math.MaxInt64), time.Duration(0)
 	totalOut, hit, blocks, capturedCached := 0, 0, 0, 0
+	limit := time.Duration(cfg.GoodputTTFTMS * float64(time.Millisecond))
+	var end time.Duration // the end of the last request, failed ones included
 	for i := range res.Records {
 		r := &res.Records[i]
 		hit += r.TheoreticalHit
 		blocks += r.TraceBlocks
+		end = max(end, r.StartOffset+r.Latency)
 		if r.Worker != "" {
 			s.WorkerDistribution[r.Worker]++
 		}
 		if !r.OK() {
 			s.ErrorCount++
 			s.ErrorSummary[r.ErrorKind]++
+			s.OldestRequestAgeMS = max(s.OldestRequestAgeMS, ms(r.Latency))
 			continue
 		}
 		s.RequestCount++
+		s.OldestRequestAgeMS = max(s.OldestRequestAgeMS, ms(r.TTFT))
+		if limit > 0 && r.TTFT < limit {
+			s.GoodRequestCount++
+		}
 		first = min(first, r.StartOffset)
 		last = max(last, r.StartOffset+r.Latency)
 		ttft = append(ttft, ms(r.TTFT))
@@ -253,6 +281,10 @@ func Summarize(label string, cfg InputConfig, res *Result) *Summary {
 		s.CapturedOfCapacity = float64(capturedCached) / float64(s.CapacityCacheableTokens)
 	}
 	s.Missed = missedCache(res.Records, cfg.BlockSize, s.TheoreticalCacheableTokens)
+	s.RunDuration = end.Seconds()
+	if s.RunDuration > 0 {
+		s.Goodput = float64(s.GoodRequestCount) / s.RunDuration
+	}
 	s.OutputTokenThroughput = Stat{Unit: "tokens/sec"}
 	s.RequestThroughput = Stat{Unit: "requests/sec"}
 	if s.RequestCount > 0 && last > first {

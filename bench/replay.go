@@ -336,6 +336,11 @@ func (r *runner) send(ctx context.Context, s *Session, k int, corr, parentCorr s
 		}
 		r.snd.send(rctx, raw, hdr, &rec)
 		cancel()
+		if !rec.OK() && rec.Latency == 0 {
+			// A failed request's latency is the time to its failure (a 429 or 503, a timeout):
+			// how long it waited for an answer (Summary.OldestRequestAgeMS).
+			rec.Latency = time.Since(r.t0) - rec.StartOffset
+		}
 	}
 	if !rec.OK() {
 		r.opts.Logger.Debug("request failed", "session", s.ID, "turn", k, "kind", rec.ErrorKind, "error", rec.Error)

@@ -55,6 +55,7 @@ func sweepMetrics() []sweepMetric {
 		{"TTFT mean", "ms", func(s *Summary) float64 { return s.TimeToFirstToken.Avg }},
 		{"TTFT p90", "ms", func(s *Summary) float64 { return s.TimeToFirstToken.P90 }},
 		{"request throughput", "req/s", func(s *Summary) float64 { return s.RequestThroughput.Avg }},
+		{"goodput", "req/s", func(s *Summary) float64 { return s.Goodput }},
 		{"output throughput", "tok/s", func(s *Summary) float64 { return s.OutputTokenThroughput.Avg }},
 	}
 }
@@ -207,7 +208,7 @@ func WriteSweepMarkdown(w io.Writer, points []SweepPoint) error {
 	return err
 }
 
-// WriteSweepReport writes a self-contained HTML page: mean and p90 TTFT, request and output
+// WriteSweepReport writes a self-contained HTML page: mean and p90 TTFT, request throughput, goodput and output
 // throughput against offered load, one curve per policy, and the table.
 func WriteSweepReport(w io.Writer, title string, points []SweepPoint) error {
 	if len(points) == 0 {

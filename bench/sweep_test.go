@@ -32,7 +32,7 @@ func TestParseSweepLevel(t *testing.T) {
 }
 
 // TestSweepReport: one row per policy and level, ordered by policy (first seen) then load,
-// and one curve per policy in each of the four charts, with a marker per load level.
+// and one curve per policy in each of the five charts, with a marker per load level.
 func TestSweepReport(t *testing.T) {
 	run := func(label string, ttft, rps float64) *Run {
 		return &Run{Summary: &Summary{Label: label, TimeToFirstToken: Stat{Avg: ttft, P90: 2 * ttft},
@@ -67,11 +67,11 @@ func TestSweepReport(t *testing.T) {
 		t.Fatal(err)
 	}
 	h := html.String()
-	if n := strings.Count(h, "<polyline"); n != 4*2 {
-		t.Errorf("%d curves, want 4 charts × 2 policies", n)
+	if n := strings.Count(h, "<polyline"); n != 5*2 {
+		t.Errorf("%d curves, want 5 charts × 2 policies", n)
 	}
-	if n := strings.Count(h, `r="4"`); n != 4*6 {
-		t.Errorf("%d markers, want one per point per chart (24)", n)
+	if n := strings.Count(h, `r="4"`); n != 5*6 {
+		t.Errorf("%d markers, want one per point per chart (30)", n)
 	}
 	if err := WriteSweepMarkdown(&md, nil); err == nil {
 		t.Error("empty sweep: no error")
@@ -140,7 +140,7 @@ func TestSweepRepeats(t *testing.T) {
 	if err := WriteSweepReport(&html, "sweep", points); err != nil {
 		t.Fatal(err)
 	}
-	if n := strings.Count(html.String(), `r="4"`); n != 4*5 {
-		t.Errorf("%d markers, want one per policy and level per chart (20)", n)
+	if n := strings.Count(html.String(), `r="4"`); n != 5*5 {
+		t.Errorf("%d markers, want one per policy and level per chart (25)", n)
 	}
 }
