@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -291,5 +292,30 @@ func TestRepeat(t *testing.T) {
 	if c.ID != "trace_0291#2" || c.Start != 4*time.Second || c.Namespace == tr.Sessions[0].Namespace ||
 		c.Children[0].ParentID != c.ID || c.Children[0].Namespace != c.Namespace || tr.Sessions[0].Children[0].ParentID != "trace_0291" {
 		t.Errorf("copy 2 = %s start %v ns %q child parent %s", c.ID, c.Start, c.Namespace, c.Children[0].ParentID)
+	}
+}
+
+// TestRepeatFrom: copies numbered from first never share ids or namespaces with copies of
+// another range, and the first of them starts on time.
+func TestRepeatFrom(t *testing.T) {
+	tr, err := Load(filepath.Join(embeddedTraces, "trace_0291.json"), LoadOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	light, heavy := tr.RepeatFrom(0, 1, time.Second), tr.RepeatFrom(1, 3, time.Second)
+	if light != tr {
+		t.Error("copy 0 alone is the trace itself")
+	}
+	if len(heavy.Sessions) != 3 {
+		t.Fatalf("%d roots, want 3", len(heavy.Sessions))
+	}
+	for k, s := range heavy.Sessions {
+		wantID := fmt.Sprintf("trace_0291#%d", k+1)
+		if s.ID != wantID || s.Start != time.Duration(k)*time.Second || s.Namespace == tr.Sessions[0].Namespace {
+			t.Errorf("copy %d = %s start %v ns %q; want %s at %v in its own namespace", k, s.ID, s.Start, s.Namespace, wantID, time.Duration(k)*time.Second)
+		}
+	}
+	if one := tr.RepeatFrom(4, 1, 0); len(one.Sessions) != 1 || one.Sessions[0].ID != "trace_0291#4" {
+		t.Errorf("one copy from 4: %d roots, first %s", len(one.Sessions), one.Sessions[0].ID)
 	}
 }

@@ -172,13 +172,20 @@ func secDuration(s float64) time.Duration { return time.Duration(s * float64(tim
 // namespace (copies never share blocks) and its start shifted by i*stagger. Turns are shared
 // read-only with the original.
 func (t *Trace) Repeat(n int, stagger time.Duration) *Trace {
-	if n <= 1 {
+	return t.RepeatFrom(0, n, stagger)
+}
+
+// RepeatFrom is Repeat with the copies numbered from first: copies first..first+n-1, the k-th
+// of them started k*stagger late. Two kvbench processes given disjoint ranges replay users
+// that never share prompts (two tenants of one trace, for example).
+func (t *Trace) RepeatFrom(first, n int, stagger time.Duration) *Trace {
+	if n <= 1 && first == 0 {
 		return t
 	}
 	out := &Trace{Source: t.Source, Format: t.Format, BlockSize: t.BlockSize}
-	for i := range n {
+	for k := range max(n, 1) {
 		for _, s := range t.Sessions {
-			out.Sessions = append(out.Sessions, s.copyAs(i, time.Duration(i)*stagger))
+			out.Sessions = append(out.Sessions, s.copyAs(first+k, time.Duration(k)*stagger))
 		}
 	}
 	return out
