@@ -28,8 +28,10 @@ usage:
   kvbench run --url URL --model NAME --tokenizer DIR --trace FILE|DIR --out DIR [flags]
   kvbench compare [--html FILE] [--png FILE] [--title T] RUN.json|RUNDIR ...
   kvbench sweep [--html FILE] [--md FILE] [--title T] USERS:SCALE=RUN.json|RUNDIR ...
+  kvbench capacity [--ttft-p90 2s] [--multiples 1,1.5,2] RUN.json|RUNDIR ...
+  kvbench overload [--md FILE] [--baseline round_robin] LEVEL=RUN.json|RUNDIR ...
 
-run "kvbench run -h", "kvbench compare -h" or "kvbench sweep -h" for the flags.
+run "kvbench <command> -h" for the flags.
 `
 
 func main() {
@@ -57,6 +59,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, logger *s
 		return compareCmd(args[1:], stdout, stderr)
 	case "sweep":
 		return sweepCmd(args[1:], stdout, stderr)
+	case "capacity":
+		return capacityCmd(args[1:], stdout, stderr)
+	case "overload":
+		return overloadCmd(args[1:], stdout, stderr)
 	case "-h", "--help", "help":
 		fmt.Fprint(stdout, usage)
 		return nil
@@ -97,8 +103,10 @@ func runCmd(ctx context.Context, args []string, stdout, stderr io.Writer, logger
 	verify := fs.Int("verify-blocks", 32, "check this many synthetic blocks against --tokenizer for exact size and stable boundaries")
 	quiet := fs.Bool("quiet", false, "no progress display")
 	repeat := fs.Int("repeat", 1, "replay every session tree N times as independent users (own hash namespaces)")
+	repeatFrom := fs.Int("repeat-first", 0, "number the --repeat copies from this one (copy 0 is the trace itself): processes given disjoint ranges never share prompts")
 	stagger := fs.Duration("repeat-stagger", 0, "start copy i of --repeat this much later than copy i-1 (trace time, scaled)")
 	capacity := fs.Int("capacity-tokens", 0, "the fleet's whole GPU cache in tokens (workers × num_gpu_blocks × block_size): also report the hit a pooled LRU cache of that size would have had, and the fraction of it the run captured (0 = off)")
+	goodTTFT := fs.Duration("goodput-ttft", 2*time.Second, "a successful request counts towards goodput when its TTFT is under this (0 = no goodput)")
 	bodiesOut := fs.String("bodies-out", "", "write every request body sent to this file, one JSON object a line (to replay the same prompts elsewhere, e.g. POST /debug/route)")
 	var hdrs headerFlags
 	fs.Var(&hdrs, "H", `extra request header "Name: value" (repeatable)`)
@@ -121,7 +129,10 @@ func runCmd(ctx context.Context, args []string, stdout, stderr io.Writer, logger
 	if err != nil {
 		return err
 	}
-	tr = tr.Repeat(*repeat, *stagger)
+	if *repeatFrom < 0 {
+		return fmt.Errorf("--repeat-first %d: want >= 0", *repeatFrom)
+	}
+	tr = tr.RepeatFrom(*repeatFrom, *repeat, *stagger)
 	synth, enc, err := newSynth(*tokDir, tr.BlockSize)
 	if err != nil {
 		return err
@@ -155,6 +166,9 @@ func runCmd(ctx context.Context, args []string, stdout, stderr io.Writer, logger
 		TimeScale: *timeScale, MaxRequests: *maxReq, MaxOutputTokens: *maxOut, SessionHeaders: *sessHdr,
 		NvextSession: *nvext, IgnoreEOS: *ignoreEOS, Timeout: *timeout, APIKey: os.Getenv("OPENAI_API_KEY"), Headers: headers, Logger: logger,
 		CapacityBlocks: *capacity / max(tr.BlockSize, 1)}
+	if *goodTTFT < 0 {
+		return fmt.Errorf("--goodput-ttft %v: want 0 (off) or a duration", *goodTTFT)
+	}
 	if *capacity < 0 {
 		return fmt.Errorf("--capacity-tokens %d: want 0 (off) or a token count", *capacity)
 	}
@@ -188,7 +202,10 @@ func runCmd(ctx context.Context, args []string, stdout, stderr io.Writer, logger
 	}
 	cfg := bench.InputConfig{URL: *url, Model: opts.Model, Trace: *tracePath, Format: tr.Format, API: apiKind, BlockSize: tr.BlockSize,
 		Mode: m, Concurrency: *conc, RequestRate: *rate, TimeScale: *timeScale, MaxRequests: *maxReq,
-		SessionHeaders: *sessHdr, Policy: *policy}
+		SessionHeaders: *sessHdr, Policy: *policy, GoodputTTFTMS: float64(*goodTTFT) / float64(time.Millisecond)}
+	if m == bench.ModeFixed && (*maxReq == 0 || *maxReq >= tr.RequestCount()) {
+		cfg.OfferedRequestRate = tr.OfferedRate(total, *timeScale)
+	}
 	sum := bench.Summarize(*label, cfg, res)
 	if werr := bench.WriteOutputs(*out, sum, res); werr != nil {
 		return werr
