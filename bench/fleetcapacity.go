@@ -2,7 +2,6 @@ package bench
 
 import (
 	"fmt"
-	"math"
 	"slices"
 )
 
@@ -11,8 +10,9 @@ type CapacityPoint struct {
 	Label string
 	// Rate is the offered request rate (Summary.InputConfig.OfferedRequestRate).
 	Rate float64
-	// TimeScale is the run's kvbench --time-scale.
+	// TimeScale is the run's kvbench --time-scale and Users its --repeat.
 	TimeScale float64
+	Users     int
 	// P90MS is the run's TTFT p90.
 	P90MS float64
 	// Throughput is the run's achieved request throughput (req/s).
@@ -27,21 +27,29 @@ type FleetCapacity struct {
 	Rate float64
 	// Below is the fastest run under the limit before the first crossing, Above the run after it.
 	Below, Above CapacityPoint
-	// rateTimesScale is Rate × time scale for these runs (constant for one trace and --repeat):
-	// TimeScaleFor turns a rate back into a time scale with it.
-	rateTimesScale float64
+	// perUser is the offered rate of one user at time scale 1 (rate × time scale ÷ users, one
+	// value for one trace; users started --repeat-stagger apart make it vary with their number,
+	// so it is the mean of Below's and Above's): UsersFor and TimeScaleFor turn a rate back into
+	// a load with it.
+	perUser float64
 }
 
-// TimeScaleFor is the kvbench --time-scale that offers multiple × Rate with the same trace and
-// --repeat as the runs the capacity was found from.
-func (c FleetCapacity) TimeScaleFor(multiple float64) float64 {
-	return c.rateTimesScale / (multiple * c.Rate)
+// TimeScaleFor is the kvbench --time-scale at which users users of the runs' trace offer
+// multiple × Rate.
+func (c FleetCapacity) TimeScaleFor(multiple float64, users int) float64 {
+	return c.perUser * float64(users) / (multiple * c.Rate)
+}
+
+// UsersFor is the number of users (kvbench --repeat, fractional: round it) of the runs' trace
+// that offer multiple × Rate at the time scale.
+func (c FleetCapacity) UsersFor(multiple, timeScale float64) float64 {
+	return multiple * c.Rate * timeScale / c.perUser
 }
 
 // FindCapacity finds the offered rate at which the runs' TTFT p90 first passes limitMS, in
-// order of rate. The runs must be of one trace and --repeat (their rate × time scale agrees
-// within 1%), so that a rate maps to a time scale. It fails when the p90 is over the limit at
-// the lowest rate (capacity lies below the runs) or never passes it (above them).
+// order of rate. The runs must be of one trace, so that a rate maps back to users and a time
+// scale. It fails when the p90 is over the limit at the lowest rate (capacity lies below the
+// runs) or never passes it (above them).
 func FindCapacity(points []CapacityPoint, limitMS float64) (FleetCapacity, error) {
 	if len(points) < 2 {
 		return FleetCapacity{}, fmt.Errorf("capacity: need runs at two rates at least, have %d", len(points))
@@ -56,14 +64,9 @@ func FindCapacity(points []CapacityPoint, limitMS float64) (FleetCapacity, error
 		}
 		return 0
 	})
-	k := ps[0].Rate * ps[0].TimeScale
 	for _, p := range ps {
 		if !(p.Rate > 0) || !(p.TimeScale > 0) {
 			return FleetCapacity{}, fmt.Errorf("capacity: run %s has no offered rate (a fixed-schedule kvbench run writes one)", p.Label)
-		}
-		if r := p.Rate * p.TimeScale; math.Abs(r-k) > 0.01*k {
-			return FleetCapacity{}, fmt.Errorf("capacity: run %s offers %.4g req/s at time scale %g, run %s %.4g at %g: not one trace and --repeat",
-				p.Label, p.Rate, p.TimeScale, ps[0].Label, ps[0].Rate, ps[0].TimeScale)
 		}
 	}
 	if ps[0].P90MS > limitMS {
@@ -79,18 +82,24 @@ func FindCapacity(points []CapacityPoint, limitMS float64) (FleetCapacity, error
 		if hi.P90MS > lo.P90MS {
 			rate += (limitMS - lo.P90MS) / (hi.P90MS - lo.P90MS) * (hi.Rate - lo.Rate)
 		}
-		return FleetCapacity{Rate: rate, Below: lo, Above: hi, rateTimesScale: k}, nil
+		return FleetCapacity{Rate: rate, Below: lo, Above: hi, perUser: (lo.perUser() + hi.perUser()) / 2}, nil
 	}
 	last := ps[len(ps)-1]
 	return FleetCapacity{}, fmt.Errorf("capacity: TTFT p90 stays under %.0f ms up to the highest rate (%s, %.4g req/s, p90 %.0f ms): capacity is above the runs",
 		limitMS, last.Label, last.Rate, last.P90MS)
 }
 
+// users is the point's users, 1 when unrecorded.
+func (p CapacityPoint) users() int { return max(p.Users, 1) }
+
+// perUser is one user's offered rate at time scale 1.
+func (p CapacityPoint) perUser() float64 { return p.Rate * p.TimeScale / float64(p.users()) }
+
 // CapacityPointOf is the run's capacity point.
 func CapacityPointOf(r *Run) CapacityPoint {
 	s := r.Summary
 	return CapacityPoint{Label: r.Path, Rate: s.InputConfig.OfferedRequestRate, TimeScale: s.InputConfig.TimeScale,
-		P90MS: s.TimeToFirstToken.P90, Throughput: s.RequestThroughput.Avg}
+		Users: s.InputConfig.Repeat, P90MS: s.TimeToFirstToken.P90, Throughput: s.RequestThroughput.Avg}
 }
 
 // Saturation is where the baseline's achieved request throughput stops following the offered

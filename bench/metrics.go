@@ -201,6 +201,9 @@ type InputConfig struct {
 	MaxRequests    int     `json:"max_requests,omitempty"`
 	SessionHeaders string  `json:"session_headers"`
 	Policy         string  `json:"policy,omitempty"`
+	// Repeat is kvbench --repeat: the independent users of the trace the run replayed (0 in
+	// summaries written before it was recorded).
+	Repeat int `json:"repeat,omitempty"`
 	// GoodputTTFTMS is the TTFT under which a successful request counts towards goodput, in ms
 	// (kvbench --goodput-ttft; 0 = no goodput).
 	GoodputTTFTMS float64 `json:"goodput_ttft_ms,omitempty"`

@@ -116,8 +116,13 @@ func TestTraceSpan(t *testing.T) {
 }
 
 func TestFindCapacity(t *testing.T) {
+	// One trace whose user offers 1 req/s at time scale 1: the points vary the time scale at
+	// one user; users vary it the other way.
 	pt := func(rate, p90 float64) CapacityPoint {
 		return CapacityPoint{Label: "r", Rate: rate, TimeScale: 1 / rate, P90MS: p90}
+	}
+	users := func(n int, p90 float64) CapacityPoint {
+		return CapacityPoint{Label: "u", Rate: float64(n) / 0.5, TimeScale: 0.5, Users: n, P90MS: p90}
 	}
 	tests := []struct {
 		name   string
@@ -127,11 +132,11 @@ func TestFindCapacity(t *testing.T) {
 	}{
 		{"interpolated between the runs around the crossing", []CapacityPoint{pt(1, 500), pt(2, 1500), pt(4, 2500)}, 3, ""},
 		{"order of the arguments does not matter", []CapacityPoint{pt(4, 2500), pt(1, 500), pt(2, 1500)}, 3, ""},
+		{"users as the load", []CapacityPoint{users(1, 500), users(2, 1500), users(4, 2500)}, 6, ""},
 		{"the first crossing counts", []CapacityPoint{pt(1, 1000), pt(2, 3000), pt(3, 1900), pt(4, 5000)}, 1.5, ""},
 		{"over the limit at the lowest rate", []CapacityPoint{pt(1, 2500), pt(2, 3000)}, 0, "below the runs"},
 		{"never over the limit", []CapacityPoint{pt(1, 500), pt(2, 900)}, 0, "above the runs"},
 		{"one run", []CapacityPoint{pt(1, 500)}, 0, "two rates"},
-		{"runs of different traces", []CapacityPoint{pt(1, 500), {Label: "other", Rate: 2, TimeScale: 1, P90MS: 3000}}, 0, "not one trace"},
 		{"a run without an offered rate", []CapacityPoint{pt(1, 500), {Label: "conc", TimeScale: 1, P90MS: 3000}}, 0, "no offered rate"},
 	}
 	for _, tc := range tests {
@@ -149,9 +154,13 @@ func TestFindCapacity(t *testing.T) {
 			if math.Abs(c.Rate-tc.rate) > 1e-9 {
 				t.Errorf("capacity %v req/s, want %v", c.Rate, tc.rate)
 			}
-			// rate × time scale is 1 for these runs: twice the capacity is time scale 1/(2·rate).
-			if got, want := c.TimeScaleFor(2), 1/(2*tc.rate); math.Abs(got-want) > 1e-9 {
+			// One user offers 1 req/s at time scale 1: twice the capacity is time scale
+			// 1/(2·rate) for one user, and 2·rate·0.5 users at time scale 0.5.
+			if got, want := c.TimeScaleFor(2, 1), 1/(2*tc.rate); math.Abs(got-want) > 1e-9 {
 				t.Errorf("time scale for 2x %v, want %v", got, want)
+			}
+			if got, want := c.UsersFor(2, 0.5), tc.rate; math.Abs(got-want) > 1e-9 {
+				t.Errorf("users for 2x at time scale 0.5: %v, want %v", got, want)
 			}
 		})
 	}

@@ -202,7 +202,7 @@ func runCmd(ctx context.Context, args []string, stdout, stderr io.Writer, logger
 	}
 	cfg := bench.InputConfig{URL: *url, Model: opts.Model, Trace: *tracePath, Format: tr.Format, API: apiKind, BlockSize: tr.BlockSize,
 		Mode: m, Concurrency: *conc, RequestRate: *rate, TimeScale: *timeScale, MaxRequests: *maxReq,
-		SessionHeaders: *sessHdr, Policy: *policy, GoodputTTFTMS: float64(*goodTTFT) / float64(time.Millisecond)}
+		SessionHeaders: *sessHdr, Policy: *policy, Repeat: *repeat, GoodputTTFTMS: float64(*goodTTFT) / float64(time.Millisecond)}
 	if m == bench.ModeFixed && (*maxReq == 0 || *maxReq >= tr.RequestCount()) {
 		cfg.OfferedRequestRate = tr.OfferedRate(total, *timeScale)
 	}

@@ -13,8 +13,9 @@ import (
 )
 
 // capacityCmd finds the fleet's capacity from baseline runs at several rates (issue 33: the
-// request rate where round robin's TTFT p90 passes 2 s) and prints the time scale of each
-// multiple of it, one "scale MULTIPLE TIME_SCALE" line each, for scripts to read.
+// request rate where round robin's TTFT p90 passes 2 s) and prints each multiple of it as a
+// load like the runs': "users MULTIPLE USERS" when they share a time scale, "scale MULTIPLE
+// TIME_SCALE" when they share a user count.
 func capacityCmd(args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("kvbench capacity", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -54,8 +55,24 @@ func capacityCmd(args []string, stdout, stderr io.Writer) error {
 	}
 	fmt.Fprintf(stdout, "capacity %.4g req/s offered: TTFT p90 passes %v between %.4g req/s (%.0f ms) and %.4g req/s (%.0f ms)\n",
 		c.Rate, *limit, c.Below.Rate, c.Below.P90MS, c.Above.Rate, c.Above.P90MS)
+	// The multiples as a load like the runs': the users at their time scale when they share one,
+	// the time scale at their users when they share those.
+	scale, users := points[0].TimeScale, points[0].Users
+	for _, p := range points {
+		if p.TimeScale != scale {
+			scale = 0
+		}
+		if p.Users != users {
+			users = 0
+		}
+	}
 	for _, m := range ms {
-		fmt.Fprintf(stdout, "scale %g %.6g\n", m, c.TimeScaleFor(m))
+		if scale > 0 {
+			fmt.Fprintf(stdout, "users %g %.3g (time scale %g)\n", m, c.UsersFor(m, scale), scale)
+		}
+		if users > 0 {
+			fmt.Fprintf(stdout, "scale %g %.6g (%d users)\n", m, c.TimeScaleFor(m, users), users)
+		}
 	}
 	return nil
 }
