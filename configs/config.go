@@ -18,37 +18,66 @@ import (
 // A field holding a secret carries `secret:"true"` (confval.SecretTag): Masked hides it, and
 // TestSecretKeysTagged fails for a secret-sounding key without the tag.
 type Config struct {
+	// Listen is the address (host:port) the client listener binds (default 127.0.0.1:8000);
+	// use 0.0.0.0:8000 to serve other hosts, after reading docs/security.md.
 	Listen string `yaml:"listen"`
 	// AdminListen is the address of the admin listener serving /debug/*; "" (the default)
 	// serves no debug endpoints at all. Bind it to loopback or a private network.
 	AdminListen string `yaml:"admin_listen"`
 	// AdminToken, when set, is the bearer token every admin request must carry.
+	// Without it the admin listener answers 401 with WWW-Authenticate; "" (the default) requires
+	// none.
 	AdminToken string `yaml:"admin_token" secret:"true"`
-	Model      string `yaml:"model"`
-	Tokenizer  string `yaml:"tokenizer"`
+	// Model is the served model name clients put in "model" (vllm serve --served-model-name);
+	// required in the single-model form (no default). Requests for another model get OpenAI's
+	// 404 model_not_found unless a worker lists it in its /v1/models (a LoRA adapter).
+	Model string `yaml:"model"`
+	// Tokenizer is the folder holding the model's tokenizer.json and tokenizer_config.json
+	// (chat template), or a Hugging Face model id org/name fetched at start into the hub cache
+	// (docs/tokenization.md); "" (the default) is none. The KV-aware policies need it: the
+	// gateway renders and tokenizes each prompt as the workers do to match its blocks.
+	Tokenizer string `yaml:"tokenizer"`
 	// ChatTemplate is a Jinja file overriding the tokenizer folder's template (the file the
 	// workers get as vllm serve --chat-template); "" uses the folder's.
 	ChatTemplate string `yaml:"chat_template"`
 	// DefaultChatTemplateKwargs is a JSON object merged under every request's
 	// chat_template_kwargs (vllm serve --default-chat-template-kwargs); "" for none.
-	DefaultChatTemplateKwargs string   `yaml:"default_chat_template_kwargs"`
-	BlockSize                 int      `yaml:"block_size"`
-	Workers                   []Worker `yaml:"workers"`
+	DefaultChatTemplateKwargs string `yaml:"default_chat_template_kwargs"`
+	// BlockSize is the KV block size in tokens (default 16); it must equal the workers'
+	// vllm serve --block-size, or no block the gateway hashes matches one they report.
+	BlockSize int `yaml:"block_size"`
+	// Workers is the static fleet (Worker); required unless discovery is set. In flags and
+	// KVGATE_WORKERS each worker is a spec (configs.ParseWorkerSpec): a repeated --worker
+	// replaces the file's list, and the variable separates workers with ';' or spaces.
+	Workers []Worker `yaml:"workers"`
 	// Discovery finds the workers at runtime (Kubernetes EndpointSlices or DNS), beside or
 	// instead of the static workers list (discoveryconfig.Config documents each key).
 	Discovery Discovery `yaml:"discovery"`
-	Router    Router    `yaml:"router"`
-	Proxy     Proxy     `yaml:"proxy"`
-	Health    Health    `yaml:"health"`
-	Limits    Limits    `yaml:"limits"`
+	// Router picks the routing policy and holds the KV-aware policies' knobs (docs/routing.md).
+	Router Router `yaml:"router"`
+	// Proxy bounds how requests are forwarded to workers: retries, body size, timeouts and the
+	// connection pool.
+	Proxy Proxy `yaml:"proxy"`
+	// Health configures the workers' /health probes, ejection and readmission.
+	Health Health `yaml:"health"`
+	// Limits bound what one client can make the gateway spend: tokenization slots and their
+	// queue, body read time, connections per address, prompt length.
+	Limits Limits `yaml:"limits"`
 	// CORS is off unless origins are listed (serverconfig.CORS).
 	CORS serverconfig.CORS `yaml:"cors"`
 	// Metrics chooses where the detailed series are served (serverconfig.Metrics).
-	Metrics   serverconfig.Metrics `yaml:"metrics"`
-	Sessions  Sessions             `yaml:"sessions"`
-	Auth      Auth                 `yaml:"auth"`
-	KVEvents  KVEvents             `yaml:"kv_events"`
-	Anthropic Anthropic            `yaml:"anthropic"`
+	Metrics serverconfig.Metrics `yaml:"metrics"`
+	// Sessions configures session identity, affinity and parent-aware placement
+	// (docs/sessions.md).
+	Sessions Sessions `yaml:"sessions"`
+	// Auth holds the client keys the client listener requires and the key sent to workers
+	// (docs/security.md).
+	Auth Auth `yaml:"auth"`
+	// KVEvents configures how the workers' KV events are received: message size, the settle
+	// time after lost batches, and the collector for workers that publish by connecting out.
+	KVEvents KVEvents `yaml:"kv_events"`
+	// Anthropic configures the Anthropic Messages endpoints (/v1/messages, count_tokens).
+	Anthropic Anthropic `yaml:"anthropic"`
 	// Cluster joins this replica to its peers over NATS; off unless nats_url or
 	// embedded_nats.listen is set (clusterconfig.Config documents each key).
 	Cluster Cluster `yaml:"cluster"`
@@ -59,10 +88,19 @@ type Config struct {
 	// ShutdownTimeout is how long running requests may finish once the listener closed;
 	// streams still running then end with an error event.
 	ShutdownTimeout Duration `yaml:"shutdown_timeout"`
-	LogLevel        string   `yaml:"log_level"`
-	// LogFormat is the log lines' form: text (logfmt) or json.
+	// LogLevel is debug, info (the default), warn or error. At debug every routed request logs
+	// a "routed" line with its session, parent, target and the whole decision record as JSON
+	// (each candidate's G1/G2/G3 overlap, load, eviction term, cost and busy flag; the reason;
+	// regret; hold): block counts and targets only, no prompt text.
+	LogLevel string `yaml:"log_level"`
+	// LogFormat is the log lines' form on stderr: text (logfmt, the default) or json.
 	LogFormat string `yaml:"log_format"`
-	// AccessLog writes one info line per client request (server's access log); false = none.
+	// AccessLog writes one info line per client request (default true), message "access":
+	// method, path, status, latency_ms, and once known ttft_ms (first body byte; an Anthropic
+	// stream's first content_block_delta), worker, cached_blocks (of the last attempt),
+	// prompt_tokens, session (hashed), model; never prompt text, keys or header values.
+	// /health, /metrics, /live and /ready are not logged; false (or log_level above info) logs
+	// none.
 	AccessLog bool `yaml:"access_log"`
 
 	// Models lists the served models, each with its own fleet (Model); empty: the single-model
@@ -78,10 +116,18 @@ type Config struct {
 
 // Worker is one vLLM server: its OpenAI base URL and, optionally, its KV-event sockets.
 type Worker struct {
-	URL      string `yaml:"url"`
+	// URL is the worker's OpenAI base URL without /v1 (http://10.0.0.1:8000); required.
+	URL string `yaml:"url"`
+	// KVEvents is the worker's ZMQ PUB endpoint of KV events (tcp://10.0.0.1:5557: its
+	// --kv-events-config endpoint with the worker's address instead of *); "" routes it in
+	// approximate mode.
 	KVEvents string `yaml:"kv_events"`
-	Replay   string `yaml:"replay"`
-	DPSize   int    `yaml:"dp_size"`
+	// Replay is the worker's ZMQ replay endpoint (its --kv-events-config replay_endpoint), which
+	// the gateway asks for the batches it missed; "" for none.
+	Replay string `yaml:"replay"`
+	// DPSize is the worker's data-parallel size (vllm serve --data-parallel-size; 0 or 1 is one
+	// rank): rank r publishes on the kv_events and replay ports plus r.
+	DPSize int `yaml:"dp_size"`
 	// Topic is the KV-event topic prefix subscribed to; "" (vLLM's default topic) receives every
 	// topic the worker publishes.
 	Topic string `yaml:"topic"`
@@ -95,11 +141,17 @@ type Worker struct {
 type Auth struct {
 	// APIKeys are the keys clients may send as Authorization: Bearer; with none (and no
 	// APIKeysFile) the client listener is open.
+	// Clients may also send a key as x-api-key (Anthropic SDKs, Claude Code), on every route;
+	// every request except GET /health, /metrics, /live and /ready then needs one.
 	APIKeys []string `yaml:"api_keys" secret:"true"`
 	// APIKeysFile names a file of further client keys, one per line (blank lines and lines
 	// starting with # are skipped).
+	// A file without any key is a configuration error.
 	APIKeysFile string `yaml:"api_keys_file"`
 	// WorkerAPIKey is the fleet-wide default of workers[].api_key.
+	// It is sent as Authorization: Bearer to every worker without its own api_key (vllm serve
+	// --api-key), on probes, model refreshes, metrics scrapes and proxied requests; without one
+	// the client's Authorization is passed through.
 	WorkerAPIKey string `yaml:"worker_api_key" secret:"true"`
 	// Keys are client keys with a name and a cache group (ClientKey); api_keys and
 	// api_keys_file stay the plain form, each key an entry with a derived name and no group.
@@ -120,6 +172,7 @@ type ClientKey struct {
 	Key string `yaml:"key" secret:"true"`
 	// Name names the key in logs, /debug views, Responses ownership and POST /debug/route's
 	// ?as_key; "" derives one from the key ("key-" and 8 hex digits of a hash).
+	// A name is 1 to 64 of A-Za-z0-9._- and unique among the keys.
 	Name string `yaml:"name"`
 	// CacheGroup, when set, shares one cache salt among the keys that name the same group.
 	CacheGroup string `yaml:"cache_group"`
@@ -175,6 +228,9 @@ func KVAware(policy string) bool {
 type Router struct {
 	// Policy is one of Policies(), or "auto"/"" (kv with kv_events, else round_robin); Load
 	// resolves auto, so after Load it is always a concrete name.
+	// The names: auto, kv (lowest predicted time to first token), kv_no_load, kv_blocks,
+	// round_robin, random, least_loaded (docs/routing.md, "Routing policies"). auto (the default)
+	// needs no tokenizer unless it resolves to kv.
 	Policy string `yaml:"policy"`
 	// Seed seeds the random policy; 0 draws a seed at start.
 	Seed uint64 `yaml:"seed"`

@@ -22,17 +22,25 @@ type Model struct {
 	Name string `yaml:"name"`
 	// Aliases are further names routed to this model. The request body is forwarded unchanged,
 	// so the workers must serve them too (vllm serve --served-model-name NAME ALIAS...).
-	Aliases                   []string `yaml:"aliases"`
-	Tokenizer                 string   `yaml:"tokenizer"`
-	ChatTemplate              string   `yaml:"chat_template"`
-	DefaultChatTemplateKwargs string   `yaml:"default_chat_template_kwargs"`
-	BlockSize                 int      `yaml:"block_size"`
-	Workers                   []Worker `yaml:"workers"`
+	Aliases []string `yaml:"aliases"`
+	// Tokenizer, ChatTemplate, DefaultChatTemplateKwargs and BlockSize are the top-level keys
+	// of the same names, for this model; an entry that leaves one out takes the top-level value.
+	Tokenizer                 string `yaml:"tokenizer"`
+	ChatTemplate              string `yaml:"chat_template"`
+	DefaultChatTemplateKwargs string `yaml:"default_chat_template_kwargs"`
+	BlockSize                 int    `yaml:"block_size"`
+	// Workers is this model's static fleet, as the top-level workers; required unless the
+	// entry has discovery. A worker URL belongs to one model.
+	Workers []Worker `yaml:"workers"`
 	// Discovery finds this model's workers at runtime (discoveryconfig.Config); its keys left
 	// out take discoveryconfig's defaults, not the top-level section.
 	Discovery Discovery `yaml:"discovery"`
-	Router    Router    `yaml:"router"`
-	Sessions  Sessions  `yaml:"sessions"`
+	// Router and Sessions override, for this model, the keys they name over the top-level
+	// sections (router: {policy: least_loaded} changes the policy only); sessions.headers,
+	// parent_headers and final_headers stay top-level (the identity is read before the model's
+	// pool is known).
+	Router   Router   `yaml:"router"`
+	Sessions Sessions `yaml:"sessions"`
 
 	// node is the entry as written, laid over the top-level keys by Pools; nil for an entry
 	// built in Go, whose fields are taken as given.

@@ -20,6 +20,7 @@ import (
 type Config struct {
 	// NATSURL is the NATS server (or comma-separated servers of one cluster) to connect to;
 	// "" with an embedded server connects to that one.
+	// Neither set: one replica, no NATS (docs/replicas.md).
 	NATSURL string `yaml:"nats_url"`
 	// NATSUser and NATSPassword authenticate the connection as a NATS user.
 	NATSUser     string `yaml:"nats_user"`
@@ -29,18 +30,24 @@ type Config struct {
 	// NATSNKeyFile is a file holding an NKey seed (SU...) the connection signs in with.
 	NATSNKeyFile string `yaml:"nats_nkey_file"`
 	// NATSCreds is a NATS credentials file (JWT and NKey seed, decentralised auth).
+	// Set at most one of the four ways to sign in (user and password, token, NKey file,
+	// credentials file).
 	NATSCreds string `yaml:"nats_creds"`
 	// TLS encrypts the connection: the CA that signed the servers' certificates, and a client
 	// certificate when the servers require one.
+	// With an embedded server and none of these set, the embedded server's files are used.
 	TLS TLSFiles `yaml:"tls"`
 	// EmbeddedNATS runs a NATS server (JetStream on) inside this replica.
 	EmbeddedNATS Embedded `yaml:"embedded_nats"`
 	// ReplicaID names this replica to its peers; "" draws one at start (host name + random).
+	// It may hold letters, digits, - and _.
 	ReplicaID string `yaml:"replica_id"`
 	// Fleet namespaces every subject and bucket, so several fleets can share one NATS.
+	// Subjects are kvgate.v1.<fleet>.… .
 	Fleet string `yaml:"fleet"`
 	// KVReplicas is the JetStream replication of the session bucket: 1, or 3 on a 3-node
 	// (or larger) NATS cluster.
+	// It applies to the session and Responses pins buckets.
 	KVReplicas int `yaml:"kv_replicas"`
 	// SessionTTL is how long a session binding lives after its last use (the bucket's TTL).
 	SessionTTL confval.Duration `yaml:"session_ttl"`
@@ -51,12 +58,17 @@ type Config struct {
 	// correction of lost deltas and the liveness signal).
 	LoadInterval confval.Duration `yaml:"load_interval"`
 	// PeerTimeout is how long a silent peer's load still counts.
+	// It must exceed load_interval.
 	PeerTimeout confval.Duration `yaml:"peer_timeout"`
 	// SnapshotTimeout bounds a cold replica's wait for a peer's index snapshot of a target.
+	// Peers that hold a snapshot answer within a fifth of it (docs/replicas.md, "Index warm
+	// start").
 	SnapshotTimeout confval.Duration `yaml:"snapshot_timeout"`
 	// FleetKeyFile holds the fleet's shared secret (at least 32 bytes): every replica message
 	// (load, bindings, snapshots) is signed with it (HMAC-SHA256) and unsigned ones dropped.
 	// "" signs nothing (compatible with replicas without one; Start warns).
+	// Make one with openssl rand -hex 32 and give every replica the same file (docs/replicas.md,
+	// "Securing the bus").
 	FleetKeyFile string `yaml:"fleet_key_file"`
 	// MessageWindow is how far a signed message's time may be from the receiver's clock (or a
 	// binding's from the time NATS stored it) before it counts as a replay and is dropped.
@@ -66,12 +78,16 @@ type Config struct {
 // Embedded configures the NATS server a replica may run in its own process.
 type Embedded struct {
 	// Listen is the client address (host:port) of the embedded server; "" runs none.
+	// A host left out is 127.0.0.1; with no nats_url the replica connects to this server.
 	Listen string `yaml:"listen"`
 	// ClusterListen is the route address (host:port) peers' embedded servers connect to; ""
 	// runs a standalone server.
 	ClusterListen string `yaml:"cluster_listen"`
 	// Routes are the peers' route addresses (host:port, or nats-route://host:port), listing all
 	// seeds (this one included is fine).
+	// When they name no other server (none, or only this one's cluster_listen) the embedded server
+	// runs standalone, without a route listener, since a one-node NATS cluster never gets
+	// JetStream.
 	Routes []string `yaml:"routes"`
 	// Name is the server name (unique per server in a NATS cluster); "" uses the replica id.
 	Name string `yaml:"name"`
@@ -81,6 +97,8 @@ type Embedded struct {
 	MaxMemory confval.ByteSize `yaml:"max_memory"`
 	// Users may connect with a password; each may publish and subscribe only to the fleet's
 	// subjects, its two buckets and the JetStream API calls on them (no bucket deletion).
+	// The replica signs in to its own server as the first user unless nats_user (or another way to
+	// sign in) is set.
 	Users []User `yaml:"users"`
 	// Token lets clients connect with this token (full access to the server; prefer Users).
 	Token string `yaml:"token" secret:"true"`
@@ -91,15 +109,20 @@ type Embedded struct {
 
 // User is one NATS user of the embedded server.
 type User struct {
-	User     string `yaml:"user"`
+	// User is the NATS user name a client signs in with.
+	User string `yaml:"user"`
+	// Password is that user's password.
 	Password string `yaml:"password" secret:"true"`
 }
 
 // TLSFiles are PEM files for a TLS endpoint.
 type TLSFiles struct {
-	CAFile   string `yaml:"ca_file"`
+	// CAFile is the PEM bundle the peer's certificate must chain to; "" for none.
+	CAFile string `yaml:"ca_file"`
+	// CertFile is this side's PEM certificate (with KeyFile); "" for none.
 	CertFile string `yaml:"cert_file"`
-	KeyFile  string `yaml:"key_file"`
+	// KeyFile is the PEM private key of CertFile.
+	KeyFile string `yaml:"key_file"`
 }
 
 // Enabled reports whether any file is set.

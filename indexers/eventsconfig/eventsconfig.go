@@ -21,6 +21,7 @@ type Config struct {
 	// Listen, when set, is the address of the collector: kvgate binds one SUB there for workers
 	// that publish by connecting out (vLLM connects when its endpoint has no "*"). Every worker
 	// with a topic and no kv_events is fed through it, attributed by its exact topic.
+	// Examples: tcp://*:5557, tcp://10.0.0.9:5557 (docs/routing.md, "Collector mode").
 	Listen string `yaml:"listen"`
 	// MaxMsgSize is ZMQ_MAXMSGSIZE on every KV-event socket: a larger message drops the
 	// connection (which is then re-established).

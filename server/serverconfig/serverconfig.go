@@ -20,8 +20,12 @@ type Proxy struct {
 	// DialTimeout bounds connecting to a worker.
 	DialTimeout confval.Duration `yaml:"dial_timeout"`
 	// ResponseHeaderTimeout bounds waiting for a worker's response headers; 0 = none.
+	// A non-stream reply arrives only when generation ends, so this also bounds non-stream
+	// generation.
 	ResponseHeaderTimeout confval.Duration `yaml:"response_header_timeout"`
 	// StreamIdleTimeout bounds the silence between two body chunks of a worker's response; 0 = none.
+	// For a stream the silence counts from sending the request, so a worker stalled before its
+	// headers is retried elsewhere; there is no total timeout on streams.
 	StreamIdleTimeout confval.Duration `yaml:"stream_idle_timeout"`
 	// FirstByteMultiple and FirstByteFloor derive an attempt's first-byte deadline from the
 	// router's prediction (kv policy): multiple × predicted TTFT + floor for a stream, multiple ×
@@ -31,10 +35,12 @@ type Proxy struct {
 	FirstByteFloor    confval.Duration `yaml:"first_byte_floor"`
 	// FirstByteEjectAfter ejects a worker after this many first-byte deadline misses in a row
 	// (no response in between), even while its /health passes; 0 = never.
+	// Health probes readmit it as after any ejection.
 	FirstByteEjectAfter int `yaml:"first_byte_eject_after"`
 	// IdleConnTimeout is how long an idle pooled connection to a worker is kept; 0 = no limit.
 	IdleConnTimeout confval.Duration `yaml:"idle_conn_timeout"`
 	// MaxIdleConnsPerWorker bounds the idle pooled connections to one worker.
+	// It is the pool size per worker.
 	MaxIdleConnsPerWorker int `yaml:"max_idle_conns_per_worker"`
 	// ExposeRoutingHeaders adds X-Kvgate-Worker and X-Kvgate-Cached-Blocks to responses. Off by
 	// default: the cached-block count lets a client test guesses of other users' prompts.
@@ -101,17 +107,27 @@ type Limits struct {
 	// MaxModelLen is the longest prompt+output in tokens (vllm serve --max-model-len); prompts
 	// of at least this many tokens get vLLM's 400 before anything is sent. 0 learns it from the
 	// workers' /v1/models max_model_len.
+	// Tokenizing stops as soon as the length is certain; with 0 and no worker reporting one,
+	// nothing is checked.
 	MaxModelLen int `yaml:"max_model_len"`
 	// MaxConcurrentTokenizations caps requests being tokenized at once; 0 = GOMAXPROCS.
+	// A request takes one slot per started 4 MiB of body (at most all), so a body of tens of MiB
+	// is handled alone; after a body of 16 MiB or more the memory it used is returned to the OS at
+	// once.
 	MaxConcurrentTokenizations int `yaml:"max_concurrent_tokenizations"`
 	// TokenizeQueue caps requests waiting for a tokenization slot; beyond it they get 503.
+	// The 503 carries Retry-After.
 	TokenizeQueue int `yaml:"tokenize_queue"`
 	// TokenizeQueueTimeout is the longest wait for a tokenization slot (then 503).
+	// The 503 carries Retry-After.
 	TokenizeQueueTimeout confval.Duration `yaml:"tokenize_queue_timeout"`
 	// BodyReadTimeout bounds reading one request's body after its headers; 0 = none. Responses
 	// (streams) are never timed out by it.
+	// Headers have 30s; a slow upload is cut with 408 and its connection closed.
 	BodyReadTimeout confval.Duration `yaml:"body_read_timeout"`
 	// MaxConnsPerIP caps concurrent client connections from one IP address; 0 = no cap.
+	// More are closed at accept. Off by default because behind a load balancer all clients share
+	// one address.
 	MaxConnsPerIP int `yaml:"max_conns_per_ip"`
 }
 

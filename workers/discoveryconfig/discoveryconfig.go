@@ -16,8 +16,10 @@ import (
 // Config selects at most one discovery source; with neither, the fleet is the static workers:
 // list. Every field is used as given (zero is not "use the default"): start from Default.
 type Config struct {
+	// Kubernetes follows the EndpointSlices of a Service; off unless kubernetes.service is set.
 	Kubernetes Kubernetes `yaml:"kubernetes"`
-	DNS        DNS        `yaml:"dns"`
+	// DNS re-resolves a name's A/AAAA records; off unless dns.name is set.
+	DNS DNS `yaml:"dns"`
 }
 
 // Kubernetes follows the EndpointSlices of one Service (label kubernetes.io/service-name).

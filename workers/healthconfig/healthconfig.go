@@ -17,6 +17,7 @@ type Config struct {
 	// Timeout bounds one /health probe.
 	Timeout confval.Duration `yaml:"timeout"`
 	// FailureThreshold is how many consecutive failures eject a worker.
+	// Failures are failed probes and proxy connection errors.
 	FailureThreshold int `yaml:"failure_threshold"`
 	// SuccessThreshold is how many consecutive successful probes readmit an ejected worker.
 	SuccessThreshold int `yaml:"success_threshold"`
