@@ -4,6 +4,7 @@
 //	kvgate serve --model M --tokenizer DIR --worker URL --worker URL
 //	kvgate serve --config configs/kvgate.yaml --check-config
 //	kvgate tokenize --tokenizer DIR --request FILE|-
+//	kvgate config reference [--out docs/configuration.md]
 package main
 
 import (
@@ -24,6 +25,8 @@ usage:
                                          (secrets masked); exit 0 when the gateway would start
   kvgate tokenize --tokenizer DIR --request FILE|-
                                          print the prompt, token ids and block hashes of a request
+  kvgate config reference [--out FILE]   print the configuration reference (Markdown: every key,
+                                         its type, default, flag, variable and meaning)
   kvgate help                            this text
 `
 
@@ -49,6 +52,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return runServe(ctx, args[1:], stdout, stderr)
 	case "tokenize":
 		return runTokenize(ctx, args[1:], stdout)
+	case "config":
+		return runConfig(args[1:], stdout, stderr)
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
 		return nil
