@@ -6,7 +6,7 @@ GO          ?= go
 STATICCHECK ?= $(shell go env GOPATH)/bin/staticcheck
 BENCHTIME   ?= 2s
 
-.PHONY: all build test setup fmt-check vet staticcheck lint gotest e2e-node demo demo-basic bench bench-router \
+.PHONY: all build test setup fmt-check vet staticcheck lint gotest gotest-deploy e2e-node demo demo-basic bench bench-router \
 	bench-index bench-tokenize bench-tokenize-hf bench-sim compare sweep replicas docs clean
 
 all: build
@@ -23,9 +23,12 @@ fmt-check:
 	if [ -n "$$out" ]; then echo "gofmt needed on:"; echo "$$out"; exit 1; fi
 
 # The hftokenizers backend cannot link here (no libtokenizers.a) but must still type-check.
+# deploy/ is a Go module of its own (the Helm library stays out of the product's go.mod): ./...
+# at the root does not reach it, so vet and the tests also run there.
 vet:
 	$(GO) vet ./...
 	$(GO) vet -tags hftokenizers ./tokenize/...
+	cd deploy && $(GO) vet ./...
 
 staticcheck:
 	$(STATICCHECK) ./...
@@ -34,8 +37,16 @@ lint: setup fmt-check vet staticcheck
 
 # cmd/kvgate's end-to-end tests take ~8 minutes under -race on two cores (more while other
 # packages share them): past go test's default 10-minute timeout per package.
-gotest:
+gotest: gotest-deploy
 	$(GO) test -race -count=1 -timeout 30m ./...
+
+# The deploy module's offline tests (the Helm chart rendered for every example and checked,
+# the dashboard). Without -race: they are sequential render-and-decode checks with no goroutine
+# of ours, and a race build of Helm and the Kubernetes modules would cost CI minutes for nothing.
+# They run bin/kvgate serve --check-config on every rendered config. -vet=off: `make vet` vets
+# the module already (go test's own vet pass would analyse every Kubernetes package again).
+gotest-deploy: build
+	cd deploy && KVGATE_BIN=../bin/kvgate $(GO) test -vet=off -count=1 -timeout 15m ./...
 
 # The official openai and @anthropic-ai/sdk npm clients against kvgate + two simulated workers
 # (built binaries).
