@@ -1,0 +1,126 @@
+package flowcontrol
+
+import (
+	"fmt"
+	"math"
+	"net/http"
+	"time"
+
+	"github.com/kvgate/kvgate/confval"
+)
+
+// Config is the flow_control section: the gateway's queue of requests that found every
+// candidate worker over its busy thresholds (router.busy_*). Zero is a value of every field;
+// defaults come from Default only.
+type Config struct {
+	// Enabled turns the queue on (default false). Off, a request goes to a worker even when
+	// every candidate is busy and waits in that worker's queue.
+	Enabled bool `yaml:"enabled"`
+	// MaxRequests bounds the requests waiting per model pool (default 1000); one more is
+	// answered 429 with Retry-After (0: every request that would wait is refused).
+	MaxRequests int `yaml:"max_requests"`
+	// MaxBytes bounds the request bodies waiting per model pool, in bytes (default 64 MiB);
+	// a request that would pass it is answered 429 with Retry-After.
+	MaxBytes confval.ByteSize `yaml:"max_bytes"`
+	// QueueTimeout is the longest a request waits at the gateway (default 30s); past it the
+	// request is answered 503 with Retry-After.
+	QueueTimeout confval.Duration `yaml:"queue_timeout"`
+	// RetryAfter is the Retry-After of a 429 (queue full) or 503 (queue timeout, no worker)
+	// the queue answers, rounded up to whole seconds (default 1s).
+	RetryAfter confval.Duration `yaml:"retry_after"`
+	// Objectives maps GIE's x-gateway-inference-objective header values to priorities
+	// (default none); an objective not listed leaves the request's priority as it was.
+	Objectives map[string]int `yaml:"objectives"`
+	// FairnessHeader names the header whose value splits a tenant into fair-share tenants
+	// (default x-gateway-inference-fairness-id, GIE's); "" ignores such headers. Under client
+	// keys the value only subdivides the key's own share: it never joins another key's.
+	FairnessHeader string `yaml:"fairness_header"`
+	// ServiceHalfLife is the half-life of a tenant's attained service, the weighted tokens
+	// its dispatched requests used (default 60s): the tenant with the least is served first
+	// within a priority.
+	ServiceHalfLife confval.Duration `yaml:"service_half_life"`
+	// InputWeight and OutputWeight weigh a request's prompt and output tokens in its tenant's
+	// attained service (defaults 1 and 1).
+	InputWeight  float64 `yaml:"input_weight"`
+	OutputWeight float64 `yaml:"output_weight"`
+	// AgeWeight is the credit, in ms of predicted gain, that one ms of waiting earns a request
+	// when a freed worker chooses among the waiting requests of a tenant (default 0.1): a
+	// request whose prefix the worker holds goes first, and an uncached one still gets its
+	// turn once it waited ten times the other's gain longer.
+	AgeWeight float64 `yaml:"age_weight"`
+	// PollInterval is how often the waiting requests are matched against the workers' load
+	// besides every load change the gateway sees (default 50ms): a safety net for capacity
+	// that frees unseen (a peer replica's request ending, a worker coming back).
+	PollInterval confval.Duration `yaml:"poll_interval"`
+}
+
+// Default returns the documented defaults (the queue off).
+func Default() Config {
+	return Config{
+		MaxRequests:     1000,
+		MaxBytes:        64 << 20,
+		QueueTimeout:    confval.Duration(30 * time.Second),
+		RetryAfter:      confval.Duration(time.Second),
+		FairnessHeader:  "x-gateway-inference-fairness-id",
+		ServiceHalfLife: confval.Duration(time.Minute),
+		InputWeight:     1,
+		OutputWeight:    1,
+		AgeWeight:       0.1,
+		PollInterval:    confval.Duration(50 * time.Millisecond),
+	}
+}
+
+// Validate returns every invalid key, relative to the section (configs prefixes
+// "flow_control.").
+func (c Config) Validate() error {
+	var p confval.Problems
+	if c.MaxRequests < 0 {
+		p.Addf("max_requests", "must be >= 0, got %d", c.MaxRequests)
+	}
+	if c.MaxBytes < 0 {
+		p.Addf("max_bytes", "must be >= 0, got %d", c.MaxBytes)
+	}
+	for _, d := range []struct {
+		key string
+		v   confval.Duration
+	}{{"queue_timeout", c.QueueTimeout}, {"service_half_life", c.ServiceHalfLife}, {"poll_interval", c.PollInterval}} {
+		if d.v <= 0 {
+			p.Addf(d.key, "must be a positive duration, got %s", d.v)
+		}
+	}
+	if c.RetryAfter < 0 {
+		p.Addf("retry_after", "must be >= 0, got %s", c.RetryAfter)
+	}
+	for _, w := range []struct {
+		key string
+		v   float64
+	}{{"input_weight", c.InputWeight}, {"output_weight", c.OutputWeight}, {"age_weight", c.AgeWeight}} {
+		if !(w.v >= 0) || math.IsInf(w.v, 0) {
+			p.Addf(w.key, "must be a finite number >= 0, got %v", w.v)
+		}
+	}
+	if c.FairnessHeader != "" && !validHeaderName(c.FairnessHeader) {
+		p.Addf("fairness_header", "%q is not a valid HTTP header name", c.FairnessHeader)
+	}
+	return p.Err()
+}
+
+// validHeaderName reports whether s is an HTTP token (RFC 9110 §5.1).
+func validHeaderName(s string) bool {
+	for _, r := range s {
+		if r > 0x7e || r <= ' ' || r == ':' || r == '"' || r == '(' || r == ')' || r == ',' || r == '/' ||
+			r == ';' || r == '<' || r == '=' || r == '>' || r == '?' || r == '@' || r == '[' || r == '\\' ||
+			r == ']' || r == '{' || r == '}' {
+			return false
+		}
+	}
+	return http.CanonicalHeaderKey(s) != ""
+}
+
+// RetryAfterSeconds is RetryAfter in whole seconds, rounded up, at least 1.
+func (c Config) RetryAfterSeconds() int {
+	return max(1, int(math.Ceil(c.RetryAfter.D().Seconds())))
+}
+
+// PriorityLabel is a priority as a metric label value.
+func PriorityLabel(p int) string { return fmt.Sprint(p) }

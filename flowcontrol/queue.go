@@ -1,0 +1,365 @@
+package flowcontrol
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"sync"
+	"time"
+)
+
+// ErrFull is Push's error when the request would pass max_requests or max_bytes.
+var ErrFull = errors.New("the gateway's queue is full")
+
+// Entry is one waiting request. The caller fills the exported fields before Push and must
+// not change them while the entry is queued.
+type Entry[T comparable] struct {
+	// Priority: higher is dispatched first, always.
+	Priority int
+	// Tenant is the fair-share identity within a priority.
+	Tenant string
+	// Bytes counts against max_bytes.
+	Bytes int64
+	// Cost is the service charged to Tenant when the entry is dispatched (weighted tokens);
+	// Charge corrects it once the actual usage is known.
+	Cost float64
+	// Gain is what the request saves, in ms, on each target it may go to (its cached prefix
+	// there, priced by the time model). A non-nil Gain lists every eligible target (0 for no
+	// gain); a nil Gain makes every target eligible, none with a gain.
+	Gain map[T]float64
+	// Value is the caller's own; the queue never reads it.
+	Value any
+
+	enqueued time.Time
+	seq      uint64
+	state    entryState
+}
+
+type entryState int8
+
+const (
+	stateNew entryState = iota
+	stateWaiting
+	stateDispatched
+	stateRemoved
+)
+
+// Enqueued is when Push accepted the entry.
+func (e *Entry[T]) Enqueued() time.Time { return e.enqueued }
+
+// Limits are the queue's bounds and fairness knobs (from Config).
+type Limits struct {
+	MaxRequests int
+	MaxBytes    int64
+	// HalfLife of a tenant's attained service.
+	HalfLife time.Duration
+	// AgeWeight is the gain credit, in ms, per ms waited.
+	AgeWeight float64
+}
+
+// LimitsOf returns the queue limits of a config.
+func LimitsOf(c Config) Limits {
+	return Limits{MaxRequests: c.MaxRequests, MaxBytes: int64(c.MaxBytes), HalfLife: c.ServiceHalfLife.D(), AgeWeight: c.AgeWeight}
+}
+
+// Queue is the waiting requests of one model pool, by priority and tenant, with each tenant's
+// attained service. Safe for concurrent use; its lock is a leaf.
+type Queue[T comparable] struct {
+	mu      sync.Mutex
+	lim     Limits
+	now     func() time.Time
+	bands   map[int]*band[T]
+	prios   []int // the bands' priorities, highest first
+	n       int
+	bytes   int64
+	service map[string]*attained
+	pruneAt int
+	seq     uint64
+}
+
+// band is one priority's waiting requests, by tenant.
+type band[T comparable] struct {
+	tenants map[string][]*Entry[T] // each tenant's entries in arrival order
+	n       int
+	bytes   int64
+}
+
+// attained is a tenant's decaying attained service and its waiting requests.
+type attained struct {
+	v       float64
+	at      time.Time
+	waiting int
+}
+
+// minPruneAt is the tenant count from which idle tenants with negligible service are forgotten.
+const minPruneAt = 1024
+
+// NewQueue returns an empty queue reading time from now.
+func NewQueue[T comparable](lim Limits, now func() time.Time) *Queue[T] {
+	return &Queue[T]{lim: lim, now: now, bands: map[int]*band[T]{}, service: map[string]*attained{}, pruneAt: minPruneAt}
+}
+
+// Push queues e, or returns an error wrapping ErrFull when it would pass a bound (the entry is
+// then not queued).
+func (q *Queue[T]) Push(e *Entry[T]) error {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if e.state != stateNew {
+		return errors.New("flowcontrol: entry pushed twice")
+	}
+	if q.n+1 > q.lim.MaxRequests {
+		return fmt.Errorf("%w: %d requests waiting (flow_control.max_requests %d)", ErrFull, q.n, q.lim.MaxRequests)
+	}
+	if q.bytes+e.Bytes > q.lim.MaxBytes {
+		return fmt.Errorf("%w: %d bytes waiting, this request %d (flow_control.max_bytes %d)", ErrFull, q.bytes, e.Bytes, q.lim.MaxBytes)
+	}
+	b := q.bands[e.Priority]
+	if b == nil {
+		b = &band[T]{tenants: map[string][]*Entry[T]{}}
+		q.bands[e.Priority] = b
+		q.prios = append(q.prios, e.Priority)
+		slices.SortFunc(q.prios, func(a, b int) int { return b - a })
+	}
+	q.seq++
+	e.seq, e.enqueued, e.state = q.seq, q.now(), stateWaiting
+	b.tenants[e.Tenant] = append(b.tenants[e.Tenant], e)
+	b.n++
+	b.bytes += e.Bytes
+	q.n++
+	q.bytes += e.Bytes
+	q.tenant(e.Tenant).waiting++
+	q.prune()
+	return nil
+}
+
+// tenant returns t's service record, creating it.
+func (q *Queue[T]) tenant(t string) *attained {
+	a := q.service[t]
+	if a == nil {
+		a = &attained{at: q.now()}
+		q.service[t] = a
+	}
+	return a
+}
+
+// serviceOf is t's attained service decayed to now.
+func (q *Queue[T]) serviceOf(t string, now time.Time) float64 {
+	a := q.service[t]
+	if a == nil {
+		return 0
+	}
+	a.decay(now, q.lim.HalfLife)
+	return a.v
+}
+
+func (a *attained) decay(now time.Time, halfLife time.Duration) {
+	if dt := now.Sub(a.at); dt > 0 && halfLife > 0 {
+		a.v *= math.Exp2(-float64(dt) / float64(halfLife))
+		a.at = now
+	}
+}
+
+// prune forgets idle tenants whose service decayed below one token once there are many.
+func (q *Queue[T]) prune() {
+	if len(q.service) < q.pruneAt {
+		return
+	}
+	now := q.now()
+	for t, a := range q.service {
+		if a.decay(now, q.lim.HalfLife); a.waiting == 0 && a.v < 1 {
+			delete(q.service, t)
+		}
+	}
+	q.pruneAt = max(minPruneAt, 2*len(q.service))
+}
+
+// Remove takes e out of the queue (its client left, or it waited too long) and reports
+// whether it was still waiting; false means it was dispatched (or removed) already.
+func (q *Queue[T]) Remove(e *Entry[T]) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if e.state != stateWaiting {
+		return false
+	}
+	q.unlink(e, stateRemoved)
+	return true
+}
+
+// unlink takes a waiting entry out of its band.
+func (q *Queue[T]) unlink(e *Entry[T], to entryState) {
+	b := q.bands[e.Priority]
+	es := b.tenants[e.Tenant]
+	if i := slices.Index(es, e); i >= 0 {
+		es = slices.Delete(es, i, i+1)
+	}
+	if len(es) == 0 {
+		delete(b.tenants, e.Tenant)
+	} else {
+		b.tenants[e.Tenant] = es
+	}
+	b.n--
+	b.bytes -= e.Bytes
+	if b.n == 0 {
+		// An empty band goes: the priorities seen stay bounded by the requests waiting.
+		delete(q.bands, e.Priority)
+		q.prios = slices.DeleteFunc(q.prios, func(p int) bool { return p == e.Priority })
+	}
+	q.n--
+	q.bytes -= e.Bytes
+	if a := q.service[e.Tenant]; a != nil {
+		a.waiting--
+	}
+	e.state = to
+}
+
+// Next chooses the entry that the first free target to serve it should take, dispatches it
+// (it leaves the queue and its tenant is charged its Cost) and returns it with that target.
+// The highest priority with an entry eligible for a free target goes first; within it the
+// tenants in order of least attained service; within a tenant the entry with the highest
+// gain on a free target plus AgeWeight × its wait in ms, the oldest on a tie. ok is false
+// when no waiting entry may go to any of free.
+func (q *Queue[T]) Next(free []T) (e *Entry[T], target T, ok bool) {
+	if len(free) == 0 {
+		return nil, target, false
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	now := q.now()
+	for _, p := range q.prios { // unlink may drop a band: we return right after
+		b := q.bands[p]
+		for _, group := range q.byService(b, now) {
+			if e, target, ok = q.best(b, group, free, now); ok {
+				q.unlink(e, stateDispatched)
+				a := q.tenant(e.Tenant)
+				a.decay(now, q.lim.HalfLife)
+				a.v += e.Cost
+				return e, target, true
+			}
+		}
+	}
+	return nil, target, false
+}
+
+// byService groups b's tenants by attained service, least first; tenants within a relative
+// 1e-9 of each other share a group (equal service: the gain decides between them).
+func (q *Queue[T]) byService(b *band[T], now time.Time) [][]string {
+	type ts struct {
+		name string
+		v    float64
+	}
+	all := make([]ts, 0, len(b.tenants))
+	for t := range b.tenants {
+		all = append(all, ts{t, q.serviceOf(t, now)})
+	}
+	slices.SortFunc(all, func(x, y ts) int {
+		switch {
+		case x.v < y.v:
+			return -1
+		case x.v > y.v:
+			return 1
+		}
+		return cmpString(x.name, y.name)
+	})
+	var groups [][]string
+	for i := 0; i < len(all); {
+		j := i + 1
+		for j < len(all) && all[j].v-all[i].v <= 1e-9*math.Max(1, all[i].v) {
+			j++
+		}
+		g := make([]string, 0, j-i)
+		for _, x := range all[i:j] {
+			g = append(g, x.name)
+		}
+		groups = append(groups, g)
+		i = j
+	}
+	return groups
+}
+
+func cmpString(a, b string) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// best is the entry of the tenants named with the highest score on a free target.
+func (q *Queue[T]) best(b *band[T], tenants []string, free []T, now time.Time) (best *Entry[T], target T, ok bool) {
+	bestScore := math.Inf(-1)
+	for _, t := range tenants {
+		for _, e := range b.tenants[t] {
+			age := q.lim.AgeWeight * float64(now.Sub(e.enqueued)) / float64(time.Millisecond)
+			for _, f := range free {
+				g, eligible := 0.0, true
+				if e.Gain != nil {
+					g, eligible = e.Gain[f]
+				}
+				if !eligible {
+					continue
+				}
+				s := g + age
+				if !ok || s > bestScore || (s == bestScore && e.seq < best.seq) {
+					best, target, bestScore, ok = e, f, s, true
+				}
+			}
+		}
+	}
+	return best, target, ok
+}
+
+// Charge adds delta (negative to refund) to tenant's attained service, never below zero: the
+// actual usage of a dispatched request corrects the Cost charged for it.
+func (q *Queue[T]) Charge(tenant string, delta float64) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	a := q.tenant(tenant)
+	a.decay(q.now(), q.lim.HalfLife)
+	a.v = math.Max(0, a.v+delta)
+}
+
+// Service is tenant's attained service now (for tests and debug views).
+func (q *Queue[T]) Service(tenant string) float64 {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.serviceOf(tenant, q.now())
+}
+
+// Drain removes and returns every waiting entry, oldest first (no worker is left to serve
+// them).
+func (q *Queue[T]) Drain() []*Entry[T] {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	var out []*Entry[T]
+	for _, b := range q.bands {
+		for _, es := range b.tenants {
+			out = append(out, es...)
+		}
+	}
+	slices.SortFunc(out, func(x, y *Entry[T]) int { return int(x.seq) - int(y.seq) })
+	for _, e := range out {
+		q.unlink(e, stateRemoved)
+	}
+	return out
+}
+
+// Len is the number of waiting requests.
+func (q *Queue[T]) Len() int {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.n
+}
+
+// Depth returns the waiting requests and bytes of each priority with a request waiting.
+func (q *Queue[T]) Depth() map[int][2]int64 {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	out := make(map[int][2]int64, len(q.bands))
+	for p, b := range q.bands {
+		out[p] = [2]int64{int64(b.n), b.bytes}
+	}
+	return out
+}
