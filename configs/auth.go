@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"github.com/kvgate/kvgate/flowcontrol"
 	"io"
 	"net"
 	"os"
@@ -215,6 +216,9 @@ func (c *Config) validateAuth(bad func(key, format string, args ...any)) {
 		}
 		if k.Burst > 0 && k.RequestsPerMinute == 0 && k.TokensPerMinute == 0 {
 			bad(at+".burst", "is set but neither requests_per_minute nor tokens_per_minute is (burst sizes their buckets)")
+		}
+		if k.Priority < flowcontrol.MinPriority || k.Priority > flowcontrol.MaxPriority {
+			bad(at+".priority", "must be between %d and %d, got %d", flowcontrol.MinPriority, flowcontrol.MaxPriority, k.Priority)
 		}
 		if k.CacheGroup != "" && !keyNamePattern.MatchString(k.CacheGroup) {
 			bad(at+".cache_group", "%q must be 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit", k.CacheGroup)

@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/cluster/clusterconfig"
+	"github.com/kvgate/kvgate/flowcontrol"
 	"github.com/kvgate/kvgate/indexers/eventsconfig"
 	"github.com/kvgate/kvgate/router/routerconfig"
 	"github.com/kvgate/kvgate/server/serverconfig"
@@ -81,6 +82,9 @@ type Config struct {
 	// Cluster joins this replica to its peers over NATS; off unless nats_url or
 	// embedded_nats.listen is set (clusterconfig.Config documents each key).
 	Cluster Cluster `yaml:"cluster"`
+	// FlowControl queues requests at the gateway while every candidate worker is busy
+	// (flowcontrol.Config documents each key); off by default.
+	FlowControl FlowControl `yaml:"flow_control"`
 	// ShutdownDrainDelay is how long, on SIGTERM, the gateway keeps accepting requests after
 	// GET /ready turned 503, so load balancers (Kubernetes Service endpoints) stop sending
 	// before the listener closes.
@@ -191,6 +195,11 @@ type ClientKey struct {
 	// tokens bucket holds the same span of time at its own rate (or Burst tokens without
 	// RequestsPerMinute). 0 (the default) is one second of each rate, at least 1.
 	Burst int `yaml:"burst"`
+	// Priority is the highest flow-control priority the key's requests get (default 0;
+	// flowcontrol.MinPriority to MaxPriority): its requests have it unless a header
+	// (x-kvgate-priority, x-gateway-inference-objective) asks for a lower one. Higher is
+	// dispatched first when requests wait at the gateway (flow_control).
+	Priority int `yaml:"priority"`
 }
 
 // The auth.cache_isolation values.
@@ -267,6 +276,10 @@ type Sessions = sessionsconfig.Config
 // (clusterconfig.Config, which documents each key).
 type Cluster = clusterconfig.Config
 
+// FlowControl configures the gateway's queue, priorities and fair shares; its owner is the
+// flowcontrol package (flowcontrol.Config, which documents each key).
+type FlowControl = flowcontrol.Config
+
 // Default returns the built-in defaults; configs/kvgate.yaml documents the same values.
 func Default() Config {
 	return Config{
@@ -285,6 +298,7 @@ func Default() Config {
 		KVEvents:           eventsconfig.Default(),
 		Sessions:           sessionsconfig.Default(),
 		Cluster:            clusterconfig.Default(),
+		FlowControl:        flowcontrol.Default(),
 		ShutdownDrainDelay: Duration(5 * time.Second),
 		ShutdownTimeout:    Duration(30 * time.Second),
 		LogLevel:           "info",

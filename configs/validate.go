@@ -98,6 +98,7 @@ func (c *Config) Validate() error {
 	errs = append(errs, confval.Split(confval.Prefix("health.", c.Health.Validate()))...)
 	errs = append(errs, confval.Split(confval.Prefix("limits.", c.Limits.Validate()))...)
 	errs = append(errs, confval.Split(confval.Prefix("cluster.", c.Cluster.Validate()))...)
+	errs = append(errs, confval.Split(confval.Prefix("flow_control.", c.FlowControl.Validate()))...)
 	c.validateAuth(bad)
 	if c.ShutdownDrainDelay < 0 {
 		bad("shutdown_drain_delay", "must not be negative, got %s", c.ShutdownDrainDelay)

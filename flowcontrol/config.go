@@ -2,11 +2,20 @@ package flowcontrol
 
 import (
 	"fmt"
+	"maps"
 	"math"
 	"net/http"
+	"slices"
 	"time"
 
 	"github.com/kvgate/kvgate/confval"
+)
+
+// The priorities a key or a header may give (a bounded range keeps the per-priority metrics'
+// series bounded).
+const (
+	MinPriority = -100
+	MaxPriority = 100
 )
 
 // Config is the flow_control section: the gateway's queue of requests that found every
@@ -97,6 +106,11 @@ func (c Config) Validate() error {
 	}{{"input_weight", c.InputWeight}, {"output_weight", c.OutputWeight}, {"age_weight", c.AgeWeight}} {
 		if !(w.v >= 0) || math.IsInf(w.v, 0) {
 			p.Addf(w.key, "must be a finite number >= 0, got %v", w.v)
+		}
+	}
+	for _, name := range slices.Sorted(maps.Keys(c.Objectives)) {
+		if prio := c.Objectives[name]; prio < MinPriority || prio > MaxPriority {
+			p.Addf("objectives."+name, "must be between %d and %d, got %d", MinPriority, MaxPriority, prio)
 		}
 	}
 	if c.FairnessHeader != "" && !validHeaderName(c.FairnessHeader) {

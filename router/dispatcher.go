@@ -36,6 +36,8 @@ type Dispatcher struct {
 	fleet    atomic.Pointer[Fleet] // shared with peer replicas (SetFleet); nil: one replica
 	sweep    time.Duration
 	log      *slog.Logger
+	busy     KVConfig  // the busy thresholds Busy applies (flow control)
+	changes  listeners // OnLoadChange's functions
 }
 
 // DispatcherOptions configure a Dispatcher. Exactly one of Policy and KV is required.
@@ -79,6 +81,10 @@ type DispatcherOptions struct {
 	// SharedPins, when set, shares every pin with the fleet's other replicas and answers a
 	// local miss (several replicas, the cluster section).
 	SharedPins SharedPins
+	// Busy holds the busy thresholds (busy_waiting_requests, busy_kv_usage,
+	// busy_prefill_tokens, metrics_max_age) that Busy applies for a policy that is not
+	// KV-aware; a KV policy's own config is used otherwise. The zero value marks nothing busy.
+	Busy KVConfig
 }
 
 // NewDispatcher builds a dispatcher around a policy.
@@ -97,6 +103,7 @@ func NewDispatcher(o DispatcherOptions) (*Dispatcher, error) {
 		e.policy, e.kv = kv, kv
 		e.load = kv.Load()
 		e.approx = kv.Approx()
+		o.Busy = kv.Config()
 		if interval == 0 {
 			interval = kv.Config().MetricsInterval.D()
 		}
@@ -104,6 +111,7 @@ func NewDispatcher(o DispatcherOptions) (*Dispatcher, error) {
 	if e.load == nil {
 		e.load = NewLoadTracker(DefaultKVConfig().LoadExpiry.D())
 	}
+	e.busy = o.Busy
 	if interval <= 0 {
 		interval = time.Second
 	}

@@ -20,6 +20,20 @@ type LoadTracker struct {
 	expiry  time.Duration
 	now     func() time.Time
 	pub     atomic.Pointer[loadPub] // the fleet's load sync, when clustered (SetPublisher)
+	changed atomic.Pointer[func(kvkey.Target)] // hears capacity freeing (OnChange)
+}
+
+// OnChange makes f hear every change that may free capacity on a target: a first token, a
+// finished request, a fresh metrics report. f runs on the caller's goroutine with no lock of
+// the tracker held and must not block (flow control only wakes its dispatcher).
+func (lt *LoadTracker) OnChange(f func(kvkey.Target)) {
+	lt.changed.Store(&f)
+}
+
+func (lt *LoadTracker) notify(t kvkey.Target) {
+	if f := lt.changed.Load(); f != nil {
+		(*f)(t)
+	}
 }
 
 // loadPub boxes a LoadPublisher for an atomic pointer.
@@ -54,6 +68,10 @@ type targetLoad struct {
 	// so scoring can take off what ended after the sample instead of trusting a stale report.
 	released atomic.Int64
 	finished atomic.Int64
+	// begun and firstTokens count the requests accounted and those past their first token,
+	// so that a scraped waiting count can be moved forward by what happened since (waitingNow).
+	begun       atomic.Int64
+	firstTokens atomic.Int64
 
 	mu     sync.RWMutex
 	blocks map[kvkey.BlockHash]int32 // refcount per keyed sequence hash of active prompts (load_blocks.go)
@@ -102,15 +120,17 @@ func (t WorkerTiming) scaled(f float64) WorkerTiming {
 
 // metricsMark is a target's released-blocks and finished-requests counters at one moment.
 type metricsMark struct {
-	released, finished int64
-	set                bool
+	released, finished  int64
+	begun, firstTokens int64
+	set                 bool
 }
 
 // mark reads t's counters; a scrape takes it before asking the worker, so that whatever ends
 // while the request is in flight is discounted from the (then already stale) report.
 func (lt *LoadTracker) mark(t kvkey.Target) metricsMark {
 	tl := lt.getOrCreate(t)
-	return metricsMark{released: tl.released.Load(), finished: tl.finished.Load(), set: true}
+	return metricsMark{released: tl.released.Load(), finished: tl.finished.Load(),
+		begun: tl.begun.Load(), firstTokens: tl.firstTokens.Load(), set: true}
 }
 
 // TargetLoad is a snapshot of one target's load as the gateway accounts it.
@@ -205,6 +225,7 @@ func (lt *LoadTracker) Begin(t kvkey.Target, req *Request, cachedBlocks int) *Ha
 	tl.prefillTokens.Add(prefill)
 	tl.prefillRequests.Add(1)
 	tl.requests.Add(1)
+	tl.begun.Add(1)
 	lt.publish(t, LoadVector{Requests: 1, PrefillRequests: 1, PrefillTokens: prefill, Blocks: added})
 	return h
 }
@@ -218,7 +239,9 @@ func (h *Handle) FirstToken() {
 	if h.stage.CompareAndSwap(stagePrefill, stageDecode) {
 		h.tl.prefillTokens.Add(-h.prefill)
 		h.tl.prefillRequests.Add(-1)
+		h.tl.firstTokens.Add(1)
 		h.lt.publish(h.target, LoadVector{PrefillRequests: -1, PrefillTokens: -h.prefill})
+		h.lt.notify(h.target)
 	}
 }
 
@@ -237,6 +260,7 @@ func (h *Handle) release() bool {
 			if s == stagePrefill {
 				h.tl.prefillTokens.Add(-h.prefill)
 				h.tl.prefillRequests.Add(-1)
+				h.tl.firstTokens.Add(1) // out of the worker's queue either way
 				d.PrefillRequests, d.PrefillTokens = -1, -h.prefill
 			}
 			break
@@ -262,6 +286,7 @@ func (h *Handle) release() bool {
 	tl.finished.Add(1)
 	d.Requests = -1
 	h.lt.publish(h.target, d)
+	h.lt.notify(h.target)
 	return true
 }
 
@@ -324,6 +349,7 @@ func (lt *LoadTracker) UpdateMetrics(t kvkey.Target, m WorkerMetrics) {
 		m.mark = lt.mark(t)
 	}
 	lt.getOrCreate(t).metrics.Store(&m)
+	lt.notify(t)
 }
 
 // sinceSample returns the worker's report with what the gateway saw end after it was taken
@@ -333,6 +359,16 @@ func (tl *targetLoad) sinceSample(m WorkerMetrics) (activeBlocks, requests float
 	activeBlocks = m.KVUsage*float64(m.NumGPUBlocks) - float64(tl.released.Load()-m.mark.released)
 	requests = m.Running + m.Waiting - float64(tl.finished.Load()-m.mark.finished)
 	return max(activeBlocks, 0), max(requests, 0)
+}
+
+// waitingNow is the worker's reported waiting requests moved forward to now: plus the
+// requests the gateway sent there since the scrape, minus those that have reached their first
+// token (or ended) since. A request sent and already running counts as waiting until its
+// first token, so the estimate errs towards busy.
+func (tl *targetLoad) waitingNow(m WorkerMetrics) float64 {
+	sent := tl.begun.Load() - m.mark.begun
+	left := tl.firstTokens.Load() - m.mark.firstTokens
+	return max(m.Waiting+float64(sent-left), 0)
 }
 
 // Metrics returns the last report for t if it is not older than maxAge.

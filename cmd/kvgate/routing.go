@@ -57,7 +57,7 @@ func buildRouting(ctx context.Context, cfg configs.Config, reg *workers.Registry
 
 	kvcfg := cfg.Router.KV
 	opts := router.Options{Seed: cfg.Router.Seed, KV: kvcfg}
-	dispOpts := router.DispatcherOptions{Registerer: prom, Log: log,
+	dispOpts := router.DispatcherOptions{Registerer: prom, Log: log, Busy: kvcfg,
 		Pins: router.PinConfig{MaxPins: cfg.Router.Responses.MaxPins, TTL: cfg.Router.Responses.PinTTL.D()}}
 	// Several replicas: session bindings and Responses pins are shared through the fleet's
 	// JetStream buckets (cluster.Bindings), read from a local cache and written behind.
