@@ -34,6 +34,19 @@ type Config struct {
 	// QueueTimeout is the longest a request waits at the gateway (default 30s); past it the
 	// request is answered 503 with Retry-After.
 	QueueTimeout confval.Duration `yaml:"queue_timeout"`
+	// MaxPredictedWait marks a worker saturated when the kv policy's time model predicts that
+	// a request sent there now would wait longer than this before its own prefill starts: the
+	// prefill already queued there, the running decodes' share of those steps, KV pressure
+	// (default 500ms; 0 turns it off; no effect under the other policies).
+	MaxPredictedWait confval.Duration `yaml:"max_predicted_wait"`
+	// MaxPrefillTokens marks a worker saturated when the uncached prompt tokens in flight to
+	// it before their first token (every replica's) reach this (default 0: off).
+	MaxPrefillTokens int `yaml:"max_prefill_tokens"`
+	// MaxWaitingRequests marks a worker saturated when its reported waiting requests, moved
+	// forward by what the gateway sent since the scrape, reach this (default 0: off). Works
+	// under every policy; the only threshold besides router.busy_* that does without the kv
+	// policy's tokenization.
+	MaxWaitingRequests int `yaml:"max_waiting_requests"`
 	// RetryAfter is the Retry-After of a 429 (queue full) or 503 (queue timeout, no worker)
 	// the queue answers, rounded up to whole seconds (default 1s).
 	RetryAfter confval.Duration `yaml:"retry_after"`
@@ -66,16 +79,17 @@ type Config struct {
 // Default returns the documented defaults (the queue off).
 func Default() Config {
 	return Config{
-		MaxRequests:     1000,
-		MaxBytes:        64 << 20,
-		QueueTimeout:    confval.Duration(30 * time.Second),
-		RetryAfter:      confval.Duration(time.Second),
-		FairnessHeader:  "x-gateway-inference-fairness-id",
-		ServiceHalfLife: confval.Duration(time.Minute),
-		InputWeight:     1,
-		OutputWeight:    1,
-		AgeWeight:       0.1,
-		PollInterval:    confval.Duration(50 * time.Millisecond),
+		MaxRequests:      1000,
+		MaxBytes:         64 << 20,
+		QueueTimeout:     confval.Duration(30 * time.Second),
+		MaxPredictedWait: confval.Duration(500 * time.Millisecond),
+		RetryAfter:       confval.Duration(time.Second),
+		FairnessHeader:   "x-gateway-inference-fairness-id",
+		ServiceHalfLife:  confval.Duration(time.Minute),
+		InputWeight:      1,
+		OutputWeight:     1,
+		AgeWeight:        0.1,
+		PollInterval:     confval.Duration(50 * time.Millisecond),
 	}
 }
 
@@ -96,6 +110,15 @@ func (c Config) Validate() error {
 		if d.v <= 0 {
 			p.Addf(d.key, "must be a positive duration, got %s", d.v)
 		}
+	}
+	if c.MaxPredictedWait < 0 {
+		p.Addf("max_predicted_wait", "must be >= 0 (0 turns it off), got %s", c.MaxPredictedWait)
+	}
+	if c.MaxPrefillTokens < 0 {
+		p.Addf("max_prefill_tokens", "must be >= 0 (0 turns it off), got %d", c.MaxPrefillTokens)
+	}
+	if c.MaxWaitingRequests < 0 {
+		p.Addf("max_waiting_requests", "must be >= 0 (0 turns it off), got %d", c.MaxWaitingRequests)
 	}
 	if c.RetryAfter < 0 {
 		p.Addf("retry_after", "must be >= 0, got %s", c.RetryAfter)
@@ -138,3 +161,27 @@ func (c Config) RetryAfterSeconds() int {
 
 // PriorityLabel is a priority as a metric label value.
 func PriorityLabel(p int) string { return fmt.Sprint(p) }
+
+// Load is what flow control reads of one worker's load (the router's Capacity.Saturation).
+type Load struct {
+	// Busy: over one of the router's busy thresholds (router.busy_*).
+	Busy          bool
+	PrefillTokens int
+	Waiting       float64
+	HasWaiting    bool
+	WaitMs        float64
+	HasWait       bool
+}
+
+// Saturated reports whether a worker with load l takes no more requests now: over a router
+// busy threshold, or over one of the section's own thresholds (each 0 = off).
+func (c Config) Saturated(l Load) bool {
+	switch {
+	case l.Busy,
+		c.MaxPredictedWait > 0 && l.HasWait && l.WaitMs >= float64(c.MaxPredictedWait.D())/float64(time.Millisecond),
+		c.MaxPrefillTokens > 0 && l.PrefillTokens >= c.MaxPrefillTokens,
+		c.MaxWaitingRequests > 0 && l.HasWaiting && l.Waiting >= float64(c.MaxWaitingRequests):
+		return true
+	}
+	return false
+}

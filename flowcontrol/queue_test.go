@@ -228,3 +228,33 @@ func TestConfigValidate(t *testing.T) {
 		}
 	}
 }
+
+func TestSaturated(t *testing.T) {
+	c := Default()
+	c.MaxPrefillTokens, c.MaxWaitingRequests = 4096, 2
+	cases := []struct {
+		name string
+		l    Load
+		want bool
+	}{
+		{"idle", Load{}, false},
+		{"router busy", Load{Busy: true}, true},
+		{"predicted wait under the bound", Load{WaitMs: 499, HasWait: true}, false},
+		{"predicted wait at the bound", Load{WaitMs: 500, HasWait: true}, true},
+		{"no prediction (not kv)", Load{WaitMs: 5000}, false},
+		{"prefill tokens at the bound", Load{PrefillTokens: 4096}, true},
+		{"waiting under the bound", Load{Waiting: 1.5, HasWaiting: true}, false},
+		{"waiting at the bound", Load{Waiting: 2, HasWaiting: true}, true},
+		{"stale waiting count", Load{Waiting: 9}, false},
+	}
+	for _, tc := range cases {
+		if got := c.Saturated(tc.l); got != tc.want {
+			t.Errorf("%s: Saturated(%+v) = %v, want %v", tc.name, tc.l, got, tc.want)
+		}
+	}
+	off := c
+	off.MaxPredictedWait, off.MaxPrefillTokens, off.MaxWaitingRequests = 0, 0, 0
+	if off.Saturated(Load{WaitMs: 1e9, HasWait: true, PrefillTokens: 1e9, Waiting: 1e9, HasWaiting: true}) {
+		t.Error("thresholds at 0 still saturate")
+	}
+}

@@ -2,6 +2,7 @@ package router
 
 import (
 	"context"
+	"math"
 	"sync"
 
 	"github.com/kvgate/kvgate/kvkey"
@@ -9,14 +10,13 @@ import (
 )
 
 // Capacity is what the gateway's flow control (server/flow.go) asks of the routing side;
-// *Dispatcher implements it. A request waits at the gateway while every candidate is Busy and
-// is dispatched, late, to a target that frees: OnLoadChange says when to look again, Gains
-// which waiting request a freed target serves best.
+// *Dispatcher implements it. A request waits at the gateway while every candidate is
+// saturated (Saturation, judged against flow_control's thresholds) and is dispatched, late,
+// to a target that frees: OnLoadChange says when to look again, Gains which waiting request a
+// freed target serves best.
 type Capacity interface {
-	// Busy reports whether t is over one of the router's busy thresholds now
-	// (router.busy_waiting_requests, busy_kv_usage, busy_prefill_tokens), the peer replicas'
-	// load included.
-	Busy(t kvkey.Target) bool
+	// Saturation is t's load now as flow control judges it, the peer replicas' load included.
+	Saturation(t kvkey.Target) Saturation
 	// OnLoadChange adds f to the listeners of every change that may free capacity: a first
 	// token, a finished request, a fresh metrics scrape. f must return at once.
 	OnLoadChange(f func())
@@ -24,6 +24,9 @@ type Capacity interface {
 	// model: its cached prefix's prefill (tokens and attention pairs) at that target's
 	// coefficients. Nil when the policy does not see the cache (every target then gains 0).
 	Gains(ctx context.Context, req *Request, cands []Candidate) map[kvkey.Target]float64
+	// Program names the agent program req belongs to: the root session of its session's
+	// lineage (a subagent's parent's root), "" for a request without a session.
+	Program(req *Request) string
 }
 
 var _ Capacity = (*Dispatcher)(nil)
@@ -47,34 +50,78 @@ func (e *Dispatcher) OnLoadChange(f func()) {
 	})
 }
 
-// Busy implements Capacity with the busy thresholds of the KV policy's config, or of
+// Saturation is one target's load as flow control reads it.
+type Saturation struct {
+	// Busy: over one of the router's busy thresholds (router.busy_waiting_requests,
+	// busy_kv_usage, busy_prefill_tokens): the policies avoid it too.
+	Busy bool
+	// PrefillTokens are the uncached prompt tokens in flight there before their first token.
+	PrefillTokens int
+	// Waiting is the worker's reported waiting requests moved forward to now (the requests
+	// sent since the scrape added, those past their first token since taken off); set only
+	// with a fresh scrape (HasWaiting).
+	Waiting    float64
+	HasWaiting bool
+	// WaitMs is the kv time model's prediction of how long a request sent now waits there
+	// before its own prefill starts: the prefill queued ahead, the running decodes' share of
+	// those steps and the KV-pressure term (latency.PredictTTFT of an empty request, less the
+	// frontend constant); set only under the kv policy (HasWait).
+	WaitMs  float64
+	HasWait bool
+}
+
+// Saturation implements Capacity with the busy thresholds of the KV policy's config, or of
 // DispatcherOptions.Busy for the other policies.
-func (e *Dispatcher) Busy(t kvkey.Target) bool {
+func (e *Dispatcher) Saturation(t kvkey.Target) Saturation {
 	cfg := e.busy
 	tl := e.load.get(t)
 	var snap TargetLoad
+	var pv LoadVector
 	if tl != nil {
 		snap = tl.snapshot()
 	}
 	if f := e.fleet.Load(); f != nil && f.Peers != nil {
-		snap = snap.withPeers(f.Peers.Sum(t))
+		pv = f.Peers.Sum(t)
+		snap = snap.withPeers(pv)
 	}
-	if cfg.BusyPrefillTokens > 0 && snap.PrefillTokens >= cfg.BusyPrefillTokens {
-		return true
+	var m WorkerMetrics
+	fresh := false
+	if tl != nil {
+		m, fresh = tl.freshMetrics(e.load.now(), cfg.MetricsMaxAge.D())
 	}
-	if tl == nil {
-		return false
+	out := Saturation{PrefillTokens: snap.PrefillTokens}
+	if fresh {
+		out.Waiting, out.HasWaiting = tl.waitingNow(m), true
 	}
-	m, fresh := tl.freshMetrics(e.load.now(), cfg.MetricsMaxAge.D())
 	switch {
-	case !fresh:
-		return false
-	case cfg.BusyKVUsage > 0 && m.KVUsage >= cfg.BusyKVUsage:
-		return true
-	case cfg.BusyWaitingRequests > 0 && tl.waitingNow(m) >= float64(cfg.BusyWaitingRequests):
-		return true
+	case cfg.BusyPrefillTokens > 0 && snap.PrefillTokens >= cfg.BusyPrefillTokens,
+		fresh && cfg.BusyKVUsage > 0 && m.KVUsage >= cfg.BusyKVUsage,
+		fresh && cfg.BusyWaitingRequests > 0 && out.Waiting >= float64(cfg.BusyWaitingRequests):
+		out.Busy = true
 	}
-	return false
+	if e.kv != nil && e.kv.timed != nil {
+		out.WaitMs, out.HasWait = e.kv.predictedWaitMs(t, pv, snap, m, fresh), true
+	}
+	return out
+}
+
+// predictedWaitMs is the time model's wait before a new request's own prefill on t: the
+// state timeOf scores with (the gateway's and the peers' accounting, raised to the fresh
+// report's decodes and unseen waiting requests) and an empty request.
+func (p *KVPolicy) predictedWaitMs(t kvkey.Target, pv LoadVector, snap TargetLoad, m WorkerMetrics, fresh bool) float64 {
+	st, th := p.timedState(t, pv)
+	if fresh {
+		bs := float64(defaultBlockSize)
+		st.KVUsage = m.KVUsage
+		st.DecodeRequests = math.Max(st.DecodeRequests, m.Running-float64(snap.PrefillRequests))
+		if unseen := math.Max(m.Waiting-float64(snap.PrefillRequests), 0); unseen > 0 {
+			each := p.cfg.WaitingWeight * bs
+			st.AheadTokens += unseen * each
+			st.AheadPairs += unseen * latency.Pairs(each, 0)
+		}
+	}
+	pred := latency.PredictTTFT(th, p.timed.params, st, latency.Req{})
+	return pred.TotalMs - pred.FrontendMs
 }
 
 // Gains implements Capacity for the KV-aware policies: the policy's own read-only scoring
@@ -107,4 +154,21 @@ func (e *Dispatcher) thetaOf(t kvkey.Target) latency.Theta {
 	}
 	c := e.kv.Config().Latency
 	return latency.Theta{c.FrontendMs, c.PrefillMsPerToken, c.AttentionMsPerPair, c.StepMs, c.StepMsPerKVToken}
+}
+
+// Program implements Capacity from the session tracker's lineage (Start has observed the
+// request's session and parent), else from the request's own parent and session ids.
+func (e *Dispatcher) Program(req *Request) string {
+	if req.SessionID == "" {
+		return ""
+	}
+	if e.sessions != nil {
+		if root := e.sessions.Root(req.SessionID); root != "" {
+			return root
+		}
+	}
+	if req.ParentSessionID != "" {
+		return req.ParentSessionID
+	}
+	return req.SessionID
 }

@@ -19,7 +19,7 @@ type LoadTracker struct {
 	targets map[kvkey.Target]*targetLoad
 	expiry  time.Duration
 	now     func() time.Time
-	pub     atomic.Pointer[loadPub] // the fleet's load sync, when clustered (SetPublisher)
+	pub     atomic.Pointer[loadPub]            // the fleet's load sync, when clustered (SetPublisher)
 	changed atomic.Pointer[func(kvkey.Target)] // hears capacity freeing (OnChange)
 }
 
@@ -120,9 +120,9 @@ func (t WorkerTiming) scaled(f float64) WorkerTiming {
 
 // metricsMark is a target's released-blocks and finished-requests counters at one moment.
 type metricsMark struct {
-	released, finished  int64
+	released, finished int64
 	begun, firstTokens int64
-	set                 bool
+	set                bool
 }
 
 // mark reads t's counters; a scrape takes it before asking the worker, so that whatever ends

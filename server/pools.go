@@ -32,7 +32,8 @@ type Pool struct {
 // pool is a Pool as the server holds it.
 type pool struct {
 	Pool
-	names []string // Model, then Aliases
+	names []string  // Model, then Aliases
+	flow  *flowGate // nil: flow control off (or the router has no Capacity)
 }
 
 // newPools checks the pools and indexes them; with none, the single pool is built from the

@@ -43,11 +43,26 @@ const (
 // unanswered and proxy returns errPinElsewhere (another pool may hold the pin).
 func (s *Server) proxy(c *gin.Context, p *pool, in *apireq.Request, rreq *router.Request, start time.Time, orNext bool) int {
 	ctx := c.Request.Context()
+	ticket, err := s.admitFlow(c, p, in, rreq)
+	if errors.Is(err, errFlowClientGone) {
+		s.m.disconnects.WithLabelValues(string(in.Endpoint)).Inc()
+		return codeClientGone
+	}
+	var ae *apiError
+	if errors.As(err, &ae) {
+		writeError(c, ae)
+		return ae.Status
+	}
+	defer ticket.routed()
 	tried := map[string]bool{}
 	maxAttempts := 1 + s.cfg.Proxy.MaxRetries
 	var last *apiError
 	for attempt := 0; attempt < maxAttempts; attempt++ {
 		cands := candidates(p, rreq.Model, tried)
+		if attempt == 0 && ticket.isBound() {
+			// Late binding: the queue gave this request the target that freed.
+			cands = onlyTarget(cands, ticket.target)
+		}
 		if len(cands) == 0 && last != nil && last.engineRestart {
 			// Every worker was tried and the last one's engine was restarting (as all of a
 			// fleet's may at once after a deploy): an engine that restarts in place is back
@@ -68,6 +83,7 @@ func (s *Server) proxy(c *gin.Context, p *pool, in *apireq.Request, rreq *router
 			s.m.retries.WithLabelValues(string(in.Endpoint)).Inc()
 		}
 		d, life, err := p.Router.Route(ctx, rreq, cands)
+		ticket.routed()
 		if errors.Is(err, router.ErrUnknownResponse) && orNext && attempt == 0 {
 			return errPinElsewhere
 		}

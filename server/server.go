@@ -109,6 +109,12 @@ func New(opts Options) (*Server, error) {
 		details: opts.Details,
 	}
 	s.m = newMetrics(s.allWorkers, opts.Metrics)
+	if opts.Config.FlowControl.Enabled {
+		fm := newFlowMetrics(s.m.reg)
+		for _, p := range s.pools {
+			p.flow = newFlowGate(opts.Config.FlowControl, p, fm)
+		}
+	}
 	s.cutCtx, s.cut = context.WithCancel(context.Background())
 	if !opts.NoFleetReadiness {
 		for _, p := range s.pools {

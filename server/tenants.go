@@ -19,6 +19,9 @@ import (
 type tenant struct {
 	name string
 	salt string
+	// priority is the key's auth.keys[].priority: the highest flow-control priority its
+	// requests get (flow_priority.go).
+	priority int
 }
 
 // tenants maps the client keys (in keySet order) to their tenants.
@@ -77,7 +80,7 @@ func newTenants(cfg configs.Config, entries []configs.ClientKey) (*tenants, erro
 		if _, dup := ts.byName[e.Name]; dup {
 			return nil, fmt.Errorf("auth: two client keys are named %q (a derived name \"key-…\" may equal a configured one: rename it)", e.Name)
 		}
-		tn := &tenant{name: e.Name}
+		tn := &tenant{name: e.Name, priority: e.Priority}
 		switch {
 		case !perKey:
 		case e.CacheGroup != "":

@@ -95,6 +95,25 @@ func (m *Tracker) Lineage(sessionID string, target kvkey.Target, anchor *kvkey.B
 	return out
 }
 
+// Root returns the id of the root of sessionID's lineage: its top-most tracked ancestor, its
+// parent when that is not tracked, the session itself without a parent, "" when the session
+// is unknown. An agent's program (a session and all its subagents) shares one root.
+func (m *Tracker) Root(sessionID string) string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	s, _, ok := m.lookup(sessionID)
+	switch {
+	case !ok:
+		return ""
+	case s.parent == "":
+		return s.id
+	}
+	if root := m.lineageRoot(s); root != s {
+		return root.id
+	}
+	return s.parent
+}
+
 // Debug returns the debug view of a session; withLineage adds every frontier's block lineage.
 func (m *Tracker) Debug(sessionID string, withLineage bool) (SessionView, bool) {
 	m.mu.Lock()

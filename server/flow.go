@@ -1,0 +1,365 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/gin-gonic/gin"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvgate/kvgate/apireq"
+	"github.com/kvgate/kvgate/flowcontrol"
+	"github.com/kvgate/kvgate/kvkey"
+	"github.com/kvgate/kvgate/router"
+)
+
+// flowGate is one pool's flow control (flow_control): a request that finds every candidate
+// busy (router.Capacity.Busy) waits in the pool's queue (flowcontrol.Queue, the state machine)
+// until a target frees; then the queue chooses which waiting request that target takes, and
+// the request is routed there (late binding). The gate does the I/O around the queue: the
+// waits, their timers and client contexts, the dispatcher goroutine and the metrics.
+//
+// Dispatching: one goroutine per pool runs while requests wait (none when the queue is
+// empty). It wakes on every load change the router reports (a first token, a finished
+// request, a fresh scrape), on every new waiting request and every flow_control.poll_interval,
+// and hands each free target, one at a time, to the request the queue chooses. A target handed
+// to a request is reserved until that request's Route has accounted its load there (the
+// ticket's routed), so one freed slot is never given twice.
+//
+// Locks: mu guards running and reserved only and is never held while calling out; the
+// queue's own lock is a leaf (docs/ARCHITECTURE.md, "Lock order").
+type flowGate struct {
+	cfg  flowcontrol.Config
+	q    *flowcontrol.Queue[kvkey.Target]
+	p    *pool
+	capa router.Capacity
+	m    *flowMetrics
+	kick chan struct{} // buffered 1: wake the dispatcher
+
+	mu       sync.Mutex
+	running  bool                 // the dispatcher goroutine runs
+	reserved map[kvkey.Target]int // targets handed to a request not yet routed
+}
+
+// flowWaiter is a waiting request's side of the queue (flowcontrol.Entry.Value).
+type flowWaiter struct {
+	done chan flowResult // buffered 1; written once
+}
+
+// flowResult is what the dispatcher tells a waiting request.
+type flowResult struct {
+	target   kvkey.Target
+	noWorker bool // no routable worker is left: answer 503
+}
+
+// flowTicket is a request the gate let through. A dispatched one names its target and holds
+// the target's reservation until routed is called.
+type flowTicket struct {
+	g      *flowGate
+	target kvkey.Target
+	bound  bool // dispatched to target (else let through at once: route freely)
+	once   sync.Once
+	class  flowClass
+	cost   float64
+}
+
+// routed releases the reservation once the request's first Route returned (its load is then
+// accounted, so Busy sees it). Safe on a nil ticket and more than once.
+func (t *flowTicket) routed() {
+	if t == nil || !t.bound {
+		return
+	}
+	t.once.Do(func() { t.g.release(t.target) })
+}
+
+// newFlowGate builds p's gate, or returns nil when flow control is off or p's router has no
+// Capacity (then nothing ever waits at the gateway).
+func newFlowGate(cfg flowcontrol.Config, p *pool, m *flowMetrics) *flowGate {
+	capa, ok := p.Router.(router.Capacity)
+	if !cfg.Enabled || !ok {
+		return nil
+	}
+	g := &flowGate{cfg: cfg, q: flowcontrol.NewQueue[kvkey.Target](flowcontrol.LimitsOf(cfg), time.Now), p: p,
+		capa: capa, m: m, kick: make(chan struct{}, 1), reserved: map[kvkey.Target]int{}}
+	capa.OnLoadChange(g.wake)
+	return g
+}
+
+// wake makes the dispatcher look again (never blocks).
+func (g *flowGate) wake() {
+	select {
+	case g.kick <- struct{}{}:
+	default:
+	}
+}
+
+// Shed reasons (kvgate_flow_shed_total{reason}) and dispatch reasons
+// (kvgate_flow_dispatched_total{reason}).
+const (
+	shedFull       = "queue_full"
+	shedTimeout    = "timeout"
+	shedClientGone = "client_gone"
+	shedNoWorker   = "no_worker"
+
+	dispatchDirect = "direct" // a candidate had room and nobody waited: not queued
+	dispatchFreed  = "freed"  // waited, then a freed target took it
+)
+
+// errFlowClientGone is admit's error when the client left while its request waited.
+var errFlowClientGone = errors.New("client left while waiting at the gateway")
+
+// admit lets the request through at once when a candidate has room and nobody waits, and
+// otherwise queues it until a target frees (a bound ticket), the queue is full (429), it
+// waited flow_control.queue_timeout (503), no worker is left (503), or the client left
+// (errFlowClientGone). A nil ticket and error: route as without flow control.
+func (g *flowGate) admit(ctx context.Context, in *apireq.Request, rreq *router.Request, bytes int, cls flowClass) (*flowTicket, error) {
+	if g == nil || rreq.PinResponseID != "" {
+		return nil, nil // a pinned request can go to one worker only: nothing to bind late
+	}
+	cands := candidates(g.p, rreq.Model, nil)
+	if len(cands) == 0 {
+		return nil, nil // proxy answers 503 (no healthy worker) as without flow control
+	}
+	cost := g.cfg.InputWeight*float64(rreq.PromptTokens) + g.cfg.OutputWeight*float64(max(in.MaxTokens, 0))
+	t := &flowTicket{g: g, class: cls, cost: cost}
+	if g.q.Len() == 0 && g.anyFree(cands) {
+		g.q.Charge(cls.tenant, cost)
+		g.m.dispatched.WithLabelValues(dispatchDirect).Inc()
+		return t, nil
+	}
+	gain := g.capa.Gains(ctx, rreq, cands)
+	if gain == nil {
+		gain = make(map[kvkey.Target]float64, len(cands))
+	}
+	for _, c := range cands { // exactly the candidates are eligible (an adapter's workers)
+		gain[c.Target] += 0
+	}
+	for k := range gain {
+		if !isCandidate(cands, k) {
+			delete(gain, k)
+		}
+	}
+	w := &flowWaiter{done: make(chan flowResult, 1)}
+	e := &flowcontrol.Entry[kvkey.Target]{Priority: cls.priority, Tenant: cls.tenant, Bytes: int64(bytes), Cost: cost, Gain: gain, Value: w}
+	prio := flowcontrol.PriorityLabel(cls.priority)
+	if err := g.q.Push(e); err != nil {
+		g.m.shed.WithLabelValues(shedFull).Inc()
+		return nil, &apiError{Status: http.StatusTooManyRequests, RetryAfter: g.cfg.RetryAfterSeconds(), Message: err.Error()}
+	}
+	g.m.depth.WithLabelValues(prio).Inc()
+	g.m.bytes.WithLabelValues(prio).Add(float64(bytes))
+	left := func() {
+		g.m.depth.WithLabelValues(prio).Dec()
+		g.m.bytes.WithLabelValues(prio).Sub(float64(bytes))
+	}
+	g.start()
+	timer := time.NewTimer(g.cfg.QueueTimeout.D())
+	defer timer.Stop()
+	var r flowResult
+	select {
+	case r = <-w.done:
+	case <-timer.C:
+		if g.q.Remove(e) {
+			left()
+			g.shed(shedTimeout, e)
+			return nil, &apiError{Status: http.StatusServiceUnavailable, RetryAfter: g.cfg.RetryAfterSeconds(),
+				Message: fmt.Sprintf("every worker stayed busy for %s, the gateway's longest queue wait (flow_control.queue_timeout)", g.cfg.QueueTimeout.D())}
+		}
+		r = <-w.done // dispatched as the timer fired: take it
+	case <-ctx.Done():
+		if g.q.Remove(e) {
+			left()
+			g.shed(shedClientGone, e)
+			return nil, errFlowClientGone
+		}
+		r = <-w.done
+		left()
+		if !r.noWorker {
+			g.release(r.target)
+		}
+		g.shed(shedClientGone, e)
+		return nil, errFlowClientGone
+	}
+	left()
+	if r.noWorker {
+		g.shed(shedNoWorker, e)
+		return nil, &apiError{Status: http.StatusServiceUnavailable, RetryAfter: g.cfg.RetryAfterSeconds(),
+			Message: fmt.Sprintf("no healthy worker of model %s is left for the requests waiting at the gateway", g.p.Model)}
+	}
+	g.m.wait.WithLabelValues(dispatchFreed).Observe(time.Since(e.Enqueued()).Seconds())
+	g.m.dispatched.WithLabelValues(dispatchFreed).Inc()
+	t.target, t.bound = r.target, true
+	return t, nil
+}
+
+// shed counts a request that left the queue without being dispatched.
+func (g *flowGate) shed(reason string, e *flowcontrol.Entry[kvkey.Target]) {
+	g.m.shed.WithLabelValues(reason).Inc()
+	g.m.wait.WithLabelValues(reason).Observe(time.Since(e.Enqueued()).Seconds())
+}
+
+func isCandidate(cands []router.Candidate, t kvkey.Target) bool {
+	for _, c := range cands {
+		if c.Target == t {
+			return true
+		}
+	}
+	return false
+}
+
+// anyFree reports whether a candidate is neither busy nor reserved.
+func (g *flowGate) anyFree(cands []router.Candidate) bool {
+	return len(g.free(cands)) > 0
+}
+
+// free lists the candidates neither busy nor reserved.
+func (g *flowGate) free(cands []router.Candidate) []kvkey.Target {
+	var out []kvkey.Target
+	for _, c := range cands {
+		g.mu.Lock()
+		r := g.reserved[c.Target]
+		g.mu.Unlock()
+		if r == 0 && !g.cfg.Saturated(flowLoad(g.capa.Saturation(c.Target))) {
+			out = append(out, c.Target)
+		}
+	}
+	return out
+}
+
+// release ends a target's reservation and wakes the dispatcher.
+func (g *flowGate) release(t kvkey.Target) {
+	g.mu.Lock()
+	if g.reserved[t]--; g.reserved[t] <= 0 {
+		delete(g.reserved, t)
+	}
+	g.mu.Unlock()
+	g.wake()
+}
+
+// start runs the dispatcher unless it runs, and wakes it.
+func (g *flowGate) start() {
+	g.mu.Lock()
+	if !g.running {
+		g.running = true
+		go g.dispatch()
+	}
+	g.mu.Unlock()
+	g.wake()
+}
+
+// dispatch hands free targets to waiting requests until the queue is empty.
+func (g *flowGate) dispatch() {
+	tick := time.NewTicker(g.cfg.PollInterval.D())
+	defer tick.Stop()
+	for {
+		g.pump()
+		g.mu.Lock()
+		if g.q.Len() == 0 {
+			g.running = false
+			g.mu.Unlock()
+			return
+		}
+		g.mu.Unlock()
+		select {
+		case <-g.kick:
+		case <-tick.C:
+		}
+	}
+}
+
+// pump dispatches while a free target and a request it may take are there.
+func (g *flowGate) pump() {
+	for {
+		cands := candidates(g.p, "", nil)
+		if len(cands) == 0 {
+			for _, e := range g.q.Drain() {
+				e.Value.(*flowWaiter).done <- flowResult{noWorker: true}
+			}
+			return
+		}
+		free := g.free(cands)
+		if len(free) == 0 {
+			return
+		}
+		e, t, ok := g.q.Next(free)
+		if !ok {
+			return
+		}
+		g.mu.Lock()
+		g.reserved[t]++
+		g.mu.Unlock()
+		e.Value.(*flowWaiter).done <- flowResult{target: t}
+	}
+}
+
+// flowMetrics are the flow-control series (kvgate_flow_*).
+type flowMetrics struct {
+	depth      *prometheus.GaugeVec     // priority
+	bytes      *prometheus.GaugeVec     // priority
+	wait       *prometheus.HistogramVec // outcome
+	dispatched *prometheus.CounterVec   // reason
+	shed       *prometheus.CounterVec   // reason
+}
+
+func newFlowMetrics(reg prometheus.Registerer) *flowMetrics {
+	m := &flowMetrics{
+		depth: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "kvgate_flow_queue_requests", Help: "Requests waiting at the gateway for a worker with room (flow_control), by priority.",
+		}, []string{"priority"}),
+		bytes: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "kvgate_flow_queue_bytes", Help: "Request body bytes waiting at the gateway (flow_control), by priority.",
+		}, []string{"priority"}),
+		wait: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "kvgate_flow_wait_seconds", Help: "Time requests waited at the gateway, by outcome: freed (dispatched), timeout, client_gone, no_worker.",
+			Buckets: prometheus.ExponentialBuckets(0.005, 2, 14),
+		}, []string{"outcome"}),
+		dispatched: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvgate_flow_dispatched_total", Help: "Requests flow control let through, by reason: direct (a candidate had room, nobody waited), freed (waited, then a freed worker took it).",
+		}, []string{"reason"}),
+		shed: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvgate_flow_shed_total", Help: "Requests that left the gateway's queue undispatched, by reason: queue_full (429), timeout (503), client_gone, no_worker (503).",
+		}, []string{"reason"}),
+	}
+	reg.MustRegister(m.depth, m.bytes, m.wait, m.dispatched, m.shed)
+	return m
+}
+
+// isBound reports whether the ticket names the target the request must go to first.
+func (t *flowTicket) isBound() bool { return t != nil && t.bound }
+
+// onlyTarget is cands narrowed to t, or cands when t is not among them (it left the fleet).
+func onlyTarget(cands []router.Candidate, t kvkey.Target) []router.Candidate {
+	for _, c := range cands {
+		if c.Target == t {
+			return []router.Candidate{c}
+		}
+	}
+	return cands
+}
+
+// admitFlow runs the request through its pool's flow gate (nothing without one): see
+// flowGate.admit. The error is errFlowClientGone or an *apiError to answer.
+func (s *Server) admitFlow(c *gin.Context, p *pool, in *apireq.Request, rreq *router.Request) (*flowTicket, error) {
+	if p.flow == nil {
+		return nil, nil
+	}
+	cls, e := s.classify(c.Request.Header, tenantOf(c), p.flow.capa.Program(rreq))
+	if e != nil {
+		return nil, e
+	}
+	t, err := p.flow.admit(c.Request.Context(), in, rreq, len(in.Body), cls)
+	if err != nil {
+		return nil, err
+	}
+	return t, nil
+}
+
+// flowLoad is the router's reading of a target's load in flow control's terms.
+func flowLoad(s router.Saturation) flowcontrol.Load {
+	return flowcontrol.Load{Busy: s.Busy, PrefillTokens: s.PrefillTokens, Waiting: s.Waiting, HasWaiting: s.HasWaiting,
+		WaitMs: s.WaitMs, HasWait: s.HasWait}
+}
