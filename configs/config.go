@@ -82,8 +82,8 @@ type Config struct {
 	// Cluster joins this replica to its peers over NATS; off unless nats_url or
 	// embedded_nats.listen is set (clusterconfig.Config documents each key).
 	Cluster Cluster `yaml:"cluster"`
-	// FlowControl queues requests at the gateway while every candidate worker is busy
-	// (flowcontrol.Config documents each key); off by default.
+	// FlowControl queues requests at the gateway while every candidate worker is saturated,
+	// with priorities and fair shares (flowcontrol.Config documents each key); off by default.
 	FlowControl FlowControl `yaml:"flow_control"`
 	// ShutdownDrainDelay is how long, on SIGTERM, the gateway keeps accepting requests after
 	// GET /ready turned 503, so load balancers (Kubernetes Service endpoints) stop sending
@@ -195,8 +195,8 @@ type ClientKey struct {
 	// tokens bucket holds the same span of time at its own rate (or Burst tokens without
 	// RequestsPerMinute). 0 (the default) is one second of each rate, at least 1.
 	Burst int `yaml:"burst"`
-	// Priority is the highest flow-control priority the key's requests get (default 0;
-	// flowcontrol.MinPriority to MaxPriority): its requests have it unless a header
+	// Priority is the highest flow-control priority the key's requests get (default 0; -100
+	// to 100): its requests have it unless a header
 	// (x-kvgate-priority, x-gateway-inference-objective) asks for a lower one. Higher is
 	// dispatched first when requests wait at the gateway (flow_control).
 	Priority int `yaml:"priority"`

@@ -19,7 +19,7 @@ const (
 )
 
 // Config is the flow_control section: the gateway's queue of requests that found every
-// candidate worker over its busy thresholds (router.busy_*). Zero is a value of every field;
+// candidate worker saturated (router.busy_* or the max_* thresholds below). Zero is a value of every field;
 // defaults come from Default only.
 type Config struct {
 	// Enabled turns the queue on (default false). Off, a request goes to a worker even when
@@ -61,9 +61,10 @@ type Config struct {
 	// its dispatched requests used (default 60s): the tenant with the least is served first
 	// within a priority.
 	ServiceHalfLife confval.Duration `yaml:"service_half_life"`
-	// InputWeight and OutputWeight weigh a request's prompt and output tokens in its tenant's
-	// attained service (defaults 1 and 1).
-	InputWeight  float64 `yaml:"input_weight"`
+	// InputWeight weighs a request's prompt tokens in its tenant's attained service (default 1).
+	InputWeight float64 `yaml:"input_weight"`
+	// OutputWeight weighs a request's output tokens (its max_tokens) in its tenant's attained
+	// service (default 1).
 	OutputWeight float64 `yaml:"output_weight"`
 	// AgeWeight is the credit, in ms of predicted gain, that one ms of waiting earns a request
 	// when a freed worker chooses among the waiting requests of a tenant (default 0.1): a
