@@ -219,3 +219,57 @@ keys: []
 		}
 	}
 }
+
+// TestHandTablesAgree: the explanatory key tables in docs/routing.md and docs/sessions.md
+// (which say what each knob trades) must show the defaults the code has.
+func TestHandTablesAgree(t *testing.T) {
+	defaults := map[string]string{}
+	for _, s := range Build() {
+		for _, k := range s.Keys {
+			defaults[k.Path] = normalizeDefault(k.Default)
+		}
+	}
+	for file, prefix := range map[string]string{"routing.md": "router.", "sessions.md": "sessions."} {
+		data, err := os.ReadFile(filepath.Join("..", "..", "docs", file))
+		if err != nil {
+			t.Fatal(err)
+		}
+		col := -1
+		checked := 0
+		for _, line := range strings.Split(string(data), "\n") {
+			if !strings.HasPrefix(line, "|") {
+				col = -1
+				continue
+			}
+			cells := strings.Split(strings.Trim(line, "|"), "|")
+			if col < 0 {
+				for i, c := range cells {
+					if strings.TrimSpace(c) == "default" {
+						col = i
+					}
+				}
+				continue
+			}
+			key := strings.Trim(strings.TrimSpace(cells[0]), "`")
+			want, ok := defaults[prefix+key]
+			if !ok || col >= len(cells) {
+				continue
+			}
+			checked++
+			if got := normalizeDefault(cells[col]); got != want {
+				t.Errorf("docs/%s: %s%s shows default %q, the code has %q", file, prefix, key, got, want)
+			}
+		}
+		if checked < 5 {
+			t.Errorf("docs/%s: only %d keys with a default column found; has the table moved?", file, checked)
+		}
+	}
+}
+
+func normalizeDefault(s string) string {
+	s = strings.TrimSpace(s)
+	s = strings.Trim(s, "`")
+	s = strings.Trim(s, `"`)
+	s = strings.TrimSuffix(strings.TrimPrefix(s, "["), "]")
+	return s
+}
