@@ -5,6 +5,8 @@
 //	kvgate serve --config configs/kvgate.yaml --check-config
 //	kvgate tokenize --tokenizer DIR --request FILE|-
 //	kvgate config reference [--out docs/configuration.md]
+//	kvgate version
+//	kvgate healthcheck [--addr HOST:PORT] [--live-only]
 package main
 
 import (
@@ -27,6 +29,10 @@ usage:
                                          print the prompt, token ids and block hashes of a request
   kvgate config reference [--out FILE]   print the configuration reference (Markdown: every key,
                                          its type, default, flag, variable and meaning)
+  kvgate version                         version, commit, Go version and build date
+  kvgate healthcheck [--addr HOST:PORT] [--live-only]
+                                         exit 0 when GET /live and /ready answer 200 (the
+                                         container's HEALTHCHECK; the image has no curl)
   kvgate help                            this text
 `
 
@@ -54,6 +60,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return runTokenize(ctx, args[1:], stdout)
 	case "config":
 		return runConfig(args[1:], stdout, stderr)
+	case "version", "--version":
+		return runVersion(args[1:], stdout)
+	case "healthcheck":
+		return runHealthcheck(ctx, args[1:], stdout, stderr)
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
 		return nil
