@@ -7,7 +7,8 @@ STATICCHECK ?= $(shell go env GOPATH)/bin/staticcheck
 BENCHTIME   ?= 2s
 
 .PHONY: all build test setup fmt-check vet staticcheck lint gotest gotest-deploy e2e-node demo demo-basic bench bench-router \
-	bench-index bench-tokenize bench-tokenize-hf bench-sim compare sweep replicas docs clean
+	bench-index bench-tokenize bench-tokenize-hf bench-sim compare sweep replicas docs clean \
+	release-check image
 
 all: build
 
@@ -55,7 +56,17 @@ e2e-node: build
 	node scripts/e2e-anthropic.mjs
 	node scripts/e2e-agents.mjs
 
-test: setup fmt-check vet staticcheck gotest e2e-node
+# The image's build step without a container runtime: scripts/build-release.sh (stripped,
+# -trimpath, cgo, version stamped) and its ldd check (nothing beyond libzmq's dependencies and
+# libc).
+release-check:
+	scripts/build-release.sh bin/release/kvgate
+
+# The container image (Dockerfile) with docker or podman: IMAGE=kvgate:TAG make image.
+image:
+	scripts/image.sh
+
+test: setup fmt-check vet staticcheck release-check gotest e2e-node
 
 # Two simulated workers, kvgate in front, a few chat requests with go-openai; all stopped after.
 demo-basic: build
