@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# replicas.sh — several kvgate replicas sharing NATS, behind HAProxy in round robin, measured
-# with kvbench on an agentic trace.
+# replicas.sh — several kvgate replicas sharing NATS, behind HAProxy (or NGINX) in round robin,
+# measured with kvbench on an agentic trace.
 #
 # A simulated fleet (WORKERS vllm-sim workers at real speed, KV events on) serves REPLICAS kvgate
 # replicas that share one NATS system (the replicas' embedded servers joined by routes, or an
 # external nats-server); HAProxy balances the clients' requests over the replicas in round robin;
 # kvbench replays TRACE through HAProxy and the script prints the report: cached-token ratio,
-# TTFT mean / p90, client errors, requests per replica and each replica's cluster link.
+# TTFT mean / p90, client errors, requests per replica, each replica's cluster link, and the
+# TTFT the front adds (FRONT_PROBES streamed requests, direct to replica 1 and through the front,
+# alternating: scripts/front-ttft.mjs), so a front that holds back SSE shows.
 # Everything listens on 127.0.0.1; every process is stopped on exit (Ctrl-C included).
 #
 # Usage: scripts/replicas.sh [TRACE]      (default: testdata/traces/trace_0291.json, a Claude
@@ -14,6 +16,12 @@
 #
 # Env (defaults in brackets):
 #   REPLICAS      kvgate replicas behind HAProxy [3]
+#   FRONT         haproxy, nginx (proxy_buffering off, HTTP/1.1 keep-alive upstreams) or none
+#                 (kvbench straight to replica 1; for the direct baseline, with REPLICAS=1)
+#                 [haproxy]
+#   HAPROXY_NO_DELAY  0 leaves `option http-no-delay` out of the HAProxy config, to measure
+#                 what it costs [1]
+#   FRONT_PROBES  streamed requests each way for the front's added TTFT; 0 skips it [20]
 #   NATS          embedded: each replica runs a NATS server, the servers form one cluster with
 #                 routes; external: one nats-server process (built from the Go module cache into
 #                 BIN, or Debian's nats-server), the replicas connect to it; none: no cluster
@@ -53,8 +61,8 @@
 #                 +50 (monitor +51), KV events +100..
 #   BIN           where the binaries are built [OUT/bin]; SKIP_BUILD=1 uses existing ones
 #
-# HAProxy (Debian's haproxy) and jq are installed with apt-get when missing (as root, as
-# scripts/setup.sh installs libzmq).
+# HAProxy or NGINX (Debian's haproxy, nginx) and jq are installed with apt-get when missing (as
+# root, as scripts/setup.sh installs libzmq).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -87,6 +95,9 @@ PROBES="${PROBES:-16}"
 COLD_WITHIN="${COLD_WITHIN:-5}"
 COLD_TIMEOUT="${COLD_TIMEOUT:-30}"
 BASE_PORT="${BASE_PORT:-$((24000 + 200 * ($$ % 40)))}"
+FRONT="${FRONT:-haproxy}"
+HAPROXY_NO_DELAY="${HAPROXY_NO_DELAY:-1}"
+FRONT_PROBES="${FRONT_PROBES:-20}"
 BIN="${BIN:-$OUT/bin}"
 
 NAME=replicas
@@ -102,7 +113,12 @@ need_pkg() {
   apt-get update -qq >/dev/null
   apt-get install -y -qq "$2" >/dev/null || die "apt-get install $2 failed"
 }
-need_pkg haproxy haproxy
+case "$FRONT" in
+  haproxy) need_pkg haproxy haproxy ;;
+  nginx) need_pkg nginx nginx ;;
+  none) ;;
+  *) die "FRONT=$FRONT: want haproxy, nginx or none" ;;
+esac
 need_pkg jq jq
 command -v curl >/dev/null || die "curl is required"
 [ -e "$TRACE" ] || die "trace $TRACE not found"
@@ -146,6 +162,7 @@ fi
 if [ -n "$KILL_REPLICA_AT" ]; then
   [[ "$KILL_REPLICA_AT" =~ ^[0-9]+$ ]] || die "KILL_REPLICA_AT=$KILL_REPLICA_AT: want whole seconds"
   [ "$REPLICAS" -ge 2 ] || die "KILL_REPLICA_AT needs REPLICAS >= 2 (HAProxy needs a replica left)"
+  [ "$FRONT" = haproxy ] || die "KILL_REPLICA_AT needs FRONT=haproxy"
 fi
 [ "$COLD_REPLICA" = 1 ] && [ "$REPLICAS" -ge 9 ] && die "COLD_REPLICA=1 needs REPLICAS <= 8 (ports)"
 case "$COLD_ROLE" in client) ;; seed) [ "$NATS" = embedded ] || die "COLD_ROLE=seed needs NATS=embedded" ;;
@@ -183,9 +200,10 @@ route_port() { echo $((BASE_PORT + 40 + $1)); }
 EXT_NATS_PORT=$((BASE_PORT + 50))
 EXT_NATS_MON=$((BASE_PORT + 51))
 LB="127.0.0.1:$BASE_PORT"
+[ "$FRONT" = none ] && LB="127.0.0.1:$(gw_port 1)"
 
 # --- the fleet ---
-log "$WORKERS simulated workers (speedup $SPEEDUP, buffer_steps $BUFFER_STEPS), $REPLICAS replicas (NATS $NATS), HAProxy on $LB"
+log "$WORKERS simulated workers (speedup $SPEEDUP, buffer_steps $BUFFER_STEPS), $REPLICAS replicas (NATS $NATS), front $FRONT on $LB"
 rm -f "$OUT/fleet.yaml"
 # shellcheck disable=SC2086 # SIM_ARGS is a list of flags
 "$BIN/vllm-sim" fleet --workers "$WORKERS" --host 127.0.0.1 --base-port $((BASE_PORT + 1)) \
@@ -262,8 +280,12 @@ for r in $(seq 1 "$REPLICAS"); do
     die "replica $r did not become healthy; see $OUT/kvgate-$r.log"
 done
 
-# --- HAProxy, round robin over the replicas ---
-{
+# --- the front: HAProxy or NGINX, round robin over the replicas ---
+# http-no-delay: HAProxy otherwise holds a small write back (MSG_MORE) waiting for more of the
+# message, which delays every SSE event, the first token included (docs/operations.md).
+nodelay="  option http-no-delay"
+[ "$HAPROXY_NO_DELAY" = 1 ] || nodelay="  # option http-no-delay left out (HAPROXY_NO_DELAY=0)"
+write_haproxy() {
   cat <<EOF
 # Written by scripts/replicas.sh: round robin over $REPLICAS kvgate replicas.
 global
@@ -271,6 +293,7 @@ global
 
 defaults
   mode http
+$nodelay
   timeout connect 2s
   retries 2
   option redispatch
@@ -298,12 +321,72 @@ frontend stats
   stats enable
   stats uri /stats
 EOF
-} >"$OUT/haproxy.cfg"
-haproxy -c -q -f "$OUT/haproxy.cfg" >"$OUT/haproxy.log" 2>&1 || die "haproxy rejects $OUT/haproxy.cfg; see $OUT/haproxy.log"
-haproxy -db -f "$OUT/haproxy.cfg" >>"$OUT/haproxy.log" 2>&1 &
-hap=$!
-PIDS+=("$hap")
-wait_http "http://$LB/health" "$hap" 30 || die "HAProxy did not answer; see $OUT/haproxy.log"
+}
+# write_nginx: the same front in NGINX: HTTP/1.1 to the replicas with idle connections kept
+# (keepalive, Connection ""), nothing buffered either way (proxy_buffering off: each SSE event
+# is passed on as it arrives; proxy_request_buffering off), timeouts long enough for streams, a
+# failed connection retried on the next replica (a POST is never resent once sent).
+write_nginx() {
+  cat <<EOF
+# Written by scripts/replicas.sh: round robin over $REPLICAS kvgate replicas.
+worker_processes 1;
+daemon off;
+pid $ROOT/$OUT/nginx.pid;
+error_log $ROOT/$OUT/nginx.log warn;
+events { worker_connections 4096; }
+http {
+  access_log off;
+  client_body_temp_path $ROOT/$OUT/nginx-tmp/body;
+  proxy_temp_path $ROOT/$OUT/nginx-tmp/proxy;
+  fastcgi_temp_path $ROOT/$OUT/nginx-tmp/fastcgi;
+  uwsgi_temp_path $ROOT/$OUT/nginx-tmp/uwsgi;
+  scgi_temp_path $ROOT/$OUT/nginx-tmp/scgi;
+  upstream replicas {
+EOF
+  for r in $(seq 1 "$REPLICAS"); do
+    echo "    server 127.0.0.1:$(gw_port "$r") max_fails=2 fail_timeout=2s;"
+  done
+  cat <<EOF
+    keepalive 64;
+  }
+  server {
+    listen $LB;
+    client_max_body_size 64m;
+    location / {
+      proxy_pass http://replicas;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+      proxy_set_header Host \$host;
+      proxy_buffering off;
+      proxy_request_buffering off;
+      proxy_connect_timeout 2s;
+      proxy_read_timeout 10m;
+      proxy_send_timeout 10m;
+      proxy_next_upstream error timeout;
+      add_header X-Kvgate-Replica \$upstream_addr always;
+    }
+  }
+}
+EOF
+}
+case "$FRONT" in
+  haproxy)
+    write_haproxy >"$OUT/haproxy.cfg"
+    haproxy -c -q -f "$OUT/haproxy.cfg" >"$OUT/haproxy.log" 2>&1 || die "haproxy rejects $OUT/haproxy.cfg; see $OUT/haproxy.log"
+    haproxy -db -f "$OUT/haproxy.cfg" >>"$OUT/haproxy.log" 2>&1 &
+    ;;
+  nginx)
+    mkdir -p "$OUT/nginx-tmp"
+    write_nginx >"$OUT/nginx.conf"
+    nginx -t -q -c "$ROOT/$OUT/nginx.conf" >"$OUT/nginx.log" 2>&1 || die "nginx rejects $OUT/nginx.conf; see $OUT/nginx.log"
+    nginx -c "$ROOT/$OUT/nginx.conf" >>"$OUT/nginx.log" 2>&1 &
+    ;;
+esac
+if [ "$FRONT" != none ]; then
+  front_pid=$!
+  PIDS+=("$front_pid")
+  wait_http "http://$LB/health" "$front_pid" 30 || die "$FRONT did not answer; see $OUT/$FRONT.log"
+fi
 
 # --- the replay ---
 # metric_sum PORT NAME: the sum of a metric's series on a replica's /metrics (0 when absent).
@@ -320,7 +403,7 @@ metric_by() {
 }
 bodies=()
 [ "$COLD_REPLICA" = 1 ] && bodies=(--bodies-out "$OUT/bodies.jsonl")
-log "replaying $TRACE through HAProxy (time scale $TIME_SCALE, $KVBENCH_ARGS)"
+log "replaying $TRACE through $FRONT (time scale $TIME_SCALE, $KVBENCH_ARGS)"
 t_start=$(date +%s)
 # kvbench runs in the background and the script waits for it: bash runs a trap only between
 # commands, and `wait` is interruptible where a foreground command is not.
@@ -385,8 +468,14 @@ report() {
     "TTFT mean \(.time_to_first_token.avg | round) ms, p90 \(.time_to_first_token.p90 | round) ms",
     "requests per worker \(.worker_distribution // {} | tostring)"' "$OUT/kvbench/$SUMMARY_FILE"
   # HAProxy's per-server request totals (stats CSV: pxname, svname, ..., stot is field 8).
-  s=$(curl -sf "http://127.0.0.1:$((BASE_PORT + 9))/stats;csv" | awk -F, '$1 == "replicas" && $2 ~ /^gw/ { printf "%s%s=%s", sep, $2, $8; sep = " " }') || s="?"
-  echo "requests per replica (HAProxy) $s"
+  if [ "$FRONT" = haproxy ]; then
+    s=$(curl -sf "http://127.0.0.1:$((BASE_PORT + 9))/stats;csv" | awk -F, '$1 == "replicas" && $2 ~ /^gw/ { printf "%s%s=%s", sep, $2, $8; sep = " " }') || s="?"
+    echo "requests per replica (HAProxy) $s"
+  else
+    s=""
+    for r in $(seq 1 "$REPLICAS"); do s="$s${s:+ }gw$r=$(metric_sum "$(gw_port "$r")" kvgate_requests_total)"; done
+    echo "requests per replica (kvgate_requests_total) $s"
+  fi
   for s in "${FAULTS[@]:-}"; do [ -n "$s" ] && echo "$s"; done
   # The last event sequence number of each worker (batches published since it started), as
   # replica 1 saw it: a ring of BUFFER_STEPS batches reaches back to the start when it is larger.
@@ -405,6 +494,19 @@ report() {
   done
 }
 report | tee "$OUT/report.txt"
+
+# --- the front's added TTFT: the same short streamed request, direct and through the front ---
+if [ "$FRONT" != none ] && [ "$FRONT_PROBES" -gt 0 ]; then
+  nd="with option http-no-delay"
+  [ "$HAPROXY_NO_DELAY" = 1 ] || nd="WITHOUT option http-no-delay"
+  [ "$FRONT" = haproxy ] || nd="proxy_buffering off"
+  if node scripts/front-ttft.mjs "http://127.0.0.1:$(gw_port 1)" "http://$LB" "$MODEL_NAME" "$FRONT_PROBES" >"$OUT/front-ttft.json" 2>"$OUT/front-ttft.log"; then
+    jq -r --arg f "$FRONT" --arg nd "$nd" '"front \($f) (\($nd)): TTFT direct to gw1 mean \(.direct_ms.mean) ms (p50 \(.direct_ms.p50)), through the front mean \(.front_ms.mean) ms (p50 \(.front_ms.p50)): added \(.added_ms.mean) ms mean, \(.added_ms.p50) ms p50 over \(.probes) probes each"' \
+      "$OUT/front-ttft.json" | tee -a "$OUT/report.txt"
+  else
+    echo "front $FRONT: the added-TTFT probe failed; see $OUT/front-ttft.log" | tee -a "$OUT/report.txt"
+  fi
+fi
 
 # --- COLD_REPLICA=1: one more replica, started cold, against replica 1 ---
 if [ "$COLD_REPLICA" = 1 ]; then
