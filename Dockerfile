@@ -29,14 +29,16 @@ LABEL org.opencontainers.image.title="kvgate" \
       org.opencontainers.image.description="OpenAI-compatible gateway with KV-cache-aware routing for vLLM fleets" \
       org.opencontainers.image.version="$VERSION" \
       org.opencontainers.image.revision="$COMMIT"
-# ca-certificates: TLS to workers, NATS and the tokenizer hub. The user's uid is fixed (65532)
-# so that a Kubernetes securityContext can name it (runAsNonRoot, runAsUser).
+# The CA bundle (TLS to workers, NATS and the tokenizer hub) comes from the build stage: the
+# ca-certificates package would pull openssl and libssl3 (~8 MB) that kvgate never loads. The
+# user's uid is fixed (65532) so that a Kubernetes securityContext can name it.
 RUN apt-get update \
- && apt-get install -y --no-install-recommends libzmq5 ca-certificates \
+ && apt-get install -y --no-install-recommends libzmq5 \
  && rm -rf /var/lib/apt/lists/* \
  && groupadd --system --gid 65532 kvgate \
  && useradd --system --uid 65532 --gid kvgate --home-dir /var/lib/kvgate --create-home --shell /usr/sbin/nologin kvgate \
  && install -d -o kvgate -g kvgate -m 0755 /var/cache/kvgate/hf /etc/kvgate
+COPY --from=build /etc/ssl/certs/ca-certificates.crt /etc/ssl/certs/ca-certificates.crt
 COPY --from=build /out/kvgate /usr/local/bin/kvgate
 COPY configs/kvgate.yaml /etc/kvgate/kvgate.example.yaml
 # The client listener on every interface (the default config binds the loopback only); the

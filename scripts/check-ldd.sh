@@ -27,7 +27,7 @@ allowed="$( { names "$zmq"; basename "$zmq"; echo libzmq.so.5
   printf '%s\n' libc.so.6 libm.so.6 libpthread.so.0 libdl.so.2 librt.so.1 linux-vdso.so.1 ld-linux-x86-64.so.2 ld-linux-aarch64.so.1; } | sort -u)"
 extra="$(comm -23 <(echo "$mine") <(echo "$allowed"))"
 echo "check-ldd: $bin ($(du -k "$bin" | cut -f1) KiB) needs:" >&2
-ldd "$bin" | sed 's/ (0x[0-9a-f]*)//; s/^/  /' >&2
+ldd "$bin" | sed -E "s/ \(0x[0-9a-f]+\)//; s/^[[:space:]]*/  /" >&2
 if [ -n "$extra" ]; then
   echo "check-ldd: FAIL: beyond libzmq's dependencies and libc: $(echo "$extra" | tr '\n' ' ')" >&2
   exit 1
