@@ -49,7 +49,7 @@ func (p *KVPolicy) decide(req *Request, cands []Candidate, rows []kvRow) Decisio
 		d.Candidates[i] = CandidateScore{
 			Target: cands[i].Target, Mode: r.mode,
 			G1Blocks: r.match.G1, G2Blocks: r.match.G2, G3Blocks: r.match.G3,
-			Load: r.load, Cost: r.cost, EvictMs: r.evict, OverflowMs: r.overflow, RecomputeMs: r.recompute, QueueLoss: r.queueLoss, Busy: r.busy,
+			Load: r.load, TTFTMs: r.ttft, Cost: r.cost, EvictMs: r.evict, OverflowMs: r.overflow, RecomputeMs: r.recompute, QueueLoss: r.queueLoss, Busy: r.busy,
 		}
 		if r.busy {
 			busy++

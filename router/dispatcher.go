@@ -208,7 +208,7 @@ func (e *Dispatcher) route(ctx context.Context, req *Request, cands []Candidate)
 	if e.holds != nil {
 		return e.routeKV(ctx, req, cands)
 	}
-	d, err := e.Pick(ctx, req, cands)
+	d, err := e.pick(ctx, req, cands)
 	if err != nil {
 		return Decision{}, nil, err
 	}
@@ -216,8 +216,19 @@ func (e *Dispatcher) route(ctx context.Context, req *Request, cands []Candidate)
 }
 
 // Pick runs the policy and times it; it accounts nothing (POST /debug/route calls it as is).
-// Policies with their own state (round robin) still advance it.
+// Policies with their own state (round robin) still advance it. Under a KV-aware policy, when
+// a prefill in flight shares the prompt's prefix, the decision's Hold says what the sibling
+// hold would do now (previewHold; nothing waits).
 func (e *Dispatcher) Pick(ctx context.Context, req *Request, candidates []Candidate) (Decision, error) {
+	d, err := e.pick(ctx, req, candidates)
+	if err == nil && e.holds != nil {
+		d.Hold = e.previewHold(req, d)
+	}
+	return d, err
+}
+
+// pick is Pick without the hold's preview (the routing paths judge the hold themselves).
+func (e *Dispatcher) pick(ctx context.Context, req *Request, candidates []Candidate) (Decision, error) {
 	if len(candidates) == 0 {
 		return Decision{}, errNoCandidates
 	}

@@ -1,6 +1,7 @@
 package router
 
 import (
+	"math"
 	"sort"
 	"sync"
 	"time"
@@ -39,8 +40,36 @@ type prefill struct {
 	routed bool
 	target kvkey.Target
 	predMs float64 // the leader's predicted TTFT at routing
+	// mark is the target's cumulative routed prefill right after the leader's was added: what
+	// was routed there since is queued behind the leader (holdCostOf).
+	mark routedMark
 	// Written before doneCh closes.
 	computed bool
+
+	// The followers held on this prefill now, and their uncached suffixes (tokens, attention
+	// pairs): released together, they queue on target beside each other. Under holdTable.mu.
+	held                  int
+	heldTokens, heldPairs float64
+}
+
+// routedMark is a reading of a target's cumulative routed prefill tallies (targetTime).
+type routedMark struct {
+	tokens, pairs int64
+	ok            bool // the time model tracks the target
+}
+
+// leaderView is what a follower reads of its leader (holdTable.snapshot).
+type leaderView struct {
+	routed   bool
+	target   kvkey.Target
+	begun    time.Time
+	predMs   float64
+	mark     routedMark
+	done     bool
+	computed bool
+	// held, heldTokens and heldPairs are the other followers held now (prefill).
+	held                  int
+	heldTokens, heldPairs float64
 }
 
 func newHoldTable(minBlocks int) *holdTable {
@@ -68,15 +97,47 @@ func (h *holdTable) claim(hashes []kvkey.BlockHash, now time.Time) (pf *prefill,
 	return pf, true
 }
 
-// route records the leader's target and predicted TTFT and wakes the followers waiting for it.
-func (h *holdTable) route(pf *prefill, t kvkey.Target, predMs float64) {
+// peek returns the prefill in flight that shares at least min blocks with hashes, or nil; it
+// registers nothing.
+func (h *holdTable) peek(hashes []kvkey.BlockHash) *prefill {
+	if len(hashes) < h.min {
+		return nil
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.byKey[hashes[h.min-1]]
+}
+
+// route records the leader's target, predicted TTFT and the target's routed tallies after it,
+// and wakes the followers waiting for it.
+func (h *holdTable) route(pf *prefill, t kvkey.Target, predMs float64, mark routedMark) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if pf.routed || isClosed(pf.routedCh) {
 		return
 	}
-	pf.routed, pf.target, pf.predMs = true, t, predMs
+	pf.routed, pf.target, pf.predMs, pf.mark = true, t, predMs, mark
 	close(pf.routedCh)
+}
+
+// join counts a follower held on pf with its uncached suffix; the returned leave undoes it
+// (once).
+func (h *holdTable) join(pf *prefill, tokens, pairs float64) (leave func()) {
+	h.mu.Lock()
+	pf.held++
+	pf.heldTokens += tokens
+	pf.heldPairs += pairs
+	h.mu.Unlock()
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			h.mu.Lock()
+			pf.held--
+			pf.heldTokens = math.Max(pf.heldTokens-tokens, 0)
+			pf.heldPairs = math.Max(pf.heldPairs-pairs, 0)
+			h.mu.Unlock()
+		})
+	}
 }
 
 // finish ends the leader's prefill: computed when its first token came, false when it ended
@@ -121,12 +182,13 @@ func (h *holdTable) len() int {
 	return len(h.byKey)
 }
 
-// snapshot returns the leader's routing state (after routedCh closed) and whether its prefix
-// is computed yet.
-func (h *holdTable) snapshot(pf *prefill) (routed bool, t kvkey.Target, begun time.Time, predMs float64, done, computed bool) {
+// snapshot returns the leader's routing state (after routedCh closed), whether its prefix is
+// computed yet, and the followers held on it.
+func (h *holdTable) snapshot(pf *prefill) leaderView {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	return pf.routed, pf.target, pf.begun, pf.predMs, isClosed(pf.doneCh), pf.computed
+	return leaderView{routed: pf.routed, target: pf.target, begun: pf.begun, predMs: pf.predMs, mark: pf.mark,
+		done: isClosed(pf.doneCh), computed: pf.computed, held: pf.held, heldTokens: pf.heldTokens, heldPairs: pf.heldPairs}
 }
 
 func isClosed(c chan struct{}) bool {

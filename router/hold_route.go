@@ -9,6 +9,7 @@ import (
 
 	"github.com/kvgate/kvgate/indexers"
 	"github.com/kvgate/kvgate/kvkey"
+	"github.com/kvgate/kvgate/router/latency"
 )
 
 // holdPoll is how often a held request checks whether the KV events already announced the
@@ -27,6 +28,9 @@ const (
 	holdUnavailable  = "unavailable"
 	holdCancelled    = "cancelled"
 	holdCached       = "cached"
+	holdFaster       = "faster_elsewhere"
+	// holdWould is POST /debug/route's outcome where a request would be held now.
+	holdWould = "would_hold"
 )
 
 // routeMetrics are the hold, duplicate-prefill and regret counters of the KV-aware policies.
@@ -39,11 +43,11 @@ func newRouteMetrics(reg prometheus.Registerer) (*routeMetrics, error) {
 	m := &routeMetrics{
 		holds: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvgate_router_holds_total",
-			Help: "Requests that found their prompt's prefix being prefilled on a target, by what the hold did (released, cached, expired, busy, disabled, leader_failed, unrouted, unavailable, cancelled).",
+			Help: "Requests that found their prompt's prefix being prefilled on a target, by what the hold did (released, cached, expired, busy, disabled, faster_elsewhere, leader_failed, unrouted, unavailable, cancelled).",
 		}, []string{"outcome"}),
 		dup: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvgate_router_duplicate_prefill_tokens_total",
-			Help: "Prompt tokens of a prefix being prefilled (or cached) on another target, or in flight on the chosen one, that the chosen target computes again, by reason (hold_expired, busy, no_hold).",
+			Help: "Prompt tokens of a prefix being prefilled (or cached) on another target, or in flight on the chosen one, that the chosen target computes again, by reason (hold_expired, busy, faster_elsewhere, no_hold).",
 		}, []string{"reason"}),
 		regret: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvgate_router_cache_regret_blocks_total",
@@ -84,7 +88,7 @@ func (e *Dispatcher) routeKV(ctx context.Context, req *Request, cands []Candidat
 	if pf != nil && !leader {
 		return e.follow(ctx, req, cands, pf)
 	}
-	d, err := e.Pick(ctx, req, cands)
+	d, err := e.pick(ctx, req, cands)
 	if err != nil {
 		if pf != nil {
 			e.holds.finish(pf, false)
@@ -98,9 +102,22 @@ func (e *Dispatcher) routeKV(ctx context.Context, req *Request, cands []Candidat
 		if a.obs != nil {
 			pred = a.obs.predMs
 		}
-		e.holds.route(pf, d.Chosen.Target, pred)
+		e.holds.route(pf, d.Chosen.Target, pred, e.kv.routedMarkOf(d.Chosen.Target))
 	}
 	return d, a, nil
+}
+
+// routedMarkOf reads t's cumulative routed prefill tallies (not ok when the time model does
+// not track t).
+func (p *KVPolicy) routedMarkOf(t kvkey.Target) routedMark {
+	if p.timed == nil {
+		return routedMark{}
+	}
+	tt := p.timed.get(t)
+	if tt == nil {
+		return routedMark{}
+	}
+	return routedMark{tokens: tt.routedU.Load(), pairs: tt.routedPairs.Load(), ok: true}
 }
 
 // commit begins the attempt of decision d and counts its regret and duplicate prefill:
@@ -128,11 +145,50 @@ func (e *Dispatcher) commit(d Decision, req *Request, inflight int, reason strin
 	return a
 }
 
+// holdVerdict is what a follower does before any wait: an outcome that routes it by d at once
+// (with the duplicate prefill's label), or hold ("" outcome; released at once when the leader
+// is done), with the priced choice when there was one.
+type holdVerdict struct {
+	outcome   string
+	dupReason string
+	cost      *HoldCost
+}
+
+// judge decides, without waiting, whether a follower of lv's prefill sharing shared blocks is
+// held: not when a candidate already caches the prefix, the leader's target is gone or busy,
+// the leader failed or the hold is off; under kv, not when another target is predicted to
+// compute the whole prompt sooner than the wait plus the suffix (KVPolicy.holdCostOf). d is
+// the policy's decision for req now.
+func (e *Dispatcher) judge(req *Request, d Decision, lv leaderView, shared int) holdVerdict {
+	row, ok := scoreOf(d, lv.target)
+	switch {
+	case bestG1(d) >= shared:
+		// The shared prefix is already cached somewhere (an earlier request computed it): the
+		// cost weighs that cache; nothing to wait for.
+		return holdVerdict{outcome: holdCached}
+	case !ok:
+		return holdVerdict{outcome: holdUnavailable}
+	case lv.done && !lv.computed:
+		return holdVerdict{outcome: holdLeaderFailed}
+	case row.Busy:
+		return holdVerdict{outcome: holdBusy, dupReason: holdBusy}
+	case lv.done && !e.kv.cfg.Hold.Enabled:
+		return holdVerdict{} // computed already: released without a wait, as before the gate
+	case !e.kv.cfg.Hold.Enabled:
+		return holdVerdict{outcome: holdDisabled, dupReason: "no_hold"}
+	}
+	cost := e.kv.holdCostOf(req, d, lv, shared, e.kv.now())
+	if cost != nil && !cost.Hold {
+		return holdVerdict{outcome: holdFaster, dupReason: holdFaster, cost: cost}
+	}
+	return holdVerdict{cost: cost}
+}
+
 // follow routes a request whose first blocks are being prefilled by pf's leader on a target T:
-// unless T is busy (or the hold is off), it routes the request to T once that prefix is
-// computed there (the leader's first token, or KV events covering it), waiting at most the
-// leader's predicted remaining TTFT plus router.hold.margin, then routes it anew. The wait ends
-// with ctx; its timers are stopped on every return.
+// unless judge says otherwise (T busy, the hold off, or another target faster), it routes the
+// request to T once that prefix is computed there (the leader's first token, or KV events
+// covering it), waiting at most the leader's predicted remaining TTFT plus router.hold.margin,
+// then routes it anew. The wait ends with ctx; its timers are stopped on every return.
 func (e *Dispatcher) follow(ctx context.Context, req *Request, cands []Candidate, pf *prefill) (Decision, Lifecycle, error) {
 	cfg := e.kv.cfg.Hold
 	start := time.Now()
@@ -148,9 +204,10 @@ func (e *Dispatcher) follow(ctx context.Context, req *Request, cands []Candidate
 		}
 		t.Stop()
 	}
-	routed, target, begun, predMs, done, computed := e.holds.snapshot(pf)
+	lv := e.holds.snapshot(pf)
+	target := lv.target
 	shared := sharedBlocks(req.BlockHashes, pf.hashes)
-	d, err := e.Pick(ctx, req, cands)
+	d, err := e.pick(ctx, req, cands)
 	if err != nil {
 		return Decision{}, nil, err
 	}
@@ -162,28 +219,30 @@ func (e *Dispatcher) follow(ctx context.Context, req *Request, cands []Candidate
 		e.metrics.hold(outcome)
 		return d, e.commit(d, req, inflight, dupReason), nil
 	}
-	if !routed {
+	if !lv.routed {
 		rec.Target = kvkey.Target{}
 		return finish(d, holdUnrouted, 0, "")
 	}
-	row, ok := scoreOf(d, target)
+	v := e.judge(req, d, lv, shared)
+	rec.Cost = v.cost
 	switch {
-	case bestG1(d) >= shared:
-		// The shared prefix is already cached somewhere (an earlier request computed it): the
-		// cost weighs that cache; nothing to wait for.
-		return finish(d, holdCached, 0, "")
-	case !ok:
-		return finish(d, holdUnavailable, 0, "")
-	case done && !computed:
-		return finish(d, holdLeaderFailed, 0, "")
-	case row.Busy:
-		return finish(d, holdBusy, dupUnlessOn(d, target, shared), holdBusy)
-	case done:
+	case v.outcome == holdFaster:
+		d = elsewhere(d, target, v.cost)
+		return finish(d, holdFaster, dupUnlessOn(d, target, shared), holdFaster)
+	case v.outcome != "":
+		inflight := 0
+		if v.dupReason != "" {
+			inflight = dupUnlessOn(d, target, shared)
+		}
+		return finish(d, v.outcome, inflight, v.dupReason)
+	case lv.done:
 		return finish(e.release(d, target, shared, start), holdReleased, 0, "")
-	case !cfg.Enabled:
-		return finish(d, holdDisabled, dupUnlessOn(d, target, shared), "no_hold")
 	}
-	wait := time.NewTimer(holdDeadline(begun, predMs, cfg.Margin.D(), e.kv.now()))
+	// Held: counted with the followers released beside this one (holdCostOf).
+	u, c := suffixOf(req, shared)
+	leave := e.holds.join(pf, u, latency.Pairs(u, c))
+	defer leave()
+	wait := time.NewTimer(holdDeadline(lv.begun, lv.predMs, cfg.Margin.D(), e.kv.now()))
 	defer wait.Stop()
 	poll := time.NewTicker(holdPoll)
 	defer poll.Stop()
@@ -193,8 +252,8 @@ func (e *Dispatcher) follow(ctx context.Context, req *Request, cands []Candidate
 			e.metrics.hold(holdCancelled)
 			return Decision{}, nil, fmt.Errorf("route: held for a shared prefix: %w", ctx.Err())
 		case <-pf.doneCh:
-			if _, _, _, _, _, computed := e.holds.snapshot(pf); !computed {
-				if d, err = e.Pick(ctx, req, cands); err != nil {
+			if !e.holds.snapshot(pf).computed {
+				if d, err = e.pick(ctx, req, cands); err != nil {
 					return Decision{}, nil, err
 				}
 				return finish(d, holdLeaderFailed, 0, "")
@@ -204,7 +263,8 @@ func (e *Dispatcher) follow(ctx context.Context, req *Request, cands []Candidate
 				continue
 			}
 		case <-wait.C:
-			if d, err = e.Pick(ctx, req, cands); err != nil {
+			leave()
+			if d, err = e.pick(ctx, req, cands); err != nil {
 				return Decision{}, nil, err
 			}
 			if d.Regret != nil {
@@ -212,7 +272,8 @@ func (e *Dispatcher) follow(ctx context.Context, req *Request, cands []Candidate
 			}
 			return finish(d, holdExpired, dupUnlessOn(d, target, shared), "hold_expired")
 		}
-		d, err = e.Pick(ctx, req, cands)
+		leave() // released: no longer waiting beside the others
+		d, err = e.pick(ctx, req, cands)
 		if err != nil {
 			return Decision{}, nil, err
 		}
@@ -221,6 +282,44 @@ func (e *Dispatcher) follow(ctx context.Context, req *Request, cands []Candidate
 		}
 		return finish(e.release(d, target, shared, start), holdReleased, 0, "")
 	}
+}
+
+// elsewhere is d for a follower not held because cost.Else is faster: d itself, with the
+// priced choice in its reason, unless the policy chose the leader's target anyway (a hint
+// pulled it there), when it goes to cost.Else instead.
+func elsewhere(d Decision, target kvkey.Target, cost *HoldCost) Decision {
+	if d.Chosen.Target == target && cost.Else != nil {
+		d.Chosen.Target = *cost.Else
+		d.Regret = regretOf(d, "load")
+	}
+	d.Chosen.Reason = fmt.Sprintf("sibling hold priced: not held, faster elsewhere (hold %.3g ms = wait %.3g + suffix %.3g on %s > %.3g ms + %.3g ms of saved GPU time here); %s",
+		cost.HoldMs, cost.WaitMs, cost.SuffixMs, target, cost.ElseMs, cost.SavedTermMs, d.Chosen.Reason)
+	return d
+}
+
+// previewHold is the hold POST /debug/route shows: what judge says now for a request whose
+// prefix a routed prefill in flight shares (outcome would_hold where it would be held), or
+// nil when none does. It claims nothing and waits for nothing.
+func (e *Dispatcher) previewHold(req *Request, d Decision) *HoldRecord {
+	pf := e.holds.peek(req.BlockHashes)
+	if pf == nil {
+		return nil
+	}
+	lv := e.holds.snapshot(pf)
+	if !lv.routed {
+		return nil
+	}
+	shared := sharedBlocks(req.BlockHashes, pf.hashes)
+	v := e.judge(req, d, lv, shared)
+	rec := &HoldRecord{Target: lv.target, SharedBlocks: shared, Outcome: v.outcome, Cost: v.cost}
+	switch {
+	case v.outcome != "":
+	case lv.done:
+		rec.Outcome = holdReleased
+	default:
+		rec.Outcome = holdWould
+	}
+	return rec
 }
 
 // dupUnlessOn is the shared blocks a request routed by d computes again elsewhere: all of them

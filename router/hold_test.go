@@ -105,11 +105,14 @@ func TestHoldDeadline(t *testing.T) {
 }
 
 // holdFixtureWith is a kv dispatcher over deps; with no matcher, the leader is placed by load
-// and the followers' blocks are unknown.
+// and the followers' blocks are unknown. These fixtures exercise the wait itself, so the hold
+// is made to pay: the GPU time it saves weighs a thousandfold (hold.saved_weight) whenever no
+// other candidate is idle (on two targets, always). TestHoldPriced prices it for real.
 func holdFixtureWith(t *testing.T, mod func(*KVConfig), deps KVDeps) (*Dispatcher, *prometheus.Registry) {
 	t.Helper()
 	cfg := DefaultKVConfig()
 	cfg.Hold.Margin = confval.Duration(20 * time.Millisecond)
+	cfg.Hold.SavedWeight = 1000
 	if mod != nil {
 		mod(&cfg)
 	}
@@ -386,10 +389,18 @@ func (m *residentAfter) MatchTiers(hashes []kvkey.BlockHash, targets []kvkey.Tar
 }
 
 // TestHoldManyFollowers: of many requests with one prefix routed at once, exactly one leads;
-// every other one is released onto its target after its first token.
+// every other one is released onto its target after its first token (the three other targets
+// report requests waiting that the gateway did not send: the hold is the faster choice).
 func TestHoldManyFollowers(t *testing.T) {
-	s := newHoldSetup(t, withMargin(5*time.Second), KVDeps{}, 4)
-	e, cands, base, ld, lead := s.e, s.cands, s.base, s.ld, s.lead
+	e, _ := holdFixtureWith(t, withMargin(5*time.Second), KVDeps{})
+	cands, base := kvCands(4), chain(1, 100)
+	for i := 1; i < 4; i++ {
+		e.kv.load.UpdateMetrics(tgt(i), WorkerMetrics{Waiting: 8, Running: 1})
+	}
+	ld, lead, err := e.Route(context.Background(), request(base), cands)
+	if err != nil || ld.Chosen.Target != tgt(0) {
+		t.Fatalf("leader: %v %s, want the idle %s", err, js(ld), tgt(0))
+	}
 	var chs []chan routed
 	for i := range 8 {
 		chs = append(chs, routeAsync(context.Background(), e, request(sharedPrompt(base, 64+i, uint64(10+i), 4)), cands))

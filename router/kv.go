@@ -87,6 +87,7 @@ type kvRow struct {
 	prefill   float64 // uncached prompt blocks after credits (hints included)
 	noHint    float64 // the same without hints, to tell whether a hint decided
 	load      float64
+	ttft      float64 // kv: the predicted TTFT alone (no hint, eviction, fleet or recompute term), ms
 	evict     float64 // kv: the eviction terms (overflow included), ms
 	overflow  float64 // kv: the overflow term, ms
 	recompute float64 // kv: the recompute term, ms

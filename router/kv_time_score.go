@@ -17,22 +17,22 @@ type timeRow struct {
 	theta     latency.Theta // the coefficients the row was scored with
 }
 
-// timeOf scores one candidate by predicted TTFT: the gateway's queue and decode accounting
-// for the target, raised to what its fresh /metrics report (decodes running, requests
-// waiting that the gateway did not send, each sized like waiting_weight blocks), and the
-// worker's KV usage for the pressure term. Preference hints subtract the prefill they save.
-func (p *KVPolicy) timeOf(r *kvRow, tr *timeRow, c Candidate, hashes []kvkey.BlockHash, promptTokens, bs float64, now time.Time) {
+// scoreState is t's state as scoring sees it: the gateway's queue and decode accounting for
+// the target with the peer replicas' share, raised to what its fresh /metrics report (decodes
+// running, requests waiting that the gateway did not send, each sized like waiting_weight
+// blocks), and the worker's KV usage for the pressure term; with the Theta to score with, the
+// load snapshot (peers added) and the metrics reading.
+func (p *KVPolicy) scoreState(t kvkey.Target, bs float64, now time.Time) (latency.State, latency.Theta, TargetLoad, WorkerMetrics, bool) {
 	var snap TargetLoad
 	var m WorkerMetrics
 	fresh := false
-	if tl := p.load.get(c.Target); tl != nil {
+	if tl := p.load.get(t); tl != nil {
 		snap = tl.snapshot()
 		m, fresh = tl.freshMetrics(now, p.cfg.MetricsMaxAge.D())
 	}
-	pv := p.peerLoad(c.Target)
+	pv := p.peerLoad(t)
 	snap = snap.withPeers(pv)
-	p.busyOf(r, snap, m, fresh)
-	st, th := p.timedState(c.Target, pv)
+	st, th := p.timedState(t, pv)
 	if fresh {
 		st.KVUsage = m.KVUsage
 		st.DecodeRequests = math.Max(st.DecodeRequests, m.Running-float64(snap.PrefillRequests))
@@ -42,6 +42,14 @@ func (p *KVPolicy) timeOf(r *kvRow, tr *timeRow, c Candidate, hashes []kvkey.Blo
 			st.AheadPairs += unseen * latency.Pairs(each, 0)
 		}
 	}
+	return st, th, snap, m, fresh
+}
+
+// timeOf scores one candidate by predicted TTFT in its scoring state (scoreState).
+// Preference hints subtract the prefill they save.
+func (p *KVPolicy) timeOf(r *kvRow, tr *timeRow, c Candidate, hashes []kvkey.BlockHash, promptTokens, bs float64, now time.Time) {
+	st, th, snap, m, fresh := p.scoreState(c.Target, bs, now)
+	p.busyOf(r, snap, m, fresh)
 	qloss := 0.0
 	if w := p.timed.queueLossWeight; w > 0 && fresh && m.NumGPUBlocks > 0 && r.match.G1 > 0 { // workset is on with the weight
 		// The GPU-cached prefix's place in the worker's LRU order: the working set routed
@@ -69,6 +77,7 @@ func (p *KVPolicy) timeOf(r *kvRow, tr *timeRow, c Candidate, hashes []kvkey.Blo
 	}
 	*tr = timeRow{pred: pred, ownNoHint: predNo.OwnMs, decodes: st.DecodeRequests, evictMs: evictMs, theta: th}
 	r.load = pred.QueuedMs + pred.DecodeMs + pred.PressureMs
+	r.ttft = pred.TotalMs
 	r.evict, r.overflow = evictMs, overflowMs
 	r.queueLoss = qloss
 	r.cost = pred.TotalMs - hintMs + evictMs

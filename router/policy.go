@@ -54,6 +54,9 @@ type CandidateScore struct {
 	G3Blocks int     `json:"g3_blocks"`
 	Load     float64 `json:"load"`
 	Cost     float64 `json:"cost"`
+	// TTFTMs is the predicted time to first token alone, the part of Cost before the hint,
+	// eviction, fleet and recompute terms (kv).
+	TTFTMs float64 `json:"ttft_ms,omitempty"`
 	// EvictMs is the part of Cost that prices the working-set blocks this prefill would evict
 	// from the target's full KV cache (kv).
 	EvictMs float64 `json:"evict_ms,omitempty"`
@@ -111,13 +114,20 @@ type HoldRecord struct {
 	Target       kvkey.Target `json:"target"`
 	SharedBlocks int          `json:"shared_blocks"`
 	// Outcome: released (held, then sent to Target once the prefix was computed there),
-	// cached (the shared prefix is already cached on a candidate: not held), expired (held past its bound, routed anew), busy (Target over a busy threshold: not
-	// held), disabled (router.hold.enabled false), leader_failed (the first request ended
-	// without computing the prefix: routed anew), unrouted (the first request was not routed
-	// in time), unavailable (Target is not a candidate).
+	// cached (the shared prefix is already cached on a candidate: not held), expired (held
+	// past its bound, routed anew), busy (Target over a busy threshold: not held), disabled
+	// (router.hold.enabled false), faster_elsewhere (priced, Cost: another target computes the
+	// whole prompt sooner than the wait plus the suffix; not held), leader_failed (the first
+	// request ended without computing the prefix: routed anew), unrouted (the first request
+	// was not routed in time), unavailable (Target is not a candidate). POST /debug/route,
+	// which waits for nothing, says would_hold where a request would be held now.
 	Outcome string `json:"outcome"`
 	// WaitedMs is how long the request was held.
 	WaitedMs float64 `json:"waited_ms"`
+	// Cost is the priced choice between holding and routing elsewhere now, with its
+	// predicted alternatives (kv; absent when the hold was not priced: the cases above
+	// before it, or kv_blocks).
+	Cost *HoldCost `json:"cost,omitempty"`
 }
 
 // Policy selects one target among candidates. Candidates is never empty when Pick is called;

@@ -86,8 +86,11 @@ type KV struct {
 // Hold configures the sibling hold of the kv policy: a request whose first MinBlocks prompt
 // blocks (or more) equal those of a request being prefilled right now on target T is routed to
 // T and held at the gateway until that prefix is computed there, instead of computing the same
-// prefix side by side. The hold lasts at most the first request's predicted remaining TTFT plus
-// Margin, and never applies when T is over the busy thresholds.
+// prefix side by side, when that is the faster choice: under kv the hold is priced (the
+// predicted wait plus the cached suffix's TTFT on T against the best other target's predicted
+// TTFT now, with SavedWeight of the GPU time the hold saves when the fleet is loaded). The hold
+// lasts at most the first request's predicted remaining TTFT plus Margin, and never applies
+// when T is over the busy thresholds.
 type Hold struct {
 	// Enabled turns the hold on (default true). Off, shared prefixes are still tracked to count
 	// duplicate prefill.
@@ -99,6 +102,13 @@ type Hold struct {
 	// Margin is added to the first request's predicted remaining TTFT to bound the hold
 	// (default 250ms): slack for the prediction's error and the KV events' delivery.
 	Margin confval.Duration `yaml:"margin"`
+	// SavedWeight scales the GPU prefill time a hold saves (the shared prefix not computed a
+	// second time) when it is weighed against waiting (default 1): a request is held when the
+	// predicted wait plus its cached suffix's TTFT on the first request's target is at most
+	// the best other target's predicted TTFT plus SavedWeight × the saved ms × the share of
+	// the other workers with prefill queued (0 when one is idle: the next request need not
+	// wait behind the duplicate). 0 compares the TTFTs alone (kv only; kv_blocks always holds).
+	SavedWeight float64 `yaml:"saved_weight"`
 }
 
 // Latency configures the kv policy's TTFT model (router/latency). The five *_ms* knobs are the
@@ -215,7 +225,7 @@ func Default() KV {
 			EvictStaleAfter: confval.Duration(30 * time.Second),
 			Learn:           true, LearnFrom: []string{"gateway_ttft"}, Forgetting: 0.997, ReadySamples: 20,
 		},
-		Hold: Hold{Enabled: true, MinBlocks: 64, Margin: confval.Duration(250 * time.Millisecond)},
+		Hold: Hold{Enabled: true, MinBlocks: 64, Margin: confval.Duration(250 * time.Millisecond), SavedWeight: 1},
 	}
 }
 
@@ -285,6 +295,9 @@ func (c KV) Validate() error {
 	}
 	if c.Hold.Margin < 0 {
 		p.Addf("hold.margin", "must be >= 0, got %v", c.Hold.Margin)
+	}
+	if !(c.Hold.SavedWeight >= 0) || math.IsInf(c.Hold.SavedWeight, 0) {
+		p.Addf("hold.saved_weight", "must be a finite number >= 0, got %v", c.Hold.SavedWeight)
 	}
 	if c.BusyPrefillTokens < 0 {
 		p.Addf("busy_prefill_tokens", "must be >= 0 (0 turns it off), got %d", c.BusyPrefillTokens)
