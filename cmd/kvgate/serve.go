@@ -60,6 +60,14 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return err
 	}
 	ps.forgetRemovedWorkers(srv)
+	if lim := srv.KeyLimiter(); node != nil && lim != nil {
+		// The per-key limits hold fleet-wide: each replica spends its share of every bucket.
+		ls, err := cluster.StartLimitsSync(ctx, node, lim, prom, log)
+		if err != nil {
+			return err
+		}
+		defer ls.Close()
+	}
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		return fmt.Errorf("listen: %w", err)
