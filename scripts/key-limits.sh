@@ -43,6 +43,7 @@ nats_port() { echo $((BASE_PORT + 30 + $1)); }
 route_port() { echo $((BASE_PORT + 40 + $1)); }
 
 start_fleet "127.0.0.1:$(gw_port 1)"
+[ -s "$OUT/fleet.yaml" ] || die "the simulated fleet wrote no config; see $OUT/fleet.log"
 # The fleet's config plus the limited key (the generated file has no auth section).
 grep -q '^auth:' "$OUT/fleet.yaml" && die "$OUT/fleet.yaml already has an auth section"
 {
