@@ -74,7 +74,7 @@ func Start(ctx context.Context, cfg clusterconfig.Config, o Options) (*Node, err
 	}, []string{"component"})
 	n.unauth = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "kvgate_cluster_unauthenticated_messages_total",
-		Help: "Replica messages dropped because their fleet-key signature was missing, wrong or outside cluster.message_window, by kind (load, approx, binding, pin, snapshot).",
+		Help: "Replica messages dropped because their fleet-key signature was missing, wrong or outside cluster.message_window, by kind (load, approx, limits, binding, pin, snapshot).",
 	}, []string{"kind"})
 	if cfg.FleetKeyFile != "" {
 		k, err := loadFleetKey(cfg.FleetKeyFile, cfg.MessageWindow.D())

@@ -181,7 +181,7 @@ type ClientKey struct {
 	// CacheGroup, when set, shares one cache salt among the keys that name the same group.
 	CacheGroup string `yaml:"cache_group"`
 	// RequestsPerMinute limits the key's requests to the inference endpoints (a token bucket
-	// refilled continuously at this rate, holding at most Burst); over it the answer is 429 with
+	// refilled continuously at this rate, holding at most burst); over it the answer is 429 with
 	// Retry-After. With replicas on NATS the limit is the fleet's. 0 (the default) is no limit.
 	RequestsPerMinute int `yaml:"requests_per_minute"`
 	// TokensPerMinute limits the key's tokens (prompt plus max_tokens, 1,024 when the request
@@ -192,8 +192,8 @@ type ClientKey struct {
 	// fleet with replicas); over it the answer is 429. 0 (the default) is no bound.
 	MaxConcurrent int `yaml:"max_concurrent"`
 	// Burst is the most requests the key may send at once: the size of the requests bucket. The
-	// tokens bucket holds the same span of time at its own rate (or Burst tokens without
-	// RequestsPerMinute). 0 (the default) is one second of each rate, at least 1.
+	// tokens bucket holds the same span of time at its own rate (or burst tokens without
+	// requests_per_minute). 0 (the default) is one second of each rate, at least 1.
 	Burst int `yaml:"burst"`
 	// Priority is the highest flow-control priority the key's requests get (default 0; -100
 	// to 100): its requests have it unless a header
