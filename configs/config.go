@@ -186,7 +186,7 @@ type ClientKey struct {
 	RequestsPerMinute int `yaml:"requests_per_minute"`
 	// TokensPerMinute limits the key's tokens (prompt plus max_tokens, 1,024 when the request
 	// names none, corrected by the worker's usage when the response ends), as a token bucket
-	// like RequestsPerMinute's. 0 (the default) is no limit.
+	// like requests_per_minute's. 0 (the default) is no limit.
 	TokensPerMinute int `yaml:"tokens_per_minute"`
 	// MaxConcurrent bounds the key's requests in flight (admitted and not finished, across the
 	// fleet with replicas); over it the answer is 429. 0 (the default) is no bound.
