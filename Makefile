@@ -25,7 +25,7 @@ fmt-check:
 
 # The hftokenizers backend cannot link here (no libtokenizers.a) but must still type-check.
 # deploy/ is a Go module of its own (the Helm library stays out of the product's go.mod): ./...
-# at the root does not reach it, so vet and the tests also run there.
+# at the root does not reach it, so vet, staticcheck and the tests also run there.
 vet:
 	$(GO) vet ./...
 	$(GO) vet -tags hftokenizers ./tokenize/...
@@ -33,6 +33,7 @@ vet:
 
 staticcheck:
 	$(STATICCHECK) ./...
+	cd deploy && $(STATICCHECK) ./...
 
 lint: setup fmt-check vet staticcheck
 

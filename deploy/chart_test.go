@@ -127,7 +127,7 @@ func renderValues(t *testing.T, chrt *chart.Chart, valuesFile string) rendered {
 	if err != nil {
 		t.Fatalf("%s: %v", valuesFile, err)
 	}
-	manifests, err := renderChart(chrt, vals, testRelease, testNamespace)
+	manifests, err := renderChart(t.Context(), chrt, vals, testRelease, testNamespace)
 	if err != nil {
 		t.Fatalf("%s: %v", valuesFile, err)
 	}
@@ -572,7 +572,7 @@ func TestChartRefusesBadValues(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			v := base()
 			tt.edit(v)
-			_, err := renderChart(chrt, v, testRelease, testNamespace)
+			_, err := renderChart(t.Context(), chrt, v, testRelease, testNamespace)
 			if err == nil || !strings.Contains(err.Error(), tt.want) {
 				t.Fatalf("render error %v, want one containing %q", err, tt.want)
 			}

@@ -1,6 +1,7 @@
 package deploy
 
 import (
+	"context"
 	"fmt"
 	"sort"
 	"strings"
@@ -15,14 +16,14 @@ import (
 // lookup returns nothing) with the given values over the chart's own, as `helm template`
 // would, and returns the rendered manifests by template path, templates that rendered to
 // nothing and NOTES.txt left out. The values are validated against values.schema.json.
-func renderChart(chrt *chart.Chart, values map[string]any, release, namespace string) (map[string]string, error) {
+func renderChart(ctx context.Context, chrt *chart.Chart, values map[string]any, release, namespace string) (map[string]string, error) {
 	opts := chartcommon.ReleaseOptions{Name: release, Namespace: namespace, Revision: 1, IsInstall: true}
 	top, err := chartutil.ToRenderValues(chrt, values, opts, chartcommon.DefaultCapabilities)
 	if err != nil {
 		return nil, fmt.Errorf("values: %w", err)
 	}
 	eng := engine.Engine{Strict: true}
-	out, err := eng.Render(chrt, top)
+	out, err := eng.RenderWithContext(ctx, chrt, top)
 	if err != nil {
 		return nil, fmt.Errorf("render: %w", err)
 	}

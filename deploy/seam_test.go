@@ -33,7 +33,7 @@ func TestRenderDecodeStrict(t *testing.T) {
 				}},
 				Values: map[string]any{"value": "default"},
 			}
-			out, err := renderChart(chrt, map[string]any{"value": "set"}, "rel", "ns")
+			out, err := renderChart(t.Context(), chrt, map[string]any{"value": "set"}, "rel", "ns")
 			if err != nil {
 				t.Fatal(err)
 			}
