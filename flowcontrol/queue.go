@@ -217,7 +217,8 @@ func (q *Queue[T]) unlink(e *Entry[T], to entryState) {
 // (it leaves the queue and its tenant is charged its Cost) and returns it with that target.
 // The highest priority with an entry eligible for a free target goes first; within it the
 // tenants in order of least attained service; within a tenant the entry with the highest
-// gain on a free target plus AgeWeight × its wait in ms, the oldest on a tie. ok is false
+// gain on a free target less its best gain on any other target (what it would give up by
+// going there), plus AgeWeight × its wait in ms, the oldest on a tie. ok is false
 // when no waiting entry may go to any of free.
 func (q *Queue[T]) Next(free []T) (e *Entry[T], target T, ok bool) {
 	if len(free) == 0 {
@@ -293,6 +294,7 @@ func (q *Queue[T]) best(b *band[T], tenants []string, free []T, now time.Time) (
 	for _, t := range tenants {
 		for _, e := range b.tenants[t] {
 			age := q.lim.AgeWeight * float64(now.Sub(e.enqueued)) / float64(time.Millisecond)
+			top, second, topAt := topGains(e.Gain)
 			for _, f := range free {
 				g, eligible := 0.0, true
 				if e.Gain != nil {
@@ -301,7 +303,13 @@ func (q *Queue[T]) best(b *band[T], tenants []string, free []T, now time.Time) (
 				if !eligible {
 					continue
 				}
-				s := g + age
+				// The gain here against the best elsewhere: a request whose prefix another
+				// target holds goes last to this one (it would recompute what it finds there).
+				elsewhere := top
+				if f == topAt {
+					elsewhere = second
+				}
+				s := g - elsewhere + age
 				if !ok || s > bestScore || (s == bestScore && e.seq < best.seq) {
 					best, target, bestScore, ok = e, f, s, true
 				}
@@ -309,6 +317,20 @@ func (q *Queue[T]) best(b *band[T], tenants []string, free []T, now time.Time) (
 		}
 	}
 	return best, target, ok
+}
+
+// topGains returns the highest and second-highest gains (0 when absent: a target not listed
+// gains nothing) and the target of the highest.
+func topGains[T comparable](gain map[T]float64) (top, second float64, at T) {
+	for t, g := range gain {
+		switch {
+		case g > top:
+			top, second, at = g, top, t
+		case g > second:
+			second = g
+		}
+	}
+	return top, second, at
 }
 
 // Charge adds delta (negative to refund) to tenant's attained service, never below zero: the

@@ -62,6 +62,13 @@ func TestQueueOrder(t *testing.T) {
 			{free: []string{"w2"}, want: "on-w2", wantT: "w2"},
 			{free: []string{"w2"}, want: "on-w1", wantT: "w2"},
 		}},
+		{"a request cached elsewhere goes last to a worker that holds nothing of it", testLimits, []step{
+			{push: e("cached-on-w1", 0, "t", map[string]float64{"w1": 80, "w2": 0})},
+			{wait: 10 * time.Millisecond},
+			{push: e("uncached", 0, "t", map[string]float64{"w1": 0, "w2": 0})},
+			{free: []string{"w2"}, want: "uncached", wantT: "w2"},
+			{free: []string{"w2"}, want: "cached-on-w1", wantT: "w2"}, // a free worker is never left idle
+		}},
 		{"the request gaining most chooses among several free workers", testLimits, []step{
 			{push: e("a", 0, "t", map[string]float64{"w1": 0, "w2": 30})},
 			{free: []string{"w1", "w2"}, want: "a", wantT: "w2"},
