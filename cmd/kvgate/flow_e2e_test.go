@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -41,6 +43,7 @@ func (f *fleet) flowSend(ctx context.Context, name, path string, body any, h map
 		defer func() { fc.ended = time.Now() }()
 		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, f.gw.URL+path, bytes.NewReader(data))
 		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set(testNameHeader, name)
 		for k, v := range h {
 			req.Header.Set(k, v)
 		}
@@ -88,11 +91,72 @@ func (f *fleet) awaitQueued(n int) {
 	}
 }
 
-// occupy sends a request that keeps worker u busy (its prefill in flight) and returns it once
-// the gateway accounts that prefill.
-func (f *fleet) occupy(name, u string, h map[string]string) *flowCall {
+// testNameHeader names a request; the gateway forwards it, so the workers' gate sees it.
+const testNameHeader = "X-Test-Name"
+
+// workerGate stands in front of each simulated worker: it records the order in which named
+// requests reach each worker and holds the ones named in hold until they are released, so a
+// test decides exactly when a worker stops being busy (the gateway sees no first byte before).
+type workerGate struct {
+	mu       sync.Mutex
+	arrivals map[int][]string
+	holds    map[string]chan struct{}
+}
+
+func newWorkerGate() *workerGate {
+	return &workerGate{arrivals: map[int][]string{}, holds: map[string]chan struct{}{}}
+}
+
+func (g *workerGate) wrap(i int, h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if name := r.Header.Get(testNameHeader); name != "" {
+			g.mu.Lock()
+			g.arrivals[i] = append(g.arrivals[i], name)
+			ch := g.holds[name]
+			g.mu.Unlock()
+			if ch != nil {
+				select {
+				case <-ch:
+				case <-r.Context().Done():
+				}
+			}
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
+// hold makes the worker keep a request named name until release(name).
+func (g *workerGate) hold(name string) {
+	g.mu.Lock()
+	g.holds[name] = make(chan struct{})
+	g.mu.Unlock()
+}
+
+func (g *workerGate) release(name string) {
+	g.mu.Lock()
+	close(g.holds[name])
+	g.mu.Unlock()
+}
+
+// order returns the named requests that reached worker i, in order, among those given.
+func (g *workerGate) order(i int, among ...string) []string {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	var out []string
+	for _, n := range g.arrivals[i] {
+		if slices.Contains(among, n) {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+// occupy sends a request the worker holds (until gate.release(name)) and returns once the
+// gateway accounts its prefill on worker u: u is busy until then.
+func (f *fleet) occupy(gate *workerGate, name, u string, req any, h map[string]string) *flowCall {
 	f.t.Helper()
-	fc := f.flowSend(context.Background(), name, "/v1/chat/completions", chatRequest("occupy "+name, longText(len(name), 20)), h)
+	gate.hold(name)
+	fc := f.flowSend(context.Background(), name, "/v1/chat/completions", req, h)
 	if !f.pollTarget(u, 10*time.Second, func(v targetJSON) bool { return v.Load != nil && v.Load.PrefillTokens > 0 }) {
 		f.t.Fatalf("%s never became busy", u)
 	}
@@ -108,49 +172,53 @@ func (f *fleet) queued(name string, n int, h map[string]string) *flowCall {
 	return fc
 }
 
-// endOrder fails unless the calls ended in the order given.
-func endOrder(t *testing.T, calls ...*flowCall) {
-	t.Helper()
-	for i := 1; i < len(calls); i++ {
-		if !calls[i-1].ended.Before(calls[i].ended) {
-			t.Errorf("%s ended at %s, not before %s at %s", calls[i-1].name, calls[i-1].ended.Format("15:04:05.000"),
-				calls[i].name, calls[i].ended.Format("15:04:05.000"))
-		}
-	}
-}
-
-// One worker whose every prefill step takes 300ms, a threshold of one prompt token in flight:
-// the worker is busy from each request's arrival to its first token, so every further request
-// waits at the gateway, and the order requests end in is the order the queue dispatched them.
+// A gate in front of the one worker keeps a first request there (no first token), a threshold
+// of one prompt token in flight makes the worker busy meanwhile, so every further request waits
+// at the gateway; once the first is released the worker takes one waiting request at a time
+// (busy again until its first token), so the order they reach the worker is the order the
+// queue dispatched them.
 func TestFlowControlQueueE2E(t *testing.T) {
 	tok := needModel(t)
-	f := startFleet(t, tok, fleetSpec{workers: 1,
-		simOpts: func(_ int, o *sim.Options) { o.TTFT = 300 * time.Millisecond },
+	gate := newWorkerGate()
+	f := startFleet(t, tok, fleetSpec{workers: 1, wrap: gate.wrap,
+		simOpts: func(_ int, o *sim.Options) { o.TTFT = 20 * time.Millisecond },
 		args: []string{"--router-policy", "kv", "--router-busy-prefill-tokens", "1", "--flow-control-enabled",
-			"--flow-control-max-requests", "3", "--flow-control-queue-timeout", "10s", "--flow-control-retry-after", "2s"}})
+			"--flow-control-max-requests", "3", "--flow-control-queue-timeout", "30s", "--flow-control-retry-after", "2s"}})
 	u := f.urls[0]
+	blocker := func(name string, h map[string]string) *flowCall {
+		return f.occupy(gate, name, u, chatRequest("occupy "+name, longText(len(name), 20)), h)
+	}
 
 	t.Run("higher priority first", func(t *testing.T) {
-		blocker := f.occupy("blocker", u, nil)
+		b := blocker("blocker-1", nil)
 		low := f.queued("low", 1, map[string]string{"X-Kvgate-Priority": "-1"})
 		high := f.queued("high", 2, map[string]string{"X-Kvgate-Priority": "1"})
-		blocker.ok(t)
-		endOrder(t, high.ok(t), low.ok(t))
+		gate.release("blocker-1")
+		b.ok(t)
+		high.ok(t)
+		low.ok(t)
+		if got := gate.order(0, "low", "high"); !slices.Equal(got, []string{"high", "low"}) {
+			t.Errorf("dispatch order %v, want high first", got)
+		}
 	})
 
 	t.Run("the tenant with less attained service first", func(t *testing.T) {
 		heavy := map[string]string{"X-Gateway-Inference-Fairness-Id": "heavy"}
 		light := map[string]string{"X-Gateway-Inference-Fairness-Id": "light"}
-		blocker := f.occupy("heavy-0", u, heavy) // let through at once, charged to heavy
-		h1 := f.queued("heavy-1", 1, heavy)
-		h2 := f.queued("heavy-2", 2, heavy)
-		l1 := f.queued("light-1", 3, light)
-		blocker.ok(t)
-		endOrder(t, l1.ok(t), h1.ok(t), h2.ok(t))
+		b := blocker("heavy-0", heavy) // let through at once, charged to heavy
+		calls := []*flowCall{f.queued("heavy-1", 1, heavy), f.queued("heavy-2", 2, heavy), f.queued("light-1", 3, light)}
+		gate.release("heavy-0")
+		b.ok(t)
+		for _, c := range calls {
+			c.ok(t)
+		}
+		if got := gate.order(0, "heavy-1", "heavy-2", "light-1"); !slices.Equal(got, []string{"light-1", "heavy-1", "heavy-2"}) {
+			t.Errorf("dispatch order %v, want light-1 first", got)
+		}
 	})
 
 	t.Run("queue full: 429 with Retry-After in the route's shape", func(t *testing.T) {
-		blocker := f.occupy("blocker", u, nil)
+		b := blocker("blocker-2", nil)
 		var waiting []*flowCall
 		for i := 1; i <= 3; i++ {
 			waiting = append(waiting, f.queued(fmt.Sprint("w", i), i, nil))
@@ -184,30 +252,32 @@ func TestFlowControlQueueE2E(t *testing.T) {
 		if got := f.metric("kvgate_flow_shed_total", map[string]string{"reason": "queue_full"}); got != 3 {
 			t.Errorf("shed queue_full = %v, want 3", got)
 		}
-		blocker.ok(t)
+		gate.release("blocker-2")
+		b.ok(t)
 		for _, w := range waiting {
 			w.ok(t)
 		}
 	})
 
 	t.Run("a client that leaves is removed at once", func(t *testing.T) {
-		blocker := f.occupy("blocker", u, nil)
+		b := blocker("blocker-3", nil)
 		ctx, cancel := context.WithCancel(context.Background())
 		gone := f.flowSend(ctx, "gone", "/v1/chat/completions", chatRequest("gone", "bye"), nil)
 		f.awaitQueued(1)
 		before := f.metric("kvgate_flow_dispatched_total", map[string]string{"reason": "freed"})
 		cancel()
 		gone.wait(t)
-		f.awaitQueued(0) // before the worker frees: removed by the client's context, not skipped later
-		if blocker.wait(t); blocker.ended.Before(gone.ended) {
-			t.Error("the waiting request was removed only once the worker freed")
-		}
-		blocker.ok(t)
+		f.awaitQueued(0) // while the worker is still held: removed by the client's context
 		if got := f.metric("kvgate_flow_shed_total", map[string]string{"reason": "client_gone"}); got != 1 {
 			t.Errorf("shed client_gone = %v, want 1", got)
 		}
+		gate.release("blocker-3")
+		b.ok(t)
 		if after := f.metric("kvgate_flow_dispatched_total", map[string]string{"reason": "freed"}); after != before {
 			t.Errorf("a request whose client left was dispatched (%v → %v)", before, after)
+		}
+		if got := gate.order(0, "gone"); len(got) != 0 {
+			t.Errorf("the worker received the request whose client left")
 		}
 	})
 }
@@ -216,66 +286,69 @@ func TestFlowControlQueueE2E(t *testing.T) {
 // with Retry-After, in OpenAI's shape.
 func TestFlowControlTimeoutE2E(t *testing.T) {
 	tok := needModel(t)
-	f := startFleet(t, tok, fleetSpec{workers: 1,
-		simOpts: func(_ int, o *sim.Options) { o.TTFT = 1500 * time.Millisecond },
+	gate := newWorkerGate()
+	f := startFleet(t, tok, fleetSpec{workers: 1, wrap: gate.wrap,
+		simOpts: func(_ int, o *sim.Options) { o.TTFT = 20 * time.Millisecond },
 		args: []string{"--router-policy", "kv", "--router-busy-prefill-tokens", "1", "--flow-control-enabled",
 			"--flow-control-queue-timeout", "300ms"}})
-	blocker := f.occupy("blocker", f.urls[0], nil)
+	b := f.occupy(gate, "blocker", f.urls[0], chatRequest("occupy", longText(1, 20)), nil)
 	start := time.Now()
 	code, h, body := f.post("/v1/chat/completions", chatRequest("late", "hello"), nil)
 	waited := time.Since(start)
 	if code != http.StatusServiceUnavailable || h.Get("Retry-After") != "1" || !bytes.Contains(body, []byte("queue_timeout")) {
 		t.Errorf("%d Retry-After %q %s", code, h.Get("Retry-After"), body)
 	}
-	if waited < 300*time.Millisecond || waited > 1400*time.Millisecond {
-		t.Errorf("answered after %s, want the 300ms queue timeout", waited)
+	if waited < 300*time.Millisecond {
+		t.Errorf("answered after %s, before the 300ms queue timeout", waited)
 	}
 	if got := f.metric("kvgate_flow_shed_total", map[string]string{"reason": "timeout"}); got != 1 {
 		t.Errorf("shed timeout = %v, want 1", got)
 	}
-	blocker.ok(t)
+	gate.release("blocker")
+	b.ok(t)
 }
 
-// Late binding: two requests wait, the older one's prefix cached on the slow worker, the newer
-// one's on the fast worker. When the fast worker frees first it takes the newer request (its
-// prefix is there), not the older one: a FIFO queue would do the reverse.
+// Late binding: two requests wait, the older one's prefix cached on worker 0, the newer one's
+// on worker 1. When worker 1 frees first it takes the newer request (its prefix is there),
+// not the older one: a FIFO queue would do the reverse.
 func TestFlowControlLateBindingE2E(t *testing.T) {
 	tok := needModel(t)
-	ttft := []time.Duration{1500 * time.Millisecond, 400 * time.Millisecond}
-	f := startFleet(t, tok, fleetSpec{workers: 2, events: true,
-		simOpts: func(i int, o *sim.Options) { o.TTFT = ttft[i] },
+	gate := newWorkerGate()
+	f := startFleet(t, tok, fleetSpec{workers: 2, events: true, wrap: gate.wrap,
+		simOpts: func(_ int, o *sim.Options) { o.TTFT = 20 * time.Millisecond },
 		args:    []string{"--router-busy-prefill-tokens", "1", "--flow-control-enabled"}})
-	slow, fast := f.urls[0], f.urls[1]
+	w0, w1 := f.urls[0], f.urls[1]
 	prefix := func(seed int) string { return longText(seed, 300) } // ~2,000 tokens
 	// Each prefix cached on its worker (sent straight there), and the gateway's index knows it.
 	for _, w := range []struct {
 		u    string
 		seed int
-	}{{slow, 1}, {fast, 2}} {
+	}{{w0, 1}, {w1, 2}} {
 		if _, err := f.direct[w.u].CreateChatCompletion(context.Background(), chatRequest(prefix(w.seed), "warm")); err != nil {
 			t.Fatal(err)
 		}
 		f.awaitCached(chatRequest(prefix(w.seed), "warm"), w.u, nil)
 	}
-	// Both workers busy, each with a request on its own cached prefix (so kv sends it there).
-	b1 := f.flowSend(context.Background(), "busy-slow", "/v1/chat/completions", chatRequest(prefix(1), "first"), nil)
-	b2 := f.flowSend(context.Background(), "busy-fast", "/v1/chat/completions", chatRequest(prefix(2), "first"), nil)
-	for _, u := range []string{slow, fast} {
-		if !f.pollTarget(u, 10*time.Second, func(v targetJSON) bool { return v.Load != nil && v.Load.PrefillTokens > 0 }) {
-			t.Fatalf("%s never became busy", u)
-		}
-	}
-	onSlow := f.flowSend(context.Background(), "cached-on-slow", "/v1/chat/completions", chatRequest(prefix(1), "question A"), nil)
+	// Both workers held busy, each by a request on its own cached prefix (so kv sends it there).
+	b0 := f.occupy(gate, "busy-0", w0, chatRequest(prefix(1), "first"), nil)
+	b1 := f.occupy(gate, "busy-1", w1, chatRequest(prefix(2), "first"), nil)
+	onW0 := f.flowSend(context.Background(), "cached-on-0", "/v1/chat/completions", chatRequest(prefix(1), "question A"), nil)
 	f.awaitQueued(1)
-	onFast := f.flowSend(context.Background(), "cached-on-fast", "/v1/chat/completions", chatRequest(prefix(2), "question B"), nil)
+	onW1 := f.flowSend(context.Background(), "cached-on-1", "/v1/chat/completions", chatRequest(prefix(2), "question B"), nil)
 	f.awaitQueued(2)
-	if b1.ok(t).header.Get("X-Kvgate-Worker") != slow || b2.ok(t).header.Get("X-Kvgate-Worker") != fast {
+	gate.release("busy-1")
+	onW1.ok(t)
+	if got := onW1.header.Get("X-Kvgate-Worker"); got != w1 {
+		t.Errorf("the request cached on %s went to %s", w1, got)
+	}
+	gate.release("busy-0")
+	for _, c := range []*flowCall{b0, b1, onW0} {
+		c.ok(t)
+	}
+	if b0.header.Get("X-Kvgate-Worker") != w0 || b1.header.Get("X-Kvgate-Worker") != w1 {
 		t.Fatal("the requests occupying the workers did not go to their prefix's worker")
 	}
-	onSlow.ok(t)
-	onFast.ok(t)
-	if got := onFast.header.Get("X-Kvgate-Worker"); got != fast {
-		t.Errorf("the request cached on %s went to %s", fast, got)
+	if got := gate.order(1, "cached-on-0", "cached-on-1"); len(got) == 0 || got[0] != "cached-on-1" {
+		t.Errorf("worker 1 took %v, want cached-on-1 first", got)
 	}
-	endOrder(t, onFast, onSlow)
 }
