@@ -48,7 +48,7 @@ gotest: gotest-deploy
 # They run bin/kvgate serve --check-config on every rendered config. -vet=off: `make vet` vets
 # the module already (go test's own vet pass would analyse every Kubernetes package again).
 gotest-deploy: build
-	cd deploy && KVGATE_BIN=../bin/kvgate $(GO) test -vet=off -count=1 -timeout 15m ./...
+	cd deploy && KVGATE_BIN=../bin/kvgate VLLM_SIM_BIN=../bin/vllm-sim $(GO) test -vet=off -count=1 -timeout 15m ./...
 
 # The official openai and @anthropic-ai/sdk npm clients against kvgate + two simulated workers
 # (built binaries).
