@@ -50,7 +50,7 @@ func startDiscoveredGateway(t *testing.T, api *kubefake.Server, log *slog.Logger
 	if g.reg, err = workers.NewRegistry(cfg, log); err != nil {
 		t.Fatal(err)
 	}
-	rt, err := buildRouting(ctx, cfg, g.reg, g.prom, log, nil)
+	rt, err := buildRoutingWith(ctx, cfg, g.reg, g.prom, log, nil, testTokenizers.load)
 	if err != nil {
 		t.Fatal(err)
 	}

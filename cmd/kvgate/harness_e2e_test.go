@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	openai "github.com/sashabaranov/go-openai"
 
+	"github.com/kvgate/kvgate/cluster"
 	"github.com/kvgate/kvgate/configs"
 	"github.com/kvgate/kvgate/server"
 	"github.com/kvgate/kvgate/sim"
@@ -31,7 +32,8 @@ const modelDir = "../../models/qwen3"
 
 const servedModel = "qwen"
 
-// needModel skips the test when the tokenizer files are absent and returns the loaded tokenizer.
+// needModel skips the test when the tokenizer files are absent and returns the loaded tokenizer
+// (one per test binary: testTokenizers).
 func needModel(t testing.TB) *tokenize.Tokenizer {
 	t.Helper()
 	if testing.Short() {
@@ -40,7 +42,7 @@ func needModel(t testing.TB) *tokenize.Tokenizer {
 	if _, err := os.Stat(filepath.Join(modelDir, "tokenizer.json")); err != nil {
 		t.Skipf("%s/tokenizer.json is absent (fetch it with scripts/fetch-tokenizers.sh qwen3): %v", modelDir, err)
 	}
-	tok, err := tokenize.Load(modelDir, tokenize.Options{})
+	tok, err := testTokenizers.load(configs.Config{Tokenizer: modelDir})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -60,7 +62,8 @@ type fleetSpec struct {
 }
 
 // fleet is simulated vLLM workers (real HTTP, real tokenizer, real ZMQ KV events when enabled)
-// behind a gateway assembled exactly as `kvgate serve` assembles it, on loopback.
+// behind a gateway assembled exactly as `kvgate serve` assembles it, on loopback. The gateways
+// of a replicated fleet are each a fleet sharing the same workers (startGateway).
 type fleet struct {
 	t      *testing.T
 	cfg    configs.Config
@@ -71,17 +74,25 @@ type fleet struct {
 	admin  *httptest.Server // the gateway's admin listener (/debug/*)
 	client *openai.Client   // through the gateway
 	prom   *prometheus.Registry
+	rt     *routing
+	node   *cluster.Node // the gateway's cluster membership (nil without a cluster section)
 }
 
-func startFleet(t *testing.T, tok *tokenize.Tokenizer, spec fleetSpec) *fleet {
+// simWorkers are a test's simulated workers.
+type simWorkers struct {
+	urls   []string
+	flags  []string // each worker's --worker value (with its KV-event endpoints when enabled)
+	sims   map[string]*sim.Worker
+	direct map[string]*openai.Client
+}
+
+// startSimWorkers starts spec's simulated workers on loopback, stopped at the end of the test.
+func startSimWorkers(t *testing.T, tok *tokenize.Tokenizer, spec fleetSpec) simWorkers {
 	t.Helper()
-	quiet := slog.New(slog.DiscardHandler)
-	f := &fleet{t: t, sims: map[string]*sim.Worker{}, direct: map[string]*openai.Client{}, prom: prometheus.NewRegistry()}
-	args := []string{"--model", servedModel, "--tokenizer", modelDir, "--listen", "127.0.0.1:0",
-		"--health-interval", "200ms", "--router-metrics-interval", "100ms", "--proxy-expose-routing-headers"}
+	w := simWorkers{sims: map[string]*sim.Worker{}, direct: map[string]*openai.Client{}}
 	for i := range spec.workers {
 		o := sim.Options{ServedModelName: servedModel, Tokenize: tok, TTFT: 5 * time.Millisecond, ITL: time.Millisecond,
-			Speedup: 1, Logger: quiet}
+			Speedup: 1, Logger: slog.New(slog.DiscardHandler)}
 		if spec.events {
 			o.KVEvents = sim.KVEventsConfig{EnableKVCacheEvents: true, Endpoint: "tcp://127.0.0.1:*",
 				ReplayEndpoint: "tcp://127.0.0.1:*", Topic: "kv-events"}
@@ -89,36 +100,73 @@ func startFleet(t *testing.T, tok *tokenize.Tokenizer, spec fleetSpec) *fleet {
 		if spec.simOpts != nil {
 			spec.simOpts(i, &o)
 		}
-		w, err := sim.New(o)
+		sw, err := sim.New(o)
 		if err != nil {
 			t.Fatal(err)
 		}
-		h := w.Handler()
+		h := sw.Handler()
 		if spec.wrap != nil {
 			h = spec.wrap(i, h)
 		}
 		srv := httptest.NewServer(h)
-		t.Cleanup(func() { srv.CloseClientConnections(); srv.Close(); _ = w.Close() })
-		f.urls = append(f.urls, srv.URL)
-		f.sims[srv.URL] = w
+		t.Cleanup(func() { srv.CloseClientConnections(); srv.Close(); _ = sw.Close() })
+		w.urls = append(w.urls, srv.URL)
+		w.sims[srv.URL] = sw
 		cc := openai.DefaultConfig("none")
 		cc.BaseURL = srv.URL + "/v1"
-		f.direct[srv.URL] = openai.NewClientWithConfig(cc)
-		workerSpec := srv.URL
-		if eps := w.EventEndpoints(); spec.events && len(eps) > 0 {
+		w.direct[srv.URL] = openai.NewClientWithConfig(cc)
+		flag := srv.URL
+		if eps := sw.EventEndpoints(); spec.events && len(eps) > 0 {
 			// The sim binds port 0 per rank; rank 0's endpoints with dp_size 1 are exact.
-			workerSpec += ",kv_events=" + eps[0].Endpoint + ",replay=" + eps[0].Replay + ",topic=kv"
+			flag += ",kv_events=" + eps[0].Endpoint + ",replay=" + eps[0].Replay + ",topic=kv"
 		}
-		args = append(args, "--worker", workerSpec)
+		w.flags = append(w.flags, flag)
 	}
-	args = append(args, spec.args...)
+	return w
+}
+
+// gatewayArgs are the `kvgate serve` flags of a test gateway in front of w: the served model,
+// its tokenizer, a loopback listener, a quick health interval, the workers, then extra.
+func gatewayArgs(w simWorkers, extra ...string) []string {
+	args := []string{"--model", servedModel, "--tokenizer", modelDir, "--listen", "127.0.0.1:0",
+		"--health-interval", "200ms"}
+	for _, f := range w.flags {
+		args = append(args, "--worker", f)
+	}
+	return append(args, extra...)
+}
+
+func startFleet(t *testing.T, tok *tokenize.Tokenizer, spec fleetSpec) *fleet {
+	t.Helper()
+	w := startSimWorkers(t, tok, spec)
+	f := startGateway(t, w, gatewayArgs(w, append([]string{"--router-metrics-interval", "100ms",
+		"--proxy-expose-routing-headers"}, spec.args...)...))
+	if spec.events {
+		f.awaitEvents()
+	}
+	return f
+}
+
+// startGateway assembles a gateway from args as `kvgate serve` assembles it (the cluster node
+// first when args configure one, then the registry, the routing with the test binary's shared
+// tokenizer, and the server) in front of w, on loopback, and stops it at the end of the test.
+func startGateway(t *testing.T, w simWorkers, args []string) *fleet {
+	t.Helper()
+	quiet := slog.New(slog.DiscardHandler)
 	cfg, err := configs.Load(args, func(string) string { return "" }, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
-	f.cfg = cfg
-
+	f := &fleet{t: t, cfg: cfg, urls: w.urls, sims: w.sims, direct: w.direct, prom: prometheus.NewRegistry()}
 	ctx, cancel := context.WithCancel(context.Background())
+	var details []server.HealthDetail
+	if cfg.Cluster.Enabled() {
+		if f.node, err = cluster.Start(ctx, cfg.Cluster, cluster.Options{Log: quiet, Registerer: f.prom}); err != nil {
+			cancel()
+			t.Fatal(err)
+		}
+		details = append(details, f.node)
+	}
 	reg, err := workers.NewRegistry(cfg, quiet)
 	if err != nil {
 		t.Fatal(err)
@@ -126,12 +174,14 @@ func startFleet(t *testing.T, tok *tokenize.Tokenizer, spec fleetSpec) *fleet {
 	reg.ProbeAll(ctx)
 	var wg sync.WaitGroup
 	wg.Go(func() { reg.Run(ctx) })
-	rt, err := buildRouting(ctx, cfg, reg, f.prom, quiet, nil)
-	if err != nil {
+	if f.rt, err = buildRoutingWith(ctx, cfg, reg, f.prom, quiet, f.node, testTokenizers.load); err != nil {
 		t.Fatal(err)
 	}
-	s, err := server.New(server.Options{Config: cfg, Registry: reg, Router: rt.dispatcher, Enricher: rt.enricher,
-		Metrics: f.prom, Logger: quiet})
+	if f.rt.bindings != nil {
+		details = append(details, f.rt.bindings)
+	}
+	s, err := server.New(server.Options{Config: cfg, Registry: reg, Router: f.rt.dispatcher, Enricher: f.rt.enricher,
+		Metrics: f.prom, Logger: quiet, Details: details})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -144,15 +194,15 @@ func startFleet(t *testing.T, tok *tokenize.Tokenizer, spec fleetSpec) *fleet {
 		f.admin.Close()
 		cancel()
 		wg.Wait()
-		rt.close()
+		f.rt.close()
 		reg.Close()
+		if f.node != nil {
+			f.node.Close()
+		}
 	})
 	cc := openai.DefaultConfig("none")
 	cc.BaseURL = f.gw.URL + "/v1"
 	f.client = openai.NewClientWithConfig(cc)
-	if spec.events {
-		f.awaitEvents()
-	}
 	return f
 }
 
@@ -390,9 +440,16 @@ func (f *fleet) awaitSettled() {
 // want (nil for any), from the gateway's registry.
 func (f *fleet) metric(name string, want map[string]string) float64 {
 	f.t.Helper()
-	mfs, err := f.prom.Gather()
+	return metricSum(f.t, f.prom, name, want)
+}
+
+// metricSum is the sum of g's series of name whose labels contain every pair in want: counters'
+// and gauges' values, histograms' sample counts.
+func metricSum(t testing.TB, g prometheus.Gatherer, name string, want map[string]string) float64 {
+	t.Helper()
+	mfs, err := g.Gather()
 	if err != nil {
-		f.t.Fatal(err)
+		t.Fatal(err)
 	}
 	sum := 0.0
 	for _, mf := range mfs {

@@ -5,42 +5,24 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"log/slog"
 	"net/http"
-	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	"github.com/kvgate/kvgate/cluster"
 	"github.com/kvgate/kvgate/cluster/clusterconfig"
-	"github.com/kvgate/kvgate/configs"
 	"github.com/kvgate/kvgate/kvkey"
-	"github.com/kvgate/kvgate/server"
-	"github.com/kvgate/kvgate/sim"
 	"github.com/kvgate/kvgate/tokenize"
-	"github.com/kvgate/kvgate/workers"
 )
 
-// replica is one gateway of a replicated fleet: its client and admin listeners and its
-// routing (with the shared bindings).
-type replica struct {
-	gw, admin *httptest.Server
-	rt        *routing
-	node      *cluster.Node
-	prom      *prometheus.Registry
-}
-
 // replicaFleet is simulated workers (no KV events: every replica knows only what it routed
-// itself) behind n gateways assembled as `kvgate serve` assembles them, sharing state through
-// one NATS server (a standalone embedded server, so that tests can stop and restart it).
+// itself) behind n gateways (startGateway), sharing state through one NATS server (a standalone
+// embedded server, so that tests can stop and restart it).
 type replicaFleet struct {
 	t        *testing.T
-	workers  []string
-	replicas []*replica
+	replicas []*fleet
 	natsCfg  clusterconfig.Config
 	nats     *cluster.Node // the NATS server the replicas share (stopped and restarted by tests)
 }
@@ -57,22 +39,9 @@ func (f *replicaFleet) startNATS() {
 
 func startReplicaFleet(t *testing.T, tok *tokenize.Tokenizer, nWorkers, nReplicas int, extra ...string) *replicaFleet {
 	t.Helper()
-	quiet := slog.New(slog.DiscardHandler)
 	f := &replicaFleet{t: t}
-	args := []string{"--model", servedModel, "--tokenizer", modelDir, "--listen", "127.0.0.1:0",
-		"--health-interval", "200ms", "--proxy-expose-routing-headers"}
-	for range nWorkers {
-		w, err := sim.New(sim.Options{ServedModelName: servedModel, Tokenize: tok, TTFT: 5 * time.Millisecond,
-			ITL: time.Millisecond, Speedup: 1, Logger: quiet})
-		if err != nil {
-			t.Fatal(err)
-		}
-		srv := httptest.NewServer(w.Handler())
-		t.Cleanup(func() { srv.CloseClientConnections(); srv.Close(); _ = w.Close() })
-		f.workers = append(f.workers, srv.URL)
-		args = append(args, "--worker", srv.URL)
-	}
-	args = append(args, extra...)
+	w := startSimWorkers(t, tok, fleetSpec{workers: nWorkers})
+	args := gatewayArgs(w, append([]string{"--proxy-expose-routing-headers"}, extra...)...)
 	f.natsCfg = clusterconfig.Default()
 	f.natsCfg.ReplicaID = "nats"
 	f.natsCfg.EmbeddedNATS.Listen = freeAddr(t)
@@ -82,7 +51,7 @@ func startReplicaFleet(t *testing.T, tok *tokenize.Tokenizer, nWorkers, nReplica
 		a := append(append([]string{}, args...), "--cluster-replica-id", fmt.Sprintf("gw%d", i),
 			"--cluster-nats-url", "nats://"+f.natsCfg.EmbeddedNATS.Listen,
 			"--cluster-kv-deadline", "500ms") // generous: 2 shared cores under -race
-		f.replicas = append(f.replicas, f.startReplica(a, quiet))
+		f.replicas = append(f.replicas, startGateway(t, w, a))
 	}
 	for i, r := range f.replicas {
 		deadline := time.Now().Add(10 * time.Second)
@@ -94,49 +63,6 @@ func startReplicaFleet(t *testing.T, tok *tokenize.Tokenizer, nWorkers, nReplica
 		}
 	}
 	return f
-}
-
-func (f *replicaFleet) startReplica(args []string, log *slog.Logger) *replica {
-	t := f.t
-	cfg, err := configs.Load(args, func(string) string { return "" }, io.Discard)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	prom := prometheus.NewRegistry()
-	node, err := cluster.Start(ctx, cfg.Cluster, cluster.Options{Log: log, Registerer: prom})
-	if err != nil {
-		t.Fatal(err)
-	}
-	reg, err := workers.NewRegistry(cfg, log)
-	if err != nil {
-		t.Fatal(err)
-	}
-	reg.ProbeAll(ctx)
-	var wg sync.WaitGroup
-	wg.Go(func() { reg.Run(ctx) })
-	rt, err := buildRouting(ctx, cfg, reg, prom, log, node)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := server.New(server.Options{Config: cfg, Registry: reg, Router: rt.dispatcher, Enricher: rt.enricher,
-		Metrics: prom, Logger: log, Details: []server.HealthDetail{node, rt.bindings}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	r := &replica{gw: httptest.NewServer(s.Handler()), admin: httptest.NewServer(s.AdminHandler()), rt: rt, node: node, prom: prom}
-	t.Cleanup(func() {
-		r.gw.CloseClientConnections()
-		r.gw.Close()
-		r.admin.CloseClientConnections()
-		r.admin.Close()
-		cancel()
-		wg.Wait()
-		rt.close()
-		reg.Close()
-		node.Close()
-	})
-	return r
 }
 
 // post sends a JSON body to replica i and returns status, serving worker and body.
@@ -202,33 +128,12 @@ func (f *replicaFleet) bindingOps(t *testing.T, op, result string) float64 {
 	return f.counterSum(t, "kvgate_cluster_binding_ops_total", map[string]string{"op": op, "result": result})
 }
 
-// counterSum sums the counter series of name whose labels include want, over the replicas.
+// counterSum sums the series of name whose labels include want, over the replicas.
 func (f *replicaFleet) counterSum(t *testing.T, name string, want map[string]string) float64 {
 	t.Helper()
 	sum := 0.0
 	for _, r := range f.replicas {
-		mfs, err := r.prom.Gather()
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, mf := range mfs {
-			if mf.GetName() != name {
-				continue
-			}
-			for _, m := range mf.GetMetric() {
-				labels := map[string]string{}
-				for _, l := range m.GetLabel() {
-					labels[l.GetName()] = l.GetValue()
-				}
-				match := true
-				for k, v := range want {
-					match = match && labels[k] == v
-				}
-				if match {
-					sum += m.GetCounter().GetValue()
-				}
-			}
-		}
+		sum += metricSum(t, r.prom, name, want)
 	}
 	return sum
 }

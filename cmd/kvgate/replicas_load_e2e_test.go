@@ -1,104 +1,28 @@
 package main
 
 import (
-	"context"
 	"encoding/json"
-	"io"
-	"log/slog"
 	"net/http"
-	"net/http/httptest"
-	"sync"
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
-	"github.com/kvgate/kvgate/cluster"
-	"github.com/kvgate/kvgate/configs"
-	"github.com/kvgate/kvgate/server"
 	"github.com/kvgate/kvgate/sim"
 	"github.com/kvgate/kvgate/tokenize"
-	"github.com/kvgate/kvgate/workers"
 )
 
-// loadReplica is one gateway of a clustered test fleet, with its node.
-type loadReplica struct {
-	*fleet
-	node *cluster.Node
-}
-
 // startLoadReplicas starts simulated workers (no KV events: approximate mode) with a fixed
-// prefill step of ttft, and one gateway per entry of clusterArgs, each assembled as `kvgate
-// serve` assembles it (cluster node first, then the routing), sharing the workers.
-func startLoadReplicas(t *testing.T, tok *tokenize.Tokenizer, nWorkers int, ttft time.Duration, clusterArgs ...[]string) []*loadReplica {
+// prefill step of ttft, and one gateway per entry of clusterArgs (startGateway), sharing the
+// workers.
+func startLoadReplicas(t *testing.T, tok *tokenize.Tokenizer, nWorkers int, ttft time.Duration, clusterArgs ...[]string) []*fleet {
 	t.Helper()
-	quiet := slog.New(slog.DiscardHandler)
-	var urls []string
-	for range nWorkers {
-		w, err := sim.New(sim.Options{ServedModelName: servedModel, Tokenize: tok, TTFT: ttft, ITL: time.Millisecond,
-			Speedup: 1, Logger: quiet})
-		if err != nil {
-			t.Fatal(err)
-		}
-		srv := httptest.NewServer(w.Handler())
-		t.Cleanup(func() { srv.CloseClientConnections(); srv.Close(); _ = w.Close() })
-		urls = append(urls, srv.URL)
-	}
-	var out []*loadReplica
+	w := startSimWorkers(t, tok, fleetSpec{workers: nWorkers, simOpts: func(_ int, o *sim.Options) { o.TTFT = ttft }})
+	var out []*fleet
 	for _, ca := range clusterArgs {
-		args := []string{"--model", servedModel, "--tokenizer", modelDir, "--listen", "127.0.0.1:0",
-			"--health-interval", "200ms", "--router-metrics-interval", "100ms", "--proxy-expose-routing-headers",
-			"--cluster-load-interval", "100ms", "--cluster-peer-timeout", "500ms", "--router-policy", "kv"}
-		for _, u := range urls {
-			args = append(args, "--worker", u)
-		}
-		args = append(args, ca...)
-		cfg, err := configs.Load(args, func(string) string { return "" }, io.Discard)
-		if err != nil {
-			t.Fatal(err)
-		}
-		f := &fleet{t: t, cfg: cfg, urls: urls, prom: prometheus.NewRegistry()}
-		ctx, cancel := context.WithCancel(context.Background())
-		reg, err := workers.NewRegistry(cfg, quiet)
-		if err != nil {
-			t.Fatal(err)
-		}
-		reg.ProbeAll(ctx)
-		var wg sync.WaitGroup
-		wg.Go(func() { reg.Run(ctx) })
-		node, err := cluster.Start(ctx, cfg.Cluster, cluster.Options{Log: quiet, Registerer: f.prom})
-		if err != nil {
-			t.Fatal(err)
-		}
-		rt, err := buildRouting(ctx, cfg, reg, f.prom, quiet, node)
-		if err != nil {
-			t.Fatal(err)
-		}
-		s, err := server.New(server.Options{Config: cfg, Registry: reg, Router: rt.dispatcher, Enricher: rt.enricher,
-			Metrics: f.prom, Logger: quiet, Details: []server.HealthDetail{node}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		f.gw = httptest.NewServer(s.Handler())
-		f.admin = httptest.NewServer(s.AdminHandler())
-		r := &loadReplica{fleet: f, node: node}
-		var once sync.Once
-		t.Cleanup(func() { once.Do(func() { r.stopAll(cancel, &wg, rt, reg) }) })
-		out = append(out, r)
+		args := gatewayArgs(w, append([]string{"--router-metrics-interval", "100ms", "--proxy-expose-routing-headers",
+			"--cluster-load-interval", "100ms", "--cluster-peer-timeout", "500ms", "--router-policy", "kv"}, ca...)...)
+		out = append(out, startGateway(t, w, args))
 	}
 	return out
-}
-
-func (r *loadReplica) stopAll(cancel context.CancelFunc, wg *sync.WaitGroup, rt *routing, reg *workers.Registry) {
-	r.gw.CloseClientConnections()
-	r.gw.Close()
-	r.admin.CloseClientConnections()
-	r.admin.Close()
-	cancel()
-	wg.Wait()
-	rt.close()
-	r.node.Close()
-	reg.Close()
 }
 
 // peersJSON is a target's peers object in GET /debug/workers (docs/replicas.md, "Shared in-flight load").
@@ -114,7 +38,7 @@ type peersJSON struct {
 }
 
 // peerRequests is Σ over targets of the peers' requests in r's view, and the replicas seen.
-func (r *loadReplica) peerRequests() (requests int, replicas []string) {
+func (r *fleet) peerRequests() (requests int, replicas []string) {
 	r.t.Helper()
 	var out struct {
 		Targets []peersJSON `json:"targets"`

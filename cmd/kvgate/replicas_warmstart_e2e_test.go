@@ -4,24 +4,15 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
-	"log/slog"
-	"net/http/httptest"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/kvgate/kvgate/internal/testport"
 
-	"github.com/prometheus/client_golang/prometheus"
 	openai "github.com/sashabaranov/go-openai"
 
-	"github.com/kvgate/kvgate/cluster"
-	"github.com/kvgate/kvgate/configs"
 	"github.com/kvgate/kvgate/indexers"
-	"github.com/kvgate/kvgate/server"
 	"github.com/kvgate/kvgate/sim"
-	"github.com/kvgate/kvgate/workers"
 )
 
 // warmRing is the simulated workers' replay ring (vLLM's buffer_steps): short, so that the
@@ -35,86 +26,20 @@ func loopbackPort(t *testing.T) string {
 }
 
 // startWarmWorkers starts n simulated workers with KV events, a short replay ring, a small GPU
-// pool and a host tier (so that blocks move to G2), and returns their --worker specs.
-func startWarmWorkers(t *testing.T, n int) []string {
+// pool and a host tier (so that blocks move to G2).
+func startWarmWorkers(t *testing.T, n int) simWorkers {
 	t.Helper()
-	tok := needModel(t)
-	var specs []string
-	for range n {
-		w, err := sim.New(sim.Options{ServedModelName: servedModel, Tokenize: tok, TTFT: 2 * time.Millisecond,
-			ITL: time.Millisecond, Speedup: 1, Logger: slog.New(slog.DiscardHandler), NumGPUBlocks: 400, NumCPUBlocks: 8000,
-			KVEvents: sim.KVEventsConfig{EnableKVCacheEvents: true, Endpoint: "tcp://127.0.0.1:*",
-				ReplayEndpoint: "tcp://127.0.0.1:*", Topic: "kv-events", BufferSteps: warmRing}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		srv := httptest.NewServer(w.Handler())
-		t.Cleanup(func() { srv.CloseClientConnections(); srv.Close(); _ = w.Close() })
-		ep := w.EventEndpoints()[0]
-		specs = append(specs, srv.URL+",kv_events="+ep.Endpoint+",replay="+ep.Replay+",topic=kv")
-	}
-	return specs
+	return startSimWorkers(t, needModel(t), fleetSpec{workers: n, events: true, simOpts: func(_ int, o *sim.Options) {
+		o.TTFT, o.NumGPUBlocks, o.NumCPUBlocks = 2*time.Millisecond, 400, 8000
+		o.KVEvents.BufferSteps = warmRing
+	}})
 }
 
-// startReplica assembles one gateway replica as `kvgate serve` does (cluster node included,
-// when clusterArgs configure one) and returns it as a fleet whose debug helpers work.
-func startReplica(t *testing.T, specs []string, clusterArgs ...string) *fleet {
+// startReplica assembles one gateway replica in front of w (startGateway), with a cluster node
+// when clusterArgs configure one.
+func startReplica(t *testing.T, w simWorkers, clusterArgs ...string) *fleet {
 	t.Helper()
-	quiet := slog.New(slog.DiscardHandler)
-	args := []string{"--model", servedModel, "--tokenizer", modelDir, "--listen", "127.0.0.1:0",
-		"--health-interval", "200ms"}
-	for _, s := range specs {
-		args = append(args, "--worker", s)
-	}
-	cfg, err := configs.Load(append(args, clusterArgs...), func(string) string { return "" }, io.Discard)
-	if err != nil {
-		t.Fatal(err)
-	}
-	f := &fleet{t: t, cfg: cfg, prom: prometheus.NewRegistry()}
-	ctx, cancel := context.WithCancel(context.Background())
-	var node *cluster.Node
-	var details []server.HealthDetail
-	if cfg.Cluster.Enabled() {
-		if node, err = cluster.Start(ctx, cfg.Cluster, cluster.Options{Log: quiet, Registerer: f.prom}); err != nil {
-			t.Fatal(err)
-		}
-		details = append(details, node)
-	}
-	reg, err := workers.NewRegistry(cfg, quiet)
-	if err != nil {
-		t.Fatal(err)
-	}
-	reg.ProbeAll(ctx)
-	var wg sync.WaitGroup
-	wg.Go(func() { reg.Run(ctx) })
-	rt, err := buildRouting(ctx, cfg, reg, f.prom, quiet, node)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := server.New(server.Options{Config: cfg, Registry: reg, Router: rt.dispatcher, Enricher: rt.enricher,
-		Metrics: f.prom, Logger: quiet, Details: details})
-	if err != nil {
-		t.Fatal(err)
-	}
-	f.gw = httptest.NewServer(s.Handler())
-	f.admin = httptest.NewServer(s.AdminHandler())
-	t.Cleanup(func() {
-		f.gw.CloseClientConnections()
-		f.gw.Close()
-		f.admin.CloseClientConnections()
-		f.admin.Close()
-		cancel()
-		wg.Wait()
-		rt.close()
-		reg.Close()
-		if node != nil {
-			node.Close()
-		}
-	})
-	cc := openai.DefaultConfig("none")
-	cc.BaseURL = f.gw.URL + "/v1"
-	f.client = openai.NewClientWithConfig(cc)
-	return f
+	return startGateway(t, w, gatewayArgs(w, clusterArgs...))
 }
 
 // warmTarget is the part of a /debug/workers row the warm-start test reads.
@@ -182,7 +107,7 @@ func TestReplicaWarmStartFromPeer(t *testing.T) {
 				return false
 			}
 		}
-		return len(ts) == len(specs)
+		return len(ts) == len(specs.urls)
 	}
 	for i := 0; !rolled(); i++ {
 		if i >= 600 {
@@ -253,7 +178,7 @@ func TestReplicaWarmStartFromPeer(t *testing.T) {
 					done++
 				}
 			}
-			if done == len(specs) {
+			if done == len(specs.urls) {
 				break
 			}
 			if time.Now().After(deadline) {

@@ -38,7 +38,17 @@ type routing struct {
 // policies' dependencies (tokenizer, event index, sessions, metrics scraper) get wired in; the
 // simple policies need none of them. node is the replica's cluster membership (nil: one
 // replica, nothing shared). Background work runs until close is called.
-func buildRouting(ctx context.Context, cfg configs.Config, reg *workers.Registry, prom prometheus.Registerer, log *slog.Logger, node *cluster.Node) (rt *routing, err error) {
+func buildRouting(ctx context.Context, cfg configs.Config, reg *workers.Registry, prom prometheus.Registerer, log *slog.Logger, node *cluster.Node) (*routing, error) {
+	return buildRoutingWith(ctx, cfg, reg, prom, log, node, loadTokenizer)
+}
+
+// tokenizerLoader loads the tokenizer of a pool's config (loadTokenizer, for the gateway).
+type tokenizerLoader func(cfg configs.Config) (*tokenize.Tokenizer, error)
+
+// buildRoutingWith is buildRouting with the tokenizer loaded by load: the end-to-end tests pass
+// one that shares a loaded tokenizer across the gateways of a test binary (a load takes seconds
+// under -race).
+func buildRoutingWith(ctx context.Context, cfg configs.Config, reg *workers.Registry, prom prometheus.Registerer, log *slog.Logger, node *cluster.Node, load tokenizerLoader) (rt *routing, err error) {
 	bg, stop := context.WithCancel(context.WithoutCancel(ctx))
 	var closers []func()
 	closeAll := func() {
@@ -75,7 +85,7 @@ func buildRouting(ctx context.Context, cfg configs.Config, reg *workers.Registry
 		dispOpts.SharedPins = bindings
 	}
 	if configs.KVAware(cfg.Router.Policy) {
-		k, err := buildKV(bg, cfg, kvcfg, reg, prom, log, node)
+		k, err := buildKV(bg, cfg, kvcfg, reg, prom, log, node, load)
 		if err != nil {
 			return nil, err
 		}
@@ -192,9 +202,9 @@ type kvParts struct {
 // it, subscribes to every worker+rank that publishes KV events, and ties health flaps to the
 // subscriptions' restart handling. With a cluster node, the subscriptions warm-start from
 // peers' index snapshots and serve this replica's (warmstart.go).
-func buildKV(ctx context.Context, cfg configs.Config, kvcfg router.KVConfig, reg *workers.Registry, prom prometheus.Registerer, log *slog.Logger, node *cluster.Node) (*kvParts, error) {
+func buildKV(ctx context.Context, cfg configs.Config, kvcfg router.KVConfig, reg *workers.Registry, prom prometheus.Registerer, log *slog.Logger, node *cluster.Node, load tokenizerLoader) (*kvParts, error) {
 	start := time.Now()
-	tok, err := loadTokenizer(cfg)
+	tok, err := load(cfg)
 	if err != nil {
 		return nil, err
 	}

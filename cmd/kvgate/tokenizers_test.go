@@ -1,0 +1,43 @@
+package main
+
+import (
+	"sync"
+
+	"github.com/kvgate/kvgate/configs"
+	"github.com/kvgate/kvgate/tokenize"
+)
+
+// testTokenizers shares the tokenizers this test binary loads. Loading Qwen3's takes about
+// 8 CPU-seconds under -race, and each end-to-end test would otherwise load it once for its
+// simulated workers and again for every gateway it assembles. A Tokenizer is safe for
+// concurrent use and its caches only memoize, so sharing one changes no result.
+var testTokenizers = &tokenizerCache{m: map[string]*loadedTokenizer{}}
+
+// tokenizerCache loads each tokenizer folder once.
+type tokenizerCache struct {
+	mu sync.Mutex
+	m  map[string]*loadedTokenizer // by folder
+}
+
+type loadedTokenizer struct {
+	once sync.Once
+	tok  *tokenize.Tokenizer
+	err  error
+}
+
+// load is loadTokenizer (a tokenizerLoader), shared per folder. A config with a chat template
+// override or default template kwargs gets its own tokenizer, as the gateway builds it.
+func (c *tokenizerCache) load(cfg configs.Config) (*tokenize.Tokenizer, error) {
+	if cfg.ChatTemplate != "" || cfg.DefaultChatTemplateKwargs != "" {
+		return loadTokenizer(cfg)
+	}
+	c.mu.Lock()
+	e := c.m[cfg.Tokenizer]
+	if e == nil {
+		e = &loadedTokenizer{}
+		c.m[cfg.Tokenizer] = e
+	}
+	c.mu.Unlock()
+	e.once.Do(func() { e.tok, e.err = loadTokenizer(cfg) })
+	return e.tok, e.err
+}
