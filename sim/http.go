@@ -298,31 +298,42 @@ func (w *Worker) handleCompletion(rw http.ResponseWriter, r *http.Request, chat 
 		writeError(rw, aerr.status, aerr.msg)
 		return
 	}
+	req, e := w.admit(rw, r, a, a.body.IgnoreEOS)
+	if req == nil {
+		return
+	}
+	if a.body.Stream {
+		w.stream(rw, r, a, req, e)
+	} else {
+		w.respond(rw, r, a, req, e)
+	}
+}
+
+// admit queues a parsed request on an engine (the rank X-data-parallel-rank names, else the
+// least loaded one). Unless ignoreEOS, it stops at its natural length. An invalid rank or a
+// full waiting queue is answered here, and admit returns nil.
+func (w *Worker) admit(rw http.ResponseWriter, r *http.Request, a *admission, ignoreEOS bool) (*simRequest, *engineCore) {
 	e, err := w.pickEngine(r.Header)
 	if err != nil {
 		writeError(rw, http.StatusBadRequest, err.Error())
-		return
+		return nil, nil
 	}
 	req := newSimRequest(w.newID())
 	loraID, _ := w.loras.id(a.lora)
 	req.seq = seqState{tokens: a.tokens, salt: a.salt, loraName: a.lora, loraID: loraID}
 	req.promptLen = len(a.tokens)
 	req.maxTokens = a.maxTok
-	if !a.body.IgnoreEOS {
+	if !ignoreEOS {
 		req.stopAt = w.naturalLength(a.tokens)
 	}
 	req.sessionID = a.session
 	req.reportFull = a.body.VLLMXargs.KVCacheReportMode == "full"
 	if !e.enqueue(req) {
 		writeError(rw, http.StatusServiceUnavailable, "vllm-sim: waiting queue full")
-		return
+		return nil, nil
 	}
 	w.requests.Add(1)
-	if a.body.Stream {
-		w.stream(rw, r, a, req, e)
-	} else {
-		w.respond(rw, r, a, req, e)
-	}
+	return req, e
 }
 
 // wait blocks until the request has new output or ends; false when the client went away.

@@ -157,23 +157,10 @@ func (w *Worker) handleResponses(rw http.ResponseWriter, r *http.Request) {
 		writeError(rw, aerr.status, aerr.msg)
 		return
 	}
-	e, err := w.pickEngine(r.Header)
-	if err != nil {
-		writeError(rw, http.StatusBadRequest, err.Error())
+	req, e := w.admit(rw, r, a, b.IgnoreEOS) // a.body is the stand-in chat body: no vllm_xargs
+	if req == nil {
 		return
 	}
-	req := newSimRequest(w.newID())
-	loraID, _ := w.loras.id(a.lora)
-	req.seq = seqState{tokens: a.tokens, salt: a.salt, loraName: a.lora, loraID: loraID}
-	req.promptLen, req.maxTokens, req.sessionID = len(a.tokens), a.maxTok, a.session
-	if !b.IgnoreEOS {
-		req.stopAt = w.naturalLength(a.tokens)
-	}
-	if !e.enqueue(req) {
-		writeError(rw, http.StatusServiceUnavailable, "vllm-sim: waiting queue full")
-		return
-	}
-	w.requests.Add(1)
 	store := b.Store == nil || *b.Store
 	model := b.Model
 	if model == "" {
