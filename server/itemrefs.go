@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/apireq"
+	"github.com/kvgate/kvgate/internal/jsonobj"
 	"github.com/kvgate/kvgate/router"
 )
 
@@ -268,17 +269,9 @@ func topLevelFields(body []byte) ([]field, error) {
 
 // joinFields writes the fields back as one JSON object.
 func joinFields(fields []field) []byte {
-	var b bytes.Buffer
-	b.WriteByte('{')
-	for i, f := range fields {
-		if i > 0 {
-			b.WriteByte(',')
-		}
-		k, _ := json.Marshal(f.key)
-		b.Write(k)
-		b.WriteByte(':')
-		b.Write(f.value)
+	var w jsonobj.Writer
+	for _, f := range fields {
+		w.Raw(f.key, f.value)
 	}
-	b.WriteByte('}')
-	return b.Bytes()
+	return w.Bytes()
 }

@@ -11,6 +11,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/kvgate/kvgate/internal/jsonobj"
 )
 
 // The Anthropic Messages endpoints, served as vLLM serves them
@@ -34,23 +36,15 @@ type omap []kv
 
 // MarshalJSON writes the keys in order.
 func (m omap) MarshalJSON() ([]byte, error) {
-	var b bytes.Buffer
-	b.WriteByte('{')
-	for i, e := range m {
-		if i > 0 {
-			b.WriteByte(',')
-		}
-		k, _ := json.Marshal(e.k)
-		b.Write(k)
-		b.WriteByte(':')
+	var w jsonobj.Writer
+	for _, e := range m {
 		v, err := json.Marshal(e.v)
 		if err != nil {
 			return nil, fmt.Errorf("key %s: %w", e.k, err)
 		}
-		b.Write(v)
+		w.Raw(e.k, v)
 	}
-	b.WriteByte('}')
-	return b.Bytes(), nil
+	return w.Bytes(), nil
 }
 
 type anthBlock struct {
