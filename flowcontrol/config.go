@@ -63,8 +63,9 @@ type Config struct {
 	ServiceHalfLife confval.Duration `yaml:"service_half_life"`
 	// InputWeight weighs a request's prompt tokens in its tenant's attained service (default 1).
 	InputWeight float64 `yaml:"input_weight"`
-	// OutputWeight weighs a request's output tokens (its max_tokens) in its tenant's attained
-	// service (default 1).
+	// OutputWeight weighs a request's output tokens in its tenant's attained service (default
+	// 1): its max_tokens when it is let through, the worker's reported completion tokens once
+	// the response ends.
 	OutputWeight float64 `yaml:"output_weight"`
 	// AgeWeight is the credit, in ms of predicted gain, that one ms of waiting earns a request
 	// when a freed worker chooses among the waiting requests of a tenant (default 0.1): a

@@ -76,6 +76,22 @@ func (t *flowTicket) routed() {
 	t.once.Do(func() { t.g.release(t.target) })
 }
 
+// correct replaces the service charged to the request's tenant (prompt plus max_tokens,
+// weighted) with the worker's reported usage, when the response carried one. Safe on a nil
+// ticket.
+func (t *flowTicket) correct(uc *usageCapture) {
+	if t == nil {
+		return
+	}
+	u, ok := uc.usage()
+	total, okTotal := uc.totalTokens()
+	if !ok || !okTotal {
+		return
+	}
+	actual := t.g.cfg.InputWeight*float64(u.PromptTokens) + t.g.cfg.OutputWeight*float64(max(total-u.PromptTokens, 0))
+	t.g.q.Charge(t.class.tenant, actual-t.cost)
+}
+
 // newFlowGate builds p's gate, or returns nil when flow control is off or p's router has no
 // Capacity (then nothing ever waits at the gateway).
 func newFlowGate(cfg flowcontrol.Config, p *pool, m *flowMetrics) *flowGate {

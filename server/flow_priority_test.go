@@ -3,8 +3,11 @@ package server
 import (
 	"net/http"
 	"testing"
+	"time"
 
 	"github.com/kvgate/kvgate/configs"
+	"github.com/kvgate/kvgate/flowcontrol"
+	"github.com/kvgate/kvgate/kvkey"
 )
 
 func TestClassify(t *testing.T) {
@@ -58,4 +61,25 @@ func TestClassify(t *testing.T) {
 			t.Errorf("%s: got priority %d tenant %q, want %d %q", tc.name, cls.priority, cls.tenant, tc.wantPrio, tc.wantTenant)
 		}
 	}
+}
+
+// The tenant's attained service, charged prompt plus max_tokens at dispatch, becomes the
+// worker's reported usage (weighted) once the response ends.
+func TestFlowTicketCorrectsService(t *testing.T) {
+	cfg := flowcontrol.Default()
+	cfg.OutputWeight = 2
+	g := &flowGate{cfg: cfg, q: flowcontrol.NewQueue[kvkey.Target](flowcontrol.LimitsOf(cfg), time.Now)}
+	tk := &flowTicket{g: g, class: flowClass{tenant: "t"}, cost: 40 + 2*500}
+	g.q.Charge("t", tk.cost)
+	uc := &usageCapture{}
+	uc.body([]byte(`{"usage":{"prompt_tokens":40,"completion_tokens":10,"total_tokens":50}}`))
+	tk.correct(uc)
+	if got := g.q.Service("t"); got < 59.9 || got > 60.1 {
+		t.Fatalf("service after the usage = %v, want 40 + 2×10 = 60", got)
+	}
+	tk.correct(&usageCapture{}) // no usage reported: the estimate stays
+	if got := g.q.Service("t"); got < 59.9 || got > 60.1 {
+		t.Fatalf("a response without usage changed the service to %v", got)
+	}
+	(*flowTicket)(nil).correct(uc) // not through flow control
 }

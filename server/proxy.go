@@ -113,7 +113,7 @@ func (s *Server) proxy(c *gin.Context, p *pool, in *apireq.Request, rreq *router
 		tried[w.URL()] = true
 		scope := retryScope{again: attempt+1 < maxAttempts}
 		scope.other = scope.again && len(candidates(p, rreq.Model, tried)) > 0
-		res, code, e := s.attempt(c, &call{in: in, d: d, life: life, w: w, start: start, scope: scope})
+		res, code, e := s.attempt(c, &call{in: in, d: d, life: life, w: w, start: start, scope: scope, flow: ticket})
 		switch res {
 		case served:
 			return code
@@ -237,6 +237,7 @@ type call struct {
 	cancel context.CancelCauseFunc // cancels the upstream request (idle timeout)
 	uc     *usageCapture           // nil: the response carries no usage worth reading
 	ids    *responseIDs            // nil: the response's id is not pinned
+	flow   *flowTicket             // nil: not through flow control
 }
 
 // attempt sends the request to one worker. Headers are committed to the client only once the
@@ -268,6 +269,7 @@ func (s *Server) attempt(c *gin.Context, a *call) (res outcome, code int, e *api
 			a.life.UsageSeen(u)
 		}
 		s.correctLimits(c, a.uc)
+		a.flow.correct(a.uc)
 	}
 	return res, code, e
 }
