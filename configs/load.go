@@ -85,7 +85,7 @@ func Fields() []Field {
 		field("router.responses.max_pins", "Responses API response ids remembered with the worker that stores them (LRU; 0 = none: previous_response_id follow-ups get 404)", func(c *Config) flag.Value { return intValue{&c.Router.Responses.MaxPins} }),
 		field("router.responses.pin_ttl", "a response pin unused this long is forgotten (0 = never by age)", func(c *Config) flag.Value { return &c.Router.Responses.PinTTL }),
 		field("router.hold.margin", "kv: a hold lasts at most the first request's predicted remaining TTFT plus this", func(c *Config) flag.Value { return &c.Router.Hold.Margin }),
-		field("router.hold.saved_weight", "kv: weight of the GPU prefill time a hold saves, times the share of other workers with prefill queued, against waiting (0 = compare TTFTs alone)", func(c *Config) flag.Value { return floatValue{&c.Router.Hold.SavedWeight} }),
+		field("router.hold.saved_weight", "kv: weight of the GPU prefill time a hold saves, times the share of other workers with requests queued, against waiting (0 = compare TTFTs alone)", func(c *Config) flag.Value { return floatValue{&c.Router.Hold.SavedWeight} }),
 		field("proxy.max_retries", "extra workers tried when a worker fails before its first byte", func(c *Config) flag.Value { return intValue{&c.Proxy.MaxRetries} }),
 		field("proxy.max_body_bytes", "largest accepted request body (413 above); suffixes KiB, MiB, GiB", func(c *Config) flag.Value { return &c.Proxy.MaxBodyBytes }),
 		field("proxy.dial_timeout", "TCP connect timeout to a worker", func(c *Config) flag.Value { return &c.Proxy.DialTimeout }),

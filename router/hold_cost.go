@@ -32,8 +32,9 @@ type HoldCost struct {
 	// suffix's on the first request's target.
 	SavedMs float64 `json:"saved_ms"`
 	// LoadShare is the share of the other candidates (all but the first request's target and
-	// Else) with prefill queued or over a busy threshold, 1 when there are none: the chance
-	// that the next request finds no idle worker and waits behind the duplicate prefill.
+	// Else) with requests queued (the worker reports some waiting, or the prefill routed there
+	// and not started exceeds one step's token budget) or over a busy threshold, 1 when there
+	// are none: the chance that the next request waits behind the duplicate prefill.
 	LoadShare float64 `json:"load_share"`
 	// SavedTermMs is hold.saved_weight × LoadShare × SavedMs, added to ElseMs.
 	SavedTermMs float64 `json:"saved_term_ms"`
@@ -149,7 +150,11 @@ func (p *KVPolicy) holdCostOf(req *Request, d Decision, lv leaderView, shared in
 			loaded++
 			continue
 		}
-		if s, _, _, _, _ := p.scoreState(r.Target, bs, now); s.AheadTokens > 0 {
+		// Queued: requests wait there beyond the step in progress (the worker reports some
+		// waiting, or the prefill ahead exceeds one step's token budget). One prefill in
+		// flight is not a queue: at light load the duplicate delays nobody.
+		s, _, _, m, fresh := p.scoreState(r.Target, bs, now)
+		if (fresh && m.Waiting > 0) || s.AheadTokens >= float64(p.timed.params.MaxBatchedTokens) {
 			loaded++
 		}
 	}

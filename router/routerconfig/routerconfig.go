@@ -106,8 +106,9 @@ type Hold struct {
 	// second time) when it is weighed against waiting (default 1): a request is held when the
 	// predicted wait plus its cached suffix's TTFT on the first request's target is at most
 	// the best other target's predicted TTFT plus SavedWeight × the saved ms × the share of
-	// the other workers with prefill queued (0 when one is idle: the next request need not
-	// wait behind the duplicate). 0 compares the TTFTs alone (kv only; kv_blocks always holds).
+	// the other workers with requests queued (waiting, or more prefill routed than one step
+	// takes; 0 when none is: the next request need not wait behind the duplicate). 0 compares
+	// the TTFTs alone (kv only; kv_blocks always holds).
 	SavedWeight float64 `yaml:"saved_weight"`
 }
 
