@@ -58,6 +58,12 @@ type pricedFixture struct {
 }
 
 func newPricedFixture(t *testing.T, n int, weight float64, loaded bool) *pricedFixture {
+	return newPricedFixtureWith(t, n, weight, loaded, 0)
+}
+
+// newPricedFixtureWith is newPricedFixture with a prompt of inflight blocks (below
+// hold.min_blocks: no leader) routed to each target but 0 first, before its first token.
+func newPricedFixtureWith(t *testing.T, n int, weight float64, loaded bool, inflight int) *pricedFixture {
 	t.Helper()
 	cfg := DefaultKVConfig()
 	cfg.Hold.SavedWeight = weight
@@ -71,6 +77,13 @@ func newPricedFixture(t *testing.T, n int, weight float64, loaded bool) *pricedF
 	if loaded {
 		for i := 1; i < n; i++ {
 			p.load.UpdateMetrics(tgt(i), WorkerMetrics{Waiting: 8, Running: 1})
+		}
+	}
+	if inflight > 0 {
+		for i := 1; i < n; i++ {
+			d := Decision{Chosen: Choice{Target: tgt(i)}, Candidates: []CandidateScore{{Target: tgt(i)}}}
+			a := e.commit(d, request(chain(uint64(50+i), inflight)), 0, "")
+			t.Cleanup(a.Done)
 		}
 	}
 	d, lead, err := e.Route(context.Background(), request(f.base), f.cands)
@@ -92,22 +105,26 @@ func newPricedFixture(t *testing.T, n int, weight float64, loaded bool) *pricedF
 // shows the same choice without waiting.
 func TestHoldPriced(t *testing.T) {
 	cases := []struct {
-		name    string
-		n       int
-		weight  float64
-		loaded  bool
-		elapsed time.Duration // since the leader was routed, on the fake clock
-		held    bool
+		name     string
+		n        int
+		weight   float64
+		loaded   bool
+		elapsed  time.Duration // since the leader was routed, on the fake clock
+		inflight int           // blocks of a prompt in flight on every other target (newPricedFixtureWith)
+		held     bool
 	}{
-		{"idle fleet, sibling at once", 4, 1, false, 0, false},
-		{"leader nearly done", 4, 1, false, 45 * time.Millisecond, true},
-		{"loaded alternatives", 4, 1, true, 0, true},
-		{"two targets: the saved GPU time tips it", 2, 1, false, 25 * time.Millisecond, true},
-		{"two targets, saved_weight 0: TTFTs alone", 2, 0, false, 25 * time.Millisecond, false},
+		{"idle fleet, sibling at once", 4, 1, false, 0, 0, false},
+		{"leader nearly done", 4, 1, false, 45 * time.Millisecond, 0, true},
+		{"loaded alternatives", 4, 1, true, 0, 0, true},
+		// One prefill in flight on every other worker is no queue: nobody waits behind a
+		// duplicate, so the saved GPU time does not count (it would tip this case).
+		{"others computing one prefill each: TTFTs alone", 4, 1, false, 15 * time.Millisecond, 40, false},
+		{"two targets: the saved GPU time tips it", 2, 1, false, 25 * time.Millisecond, 0, true},
+		{"two targets, saved_weight 0: TTFTs alone", 2, 0, false, 25 * time.Millisecond, 0, false},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			f := newPricedFixture(t, tc.n, tc.weight, tc.loaded)
+			f := newPricedFixtureWith(t, tc.n, tc.weight, tc.loaded, tc.inflight)
 			e := f.e
 			defer f.lead.Done()
 			f.clk.advance(tc.elapsed)
