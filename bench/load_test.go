@@ -32,6 +32,15 @@ type childWant struct {
 }
 
 var traceWants = map[string]traceWant{
+	// Synthetic fan-out (docs/benchmarks/2026-12-05-sibling-hold.md): subagents spawn 0.1 s after
+	// the parent turn 0 ends (t 1.0 - 0.9 api_time) and join before its turn 1.
+	"fanout-1500.json": {format: FormatWeka, blockSize: 64, requests: 10, roots: 1,
+		children: []childWant{
+			{"fanout-1500::sa:sub-0", 2, 0, 1, 100 * time.Millisecond},
+			{"fanout-1500::sa:sub-1", 2, 0, 1, 100 * time.Millisecond},
+			{"fanout-1500::sa:sub-2", 2, 0, 1, 100 * time.Millisecond},
+			{"fanout-1500::sa:sub-3", 2, 0, 1, 100 * time.Millisecond},
+		}},
 	"mooncake_conversation.head200.jsonl": {format: FormatMooncake, blockSize: 512, requests: 200, roots: 200},
 	"trace_0022.json": {format: FormatWeka, blockSize: 64, requests: 7, roots: 1,
 		delays: []time.Duration{10350 * time.Millisecond, 9200 * time.Millisecond, 7550 * time.Millisecond}},
