@@ -41,6 +41,15 @@ var traceWants = map[string]traceWant{
 			{"fanout-1500::sa:sub-2", 2, 0, 1, 100 * time.Millisecond},
 			{"fanout-1500::sa:sub-3", 2, 0, 1, 100 * time.Millisecond},
 		}},
+	// Real fan-out cut from trace_0277 (testdata/traces/fanout-0277.jq): the three Explore subagents
+	// spawn together 60.444 s after the parent turn 0 ends and join before its turns 1, 2 and 4.
+	"fanout-0277.json": {format: FormatWeka, blockSize: 64, requests: 40, roots: 1,
+		delays: []time.Duration{209220 * time.Millisecond, 7760 * time.Millisecond, 8350 * time.Millisecond},
+		children: []childWant{
+			{"fanout-0277::sa:agent_001", 4, 0, 1, 60444 * time.Millisecond},
+			{"fanout-0277::sa:agent_002", 12, 0, 2, 60444 * time.Millisecond},
+			{"fanout-0277::sa:agent_003", 17, 0, 4, 60444 * time.Millisecond},
+		}},
 	"mooncake_conversation.head200.jsonl": {format: FormatMooncake, blockSize: 512, requests: 200, roots: 200},
 	"trace_0022.json": {format: FormatWeka, blockSize: 64, requests: 7, roots: 1,
 		delays: []time.Duration{10350 * time.Millisecond, 9200 * time.Millisecond, 7550 * time.Millisecond}},
