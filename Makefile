@@ -41,15 +41,8 @@ lint: setup fmt-check vet staticcheck
 # while other packages share the cores): past go test's default 10-minute timeout per package.
 # -vet=off: `make vet` has vetted every package with its tests already (go vet runs a superset
 # of go test's vet checks).
-# The tokenizer packages run their tests without -race, and -race only for the tests that
-# share a tokenizer between goroutines (Concurrent*): loading the real tokenizers costs ~8 CPU-s
-# each under the race detector, which made tokenize/ and tokenize/engine/ ~6 of make test's
-# minutes. The gateway's -race tests (server, cmd/kvgate) still tokenize concurrently.
-TOKENIZE_PKGS := ./tokenize/ ./tokenize/engine/
 gotest: gotest-deploy
-	$(GO) test -race -vet=off -count=1 -timeout 30m $$($(GO) list ./... | grep -v -e '/tokenize$$' -e '/tokenize/engine$$')
-	$(GO) test -vet=off -count=1 -timeout 15m $(TOKENIZE_PKGS)
-	$(GO) test -race -vet=off -count=1 -timeout 15m -run 'Concurrent' $(TOKENIZE_PKGS)
+	$(GO) test -race -vet=off -count=1 -timeout 30m ./...
 
 # The deploy module's offline tests (the Helm chart rendered for every example and checked,
 # the dashboard). Without -race: they are sequential render-and-decode checks with no goroutine
