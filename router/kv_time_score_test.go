@@ -14,71 +14,57 @@ import (
 	"github.com/kvgate/kvgate/router/latency"
 )
 
-// TestKVKeepsSessionOnWorkerRunningLongDecodes: a worker whose cache holds a session's 32k-token
-// context, while it decodes three other agents' 80k-token contexts, must keep the session. A
-// running decode costs a new request a few ms per step; recomputing 32k tokens elsewhere costs
-// about a second. The block cost counted each 80k-token decode like 80k tokens of prefill and
-// sent the session to an idle worker with no cache.
-func TestKVKeepsSessionOnWorkerRunningLongDecodes(t *testing.T) {
-	session := chain(1, 2010) // a 32k-token context plus a new turn
-	p, err := NewKV(DefaultKVConfig(), KVDeps{Matcher: fixedMatcher{tgt(0): {G1: 2000}}})
-	if err != nil {
-		t.Fatal(err)
+// TestKVDecodersAgainstCache: how much a worker's running decodes cost a new request against
+// what its cache saves. Every case routes `decoders` agent contexts of `decoderBlocks` blocks
+// to target 0 (all past their first token, so decoding), caches `cached` of the new
+// prompt's blocks there, and picks between target 0 and an idle target 1.
+//   - keeps a session: a 32k-token context on a worker decoding three 80k-token contexts stays:
+//     a running decode costs a new request a few ms per step, recomputing 32k tokens elsewhere
+//     about a second. The block cost counted each 80k-token decode like 80k tokens of prefill
+//     and sent the session to an idle worker with no cache.
+//   - small hit leaves: with the default prior (before any fit is ready), a 2k-token prompt with
+//     1k tokens cached on a worker decoding four 60k-token contexts goes to the idle worker. On
+//     the simulator's default profile every step there also reads 240k tokens of KV (about
+//     50 ms), more than the 1k cached tokens save (about 16 ms); a prior pricing a step at 2 ms
+//     plus 2.9e-5 ms per KV token (a kernel-only H100 profile) kept it on the decoder.
+func TestKVDecodersAgainstCache(t *testing.T) {
+	cases := []struct {
+		name                    string
+		decoders, decoderBlocks int
+		promptBlocks, cached    int
+		want                    int
+	}{
+		{name: "keeps a session beside long decodes", decoders: 3, decoderBlocks: 5000, promptBlocks: 2010, cached: 2000, want: 0},
+		{name: "small hit leaves heavy decoders", decoders: 4, decoderBlocks: 3750, promptBlocks: 128, cached: 64, want: 1},
 	}
-	e, err := NewDispatcher(DispatcherOptions{KV: p})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i := 0; i < 3; i++ {
-		other := request(chain(uint64(100+i), 5000)) // an 80k-token agent context
-		_, lc, err := e.Route(context.Background(), other, kvCands(1))
-		if err != nil {
-			t.Fatal(err)
-		}
-		lc.Sent()
-		lc.FirstToken() // now decoding on target 0
-		defer lc.Done()
-	}
-	d, err := e.Pick(context.Background(), request(session), kvCands(2))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if d.Chosen.Target != tgt(0) {
-		t.Fatalf("the session left its cache for an idle worker: %s", js(d))
-	}
-}
-
-// TestKVDefaultPriorKeepsPrefillOffHeavyDecoders: with the default prior (before any fit is
-// ready), a 2k-token prompt with half of it cached on a worker that decodes four 60k-token
-// contexts goes to an idle worker instead. On the simulator's default profile every step there
-// also reads 240k tokens of KV (about 50 ms), more than the 1k cached tokens save (about 16 ms);
-// a prior pricing a step at 2 ms plus 2.9e-5 ms per KV token (a kernel-only H100 profile) kept it
-// on the decoder.
-func TestKVDefaultPriorKeepsPrefillOffHeavyDecoders(t *testing.T) {
-	p, err := NewKV(DefaultKVConfig(), KVDeps{Matcher: fixedMatcher{tgt(0): {G1: 64}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	e, err := NewDispatcher(DispatcherOptions{KV: p})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i := 0; i < 4; i++ {
-		other := request(chain(uint64(100+i), 3750)) // a 60k-token agent context
-		_, lc, err := e.Route(context.Background(), other, kvCands(1))
-		if err != nil {
-			t.Fatal(err)
-		}
-		lc.Sent()
-		lc.FirstToken() // now decoding on target 0
-		defer lc.Done()
-	}
-	d, err := e.Pick(context.Background(), request(chain(1, 128)), kvCands(2))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if d.Chosen.Target != tgt(1) {
-		t.Fatalf("a small hit kept the prefill on a worker decoding 240k KV tokens: %s", js(d))
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			p, err := NewKV(DefaultKVConfig(), KVDeps{Matcher: fixedMatcher{tgt(0): {G1: c.cached}}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			e, err := NewDispatcher(DispatcherOptions{KV: p})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i := 0; i < c.decoders; i++ {
+				other := request(chain(uint64(100+i), c.decoderBlocks))
+				_, lc, err := e.Route(context.Background(), other, kvCands(1))
+				if err != nil {
+					t.Fatal(err)
+				}
+				lc.Sent()
+				lc.FirstToken() // now decoding on target 0
+				defer lc.Done()
+			}
+			d, err := e.Pick(context.Background(), request(chain(1, c.promptBlocks)), kvCands(2))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d.Chosen.Target != tgt(c.want) {
+				t.Fatalf("chose %v, want target %d: %s", d.Chosen.Target, c.want, js(d))
+			}
+		})
 	}
 }
 
