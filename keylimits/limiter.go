@@ -236,6 +236,47 @@ func (l *Limiter) Admit(name string, tokens int, now time.Time) (d Decision) {
 	return d
 }
 
+// Precheck refuses, at now, a request of the key named name that Admit would refuse whatever
+// its token count: its max_concurrent is full or its request bucket holds less than one
+// request. The gateway asks it before it parses and tokenizes the body, so a key flooding past
+// its limits costs no tokenization. A refusal counts as demand (bodyTokens, the body's rough
+// token count, for the token bucket) as Admit's would; an allowance takes and records nothing:
+// Admit decides afterwards with the real count.
+func (l *Limiter) Precheck(name string, bodyTokens int, now time.Time) (d Decision) {
+	if l == nil {
+		return Decision{Allowed: true}
+	}
+	ks := l.keys[name]
+	if ks == nil {
+		return Decision{Allowed: true}
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	d.Limited = true
+	if m := ks.limits.MaxConcurrent; m > 0 && ks.inFlight+l.peerInFlightLocked(ks.name, now) >= m {
+		d.Reason = ReasonConcurrency
+	} else if ks.req != nil {
+		ks.req.advance(now)
+		share := l.shareLocked(ks.name, ks.req, ks.ownReq, now, func(p PeerKey) float64 { return p.Requests })
+		if need := ks.req.need(1, share); ks.req.level < need {
+			d.Reason, d.RetryAfter = ReasonRequests, ks.req.wait(need)
+		}
+	}
+	if d.Reason == "" {
+		return Decision{Allowed: true, Limited: true}
+	}
+	if ks.req != nil {
+		ks.req.advance(now)
+		ks.req.attempt(1, now)
+	}
+	if ks.tok != nil {
+		ks.tok.advance(now)
+		ks.tok.attempt(float64(max(bodyTokens, 0)), now)
+	}
+	d.Status = ks.statusLocked()
+	return d
+}
+
 // Correct replaces an admitted request's token estimate with what it used (the worker's
 // usage: prompt plus output tokens), refunding or charging the difference.
 func (l *Limiter) Correct(t Ticket, used int, now time.Time) {

@@ -92,6 +92,62 @@ func TestRefusalReasonAndRetryAfter(t *testing.T) {
 	}
 }
 
+// Precheck refuses what Admit would refuse whatever the token count (concurrency, requests),
+// leaves the token bucket to Admit, takes nothing when it allows, and counts a refusal as
+// demand.
+func TestPrecheck(t *testing.T) {
+	cases := []struct {
+		name    string
+		limits  Limits
+		admit   []int // requests admitted (and kept in flight) at t0 first, by token count
+		allowed bool
+		reason  Reason
+		retry   time.Duration
+	}{
+		{"fresh key", Limits{RequestsPerMinute: 60, TokensPerMinute: 6000, MaxConcurrent: 1}, nil, true, "", 0},
+		{"request bucket empty", Limits{RequestsPerMinute: 120, Burst: 2}, []int{0, 0}, false, ReasonRequests, 500 * time.Millisecond},
+		{"concurrency full", Limits{MaxConcurrent: 1}, []int{0}, false, ReasonConcurrency, 0},
+		// The token bucket is short of a 60-token request, but only Admit knows the count.
+		{"token bucket is Admit's", Limits{TokensPerMinute: 6000}, []int{60}, true, "", 0},
+		{"unlimited key", Limits{}, []int{0, 0, 0}, true, "", 0},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			l := New(map[string]Limits{"k": c.limits}, time.Second, t0)
+			for _, n := range c.admit {
+				if !l.Admit("k", n, t0).Allowed {
+					t.Fatal("setup admission refused")
+				}
+			}
+			before := l.Report(t0)
+			d := l.Precheck("k", 100, t0)
+			if d.Allowed != c.allowed || d.Reason != c.reason || d.RetryAfter != c.retry {
+				t.Fatalf("precheck %+v, want allowed=%v reason %q retry %v", d, c.allowed, c.reason, c.retry)
+			}
+			after := l.Report(t0)
+			if d.Allowed {
+				if fmt.Sprint(after) != fmt.Sprint(before) {
+					t.Fatalf("an allowed precheck changed the state: %+v -> %+v", before, after)
+				}
+				return
+			}
+			if d.Status.Requests == nil && d.Status.Tokens == nil && c.limits.RequestsPerMinute > 0 {
+				t.Fatal("a refusal carries no status for the headers")
+			}
+			if c.limits.RequestsPerMinute > 0 && after[0].Requests <= before[0].Requests {
+				t.Fatalf("a refusal was not counted as demand: %+v -> %+v", before, after)
+			}
+		})
+	}
+	// An allowed precheck takes nothing: the whole burst is still admitted after it.
+	l := New(map[string]Limits{"k": {RequestsPerMinute: 120, Burst: 2}}, time.Second, t0)
+	for i := range 2 {
+		if !l.Precheck("k", 0, t0).Allowed || !l.Admit("k", 0, t0).Allowed {
+			t.Fatalf("request %d of the burst refused", i)
+		}
+	}
+}
+
 func TestReleaseFreesConcurrency(t *testing.T) {
 	l := New(map[string]Limits{"k": {MaxConcurrent: 1}}, time.Second, t0)
 	a := l.Admit("k", 0, t0)

@@ -43,6 +43,10 @@ func (s *Server) handleCompletion(endpoint string) gin.HandlerFunc {
 			return
 		}
 		tn := tenantOf(c)
+		if e := s.precheckLimits(c, tn, len(body)); e != nil {
+			fail(e)
+			return
+		}
 		p, in, rreq, e := s.prepare(c.Request.Context(), endpoint, body, c.Request.Header, tn)
 		if e != nil {
 			fail(e)

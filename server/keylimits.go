@@ -82,6 +82,23 @@ func (s *Server) admitLimits(c *gin.Context, tn *tenant, tokens int) (release fu
 	return func() { s.limits.Release(d.Ticket) }, nil
 }
 
+// precheckLimits refuses, before the body is parsed and tokenized, a request its key's limits
+// would refuse whatever its size (max_concurrent full, request bucket empty): a key flooding
+// past its limits then costs the gateway a body read, not a tokenization. Admission itself is
+// admitLimits, with the real token count.
+func (s *Server) precheckLimits(c *gin.Context, tn *tenant, bodyLen int) *apiError {
+	if tn == nil || !s.limits.Limited(tn.name) {
+		return nil
+	}
+	d := s.limits.Precheck(tn.name, bodyLen/4, time.Now())
+	if d.Allowed {
+		return nil
+	}
+	setLimitHeaders(c.Writer.Header(), d.Status)
+	s.m.limited.WithLabelValues(string(d.Reason)).Inc()
+	return limitError(tn.name, d)
+}
+
 // correctLimits replaces the admitted request's token charge with the worker's usage, when the
 // response reported one (a stream without stream_options.include_usage keeps the estimate).
 func (s *Server) correctLimits(c *gin.Context, uc *usageCapture) {

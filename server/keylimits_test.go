@@ -133,6 +133,26 @@ func TestKeyLimitsAnthropicShape(t *testing.T) {
 	}
 }
 
+// A key past its request limit is refused before its body is parsed or tokenized: a malformed
+// body from it gets the 429, while the same body from a key with room gets the parse error.
+func TestKeyLimitsRefusedBeforeParsing(t *testing.T) {
+	g := limitedGateway(t, nil,
+		configs.ClientKey{Key: "sk-spent", Name: "spent", RequestsPerMinute: 1},
+		configs.ClientKey{Key: "sk-room", Name: "room", RequestsPerMinute: 1})
+	good := `{"model":"test-model","max_tokens":4,"messages":[{"role":"user","content":"hi"}]}`
+	bad := `{"model":"test-model","messages":[`
+	auth := func(key string) map[string]string { return map[string]string{"Authorization": "Bearer " + key} }
+	if resp, data := g.post(t, pathChat, good, auth("sk-spent")); resp.StatusCode != http.StatusOK {
+		t.Fatalf("first: %d %s", resp.StatusCode, data)
+	}
+	if resp, data := g.post(t, pathChat, bad, auth("sk-spent")); resp.StatusCode != http.StatusTooManyRequests || resp.Header.Get("Retry-After") == "" {
+		t.Fatalf("malformed body past the limit: %d %s, want 429 with Retry-After", resp.StatusCode, data)
+	}
+	if resp, data := g.post(t, pathChat, bad, auth("sk-room")); resp.StatusCode != http.StatusBadRequest {
+		t.Fatalf("malformed body within the limit: %d %s, want 400", resp.StatusCode, data)
+	}
+}
+
 // max_concurrent 1 against a slow worker: of two concurrent requests one is refused with 429
 // (concurrency), and once the first finished the key may send again.
 func TestKeyLimitsMaxConcurrent(t *testing.T) {
