@@ -162,7 +162,7 @@ func (e *engineCore) drainInbox(ctx context.Context) {
 
 func (e *engineCore) admit(r *simRequest) {
 	r.queuedAt = time.Now()
-	e.waiting = append(e.waiting, r)
+	e.waiting = enqueueWaiting(e.o.SchedulingPolicy, e.waiting, r, false)
 }
 
 // dropCancelled aborts requests whose client went away: vLLM frees their blocks (which stay
@@ -183,8 +183,10 @@ func (e *engineCore) dropCancelled() {
 }
 
 // schedule builds one step like vLLM's v1 scheduler: running requests first (decode or the
-// next prefill chunk), preempting the newest running request when KV blocks run out, then
-// waiting requests in FIFO order while seats, token budget and blocks allow.
+// next prefill chunk), preempting a running request when KV blocks run out (the newest, or
+// under the priority policy the least urgent: preemptionVictim), then waiting requests in the
+// queue's order (arrival, or (priority, arrival): enqueueWaiting) while seats, token budget
+// and blocks allow.
 func (e *engineCore) schedule() step {
 	var st step
 	budget := e.o.MaxNumBatchedTokens
@@ -197,11 +199,19 @@ func (e *engineCore) schedule() step {
 		}
 		preemptedSelf := false
 		for !e.kv.allocate(&r.seq, r.computed, numNew, prefixHit{}, r.sessionID) {
-			victim := e.running[len(e.running)-1]
-			e.running = e.running[:len(e.running)-1]
+			vi := preemptionVictim(e.o.SchedulingPolicy, e.running)
+			victim := e.running[vi]
+			e.running = slices.Delete(e.running, vi, vi+1)
+			if vi < i {
+				// Under the priority policy the victim may already be in this step: it leaves
+				// the step, and gives back its tokens, as vLLM drops it from the step's
+				// scheduled requests (vllm/v1/core/sched/scheduler.py, Scheduler.schedule).
+				budget += st.remove(e, victim)
+				i--
+			}
 			e.kv.free(&victim.seq)
 			victim.computed = 0
-			e.waiting = slices.Insert(e.waiting, 0, victim)
+			e.waiting = enqueueWaiting(e.o.SchedulingPolicy, e.waiting, victim, true)
 			preempted = true
 			e.w.metrics.preemptions.WithLabelValues(e.w.opts.ServedModelName, e.label()).Inc()
 			if victim == r {
@@ -244,6 +254,24 @@ func (e *engineCore) schedule() step {
 		budget -= numNew
 	}
 	return st
+}
+
+// remove takes r out of the step and returns the tokens it had been given; the step's totals
+// are rebuilt from the requests that stay (their computed counts are unchanged until update).
+func (st *step) remove(e *engineCore, r *simRequest) int {
+	j := slices.Index(st.reqs, r)
+	if j < 0 {
+		return 0
+	}
+	given := st.numNew[j]
+	reqs, nums := st.reqs, st.numNew
+	*st = step{loadTokens: st.loadTokens}
+	for k := range reqs {
+		if k != j {
+			e.addToStep(st, reqs[k], nums[k])
+		}
+	}
+	return given
 }
 
 func (e *engineCore) addToStep(st *step, r *simRequest, numNew int) {

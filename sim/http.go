@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"strings"
 	"time"
@@ -154,6 +155,8 @@ type admission struct {
 	continuous bool
 	session    string
 	chat       bool
+	// priority is the body's priority (0 when absent).
+	priority int64
 }
 
 // apiError is a client-facing failure: an HTTP status and vLLM's message text.
@@ -204,6 +207,9 @@ func (w *Worker) parseRequest(r *http.Request, chat bool, prompt func(ctx contex
 		if err := json.Unmarshal(b.CacheSalt, &a.salt); err != nil || a.salt == "" {
 			return nil, apiErrorf(http.StatusBadRequest, "Parameter 'cache_salt' must be a non-empty string if provided.")
 		}
+	}
+	if a.priority, err = parsePriority(b.Priority); err != nil {
+		return nil, apiErrorf(http.StatusBadRequest, "%v", err)
 	}
 	if m := b.VLLMXargs.KVCacheReportMode; m != "" && m != "incremental" && m != "full" {
 		return nil, apiErrorf(http.StatusBadRequest, "kv_cache_report_mode must be 'incremental' or 'full', got %q", m)
@@ -327,6 +333,7 @@ func (w *Worker) admit(rw http.ResponseWriter, r *http.Request, a *admission, ig
 		req.stopAt = w.naturalLength(a.tokens)
 	}
 	req.sessionID = a.session
+	req.priority = a.priority
 	req.reportFull = a.body.VLLMXargs.KVCacheReportMode == "full"
 	if !e.enqueue(req) {
 		writeError(rw, http.StatusServiceUnavailable, "vllm-sim: waiting queue full")
@@ -561,4 +568,26 @@ func fromMessages(r *http.Request) bool { return r.Context().Value(messagesKey{}
 func isEmptyJSONArray(raw json.RawMessage) bool {
 	var v []json.RawMessage
 	return len(raw) > 0 && raw[0] == '[' && json.Unmarshal(raw, &v) == nil && len(v) == 0
+}
+
+// parsePriority reads a body's priority field (vLLM's PriorityRequestMixin and its
+// Responses counterpart, vllm/entrypoints/openai/engine/protocol.py: an integer within
+// int64, default 0). vLLM reads it under either policy; under fcfs it is accepted and has no
+// effect (vLLM v1 keeps no check against the policy: the error the field's description
+// promises lived in the removed v0 engine).
+func parsePriority(raw json.RawMessage) (int64, error) {
+	if len(raw) == 0 || string(raw) == "null" {
+		return 0, nil
+	}
+	var n json.Number
+	if err := json.Unmarshal(raw, &n); err == nil {
+		if p, err := n.Int64(); err == nil {
+			return p, nil
+		}
+		// pydantic's lax int also takes a float with no fractional part (3.0)
+		if f, err := n.Float64(); err == nil && f == math.Trunc(f) && f >= math.MinInt64 && f < math.MaxInt64 {
+			return int64(f), nil
+		}
+	}
+	return 0, fmt.Errorf("priority: Input should be a valid integer within int64, got %s", raw)
 }

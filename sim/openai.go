@@ -146,6 +146,7 @@ type completionBody struct {
 	MaxCompletionTokens *int            `json:"max_completion_tokens"`
 	IgnoreEOS           bool            `json:"ignore_eos"`
 	CacheSalt           json.RawMessage `json:"cache_salt"`
+	Priority            json.RawMessage `json:"priority"`
 	N                   *int            `json:"n"`
 	SessionID           string          `json:"session_id"`
 	Tools               json.RawMessage `json:"tools"`

@@ -48,6 +48,10 @@ type Options struct {
 	MaxModelLen int
 	// MaxWaiting bounds the waiting queue per DP rank; beyond it requests get 503 (default 4096).
 	MaxWaiting int
+	// SchedulingPolicy orders each engine's waiting queue (vLLM --scheduling-policy): "fcfs"
+	// (the default) by arrival, "priority" by the requests' priority field, then arrival, and
+	// it then also preempts the least urgent running request instead of the newest.
+	SchedulingPolicy string
 	// BlockSize is tokens per KV block (vLLM --block-size, default 16).
 	BlockSize int
 	// NumGPUBlocks is the size of the GPU block pool including vLLM's null block (default 4096).
@@ -219,6 +223,9 @@ func (o Options) withDefaults() (Options, error) {
 	setDefault(&o.MaxNumBatchedTokens, 8192)
 	setDefault(&o.MaxWaiting, 4096)
 	setDefault(&o.BlockSize, 16)
+	if o.SchedulingPolicy == "" {
+		o.SchedulingPolicy = PolicyFCFS
+	}
 	setDefault(&o.NumGPUBlocks, 4096)
 	capacity := (o.NumGPUBlocks - 1) * o.BlockSize
 	if o.MaxModelLen == 0 {
@@ -256,6 +263,9 @@ func (o Options) withDefaults() (Options, error) {
 	check(o.MaxNumBatchedTokens > 0, "max-num-batched-tokens must be > 0, got %d", o.MaxNumBatchedTokens)
 	check(o.MaxModelLen > 0, "max-model-len must be > 0, got %d", o.MaxModelLen)
 	check(o.BlockSize > 0, "block-size must be > 0, got %d", o.BlockSize)
+	if err := validPolicy(o.SchedulingPolicy); err != nil {
+		errs = append(errs, err)
+	}
 	check(o.NumGPUBlocks >= 2, "num-gpu-blocks must be >= 2, got %d", o.NumGPUBlocks)
 	check(o.NumCPUBlocks >= 0, "num-cpu-blocks must be >= 0, got %d", o.NumCPUBlocks)
 	check(o.DataParallelSize >= 1, "data-parallel-size must be >= 1, got %d", o.DataParallelSize)

@@ -20,6 +20,9 @@ type simRequest struct {
 	scheduled  bool
 	cached     int // prompt tokens served from the prefix cache at first schedule
 	arrival    time.Time
+	// priority is the request's vLLM priority (smaller is earlier; 0 by default), which orders
+	// it only under the priority scheduling policy.
+	priority   int64
 	simElapsed time.Duration // modelled time since admission
 	simTTFT    time.Duration
 	// engine-core timestamps (vLLM's QUEUED, first SCHEDULED, first and last NEW_TOKENS)

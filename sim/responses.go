@@ -87,6 +87,7 @@ type responsesBody struct {
 	MaxOutputTokens    *int            `json:"max_output_tokens"`
 	IgnoreEOS          bool            `json:"ignore_eos"`
 	CacheSalt          json.RawMessage `json:"cache_salt"`
+	Priority           json.RawMessage `json:"priority"`
 }
 
 func mustJSON(v any) json.RawMessage {
@@ -147,6 +148,9 @@ func (w *Worker) handleResponses(rw http.ResponseWriter, r *http.Request) {
 	}
 	if len(b.CacheSalt) > 0 {
 		chatBody["cache_salt"] = b.CacheSalt
+	}
+	if len(b.Priority) > 0 {
+		chatBody["priority"] = b.Priority // ResponsesRequest has vLLM's priority field too
 	}
 	r2 := r.Clone(r.Context())
 	r2.Body = io.NopCloser(bytes.NewReader(mustJSON(chatBody)))

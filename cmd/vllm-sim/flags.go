@@ -41,6 +41,7 @@ func newServeFlags(fs *flag.FlagSet, o *sim.Options, c *serveConfig) func() erro
 	fs.Var(&apiKeys, "api-key", "require Authorization: Bearer KEY on /v1/* (repeatable; default: env VLLM_API_KEY), as vllm serve --api-key")
 	fs.Var(&loras, "lora-modules", "LoRA adapters name=path (repeatable); clients select one by model name")
 	fs.IntVar(&o.MaxNumSeqs, "max-num-seqs", 256, "maximum sequences per step (running batch)")
+	fs.StringVar(&o.SchedulingPolicy, "scheduling-policy", sim.PolicyFCFS, "waiting-queue order, as vLLM: fcfs | priority (by each request's priority field, smaller first, then arrival)")
 	fs.IntVar(&o.MaxNumBatchedTokens, "max-num-batched-tokens", 8192, "token budget per step (chunked prefill)")
 	fs.IntVar(&o.MaxModelLen, "max-model-len", 0, "maximum prompt + output tokens (default: min(32768, KV cache capacity))")
 	fs.IntVar(&o.BlockSize, "block-size", 16, "tokens per KV block")
