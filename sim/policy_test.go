@@ -263,7 +263,7 @@ func TestPriorityHTTP(t *testing.T) {
 					time.Sleep(time.Millisecond)
 				}
 			}
-			start("busy", 30, "") // holds the seat for ~160 ms
+			start("busy", 100, "") // holds the seat for ~0.5 s
 			waitWaiting(0)
 			start("q1", 2, `,"priority":0`)
 			waitWaiting(1)
