@@ -17,38 +17,49 @@ func (r *Request) SetCacheSalt(salt string) error {
 	if err != nil {
 		return fmt.Errorf("cache_salt: %w", err)
 	}
-	spans, err := topLevelValues(r.Body, "cache_salt")
+	out, err := setTopLevel(r.Body, "cache_salt", quoted)
 	if err != nil {
 		return err
 	}
-	var out []byte
-	if len(spans) == 0 {
-		open := bytes.IndexByte(r.Body, '{')
-		if open < 0 {
-			return errors.New("cache_salt: body is not a JSON object")
-		}
-		sep := []byte(",")
-		if bytes.TrimSpace(r.Body[open+1:])[0] == '}' {
-			sep = nil
-		}
-		out = make([]byte, 0, len(r.Body)+len(quoted)+16)
-		out = append(out, r.Body[:open+1]...)
-		out = append(out, `"cache_salt":`...)
-		out = append(out, quoted...)
-		out = append(out, sep...)
-		out = append(out, r.Body[open+1:]...)
-	} else {
-		out = make([]byte, 0, len(r.Body)+len(quoted))
-		last := 0
-		for _, s := range spans {
-			out = append(out, r.Body[last:s[0]]...)
-			out = append(out, quoted...)
-			last = s[1]
-		}
-		out = append(out, r.Body[last:]...)
-	}
 	r.Body, r.CacheSalt = out, salt
 	return nil
+}
+
+// setTopLevel returns body with the value of every top-level key name replaced by value, or,
+// when the key is absent, with "name":value added first. The rest is kept byte for byte.
+func setTopLevel(body []byte, name string, value []byte) ([]byte, error) {
+	spans, err := topLevelValues(body, name)
+	if err != nil {
+		return nil, err
+	}
+	var out []byte
+	if len(spans) == 0 {
+		open := bytes.IndexByte(body, '{')
+		if open < 0 {
+			return nil, fmt.Errorf("%s: body is not a JSON object", name)
+		}
+		sep := []byte(",")
+		if bytes.TrimSpace(body[open+1:])[0] == '}' {
+			sep = nil
+		}
+		out = make([]byte, 0, len(body)+len(name)+len(value)+4)
+		out = append(out, body[:open+1]...)
+		out = append(out, '"')
+		out = append(out, name...)
+		out = append(out, '"', ':')
+		out = append(out, value...)
+		out = append(out, sep...)
+		out = append(out, body[open+1:]...)
+		return out, nil
+	}
+	out = make([]byte, 0, len(body)+len(value))
+	last := 0
+	for _, s := range spans {
+		out = append(out, body[last:s[0]]...)
+		out = append(out, value...)
+		last = s[1]
+	}
+	return append(out, body[last:]...), nil
 }
 
 // topLevelValues returns the byte spans [start, end) of the values of every top-level key name
@@ -56,17 +67,17 @@ func (r *Request) SetCacheSalt(salt string) error {
 func topLevelValues(body []byte, name string) ([][2]int, error) {
 	dec := json.NewDecoder(bytes.NewReader(body))
 	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
-		return nil, errors.New("cache_salt: body is not a JSON object")
+		return nil, fmt.Errorf("%s: body is not a JSON object", name)
 	}
 	var spans [][2]int
 	for dec.More() {
 		tok, err := dec.Token()
 		if err != nil {
-			return nil, fmt.Errorf("cache_salt: %w", err)
+			return nil, fmt.Errorf("%s: %w", name, err)
 		}
 		var v json.RawMessage
 		if err := dec.Decode(&v); err != nil {
-			return nil, fmt.Errorf("cache_salt: %w", err)
+			return nil, fmt.Errorf("%s: %w", name, err)
 		}
 		if k, _ := tok.(string); k == name {
 			end := int(dec.InputOffset())
@@ -74,7 +85,7 @@ func topLevelValues(body []byte, name string) ([][2]int, error) {
 		}
 	}
 	if _, err := dec.Token(); err != nil && !errors.Is(err, io.EOF) {
-		return nil, fmt.Errorf("cache_salt: %w", err)
+		return nil, fmt.Errorf("%s: %w", name, err)
 	}
 	return spans, nil
 }
