@@ -96,6 +96,7 @@ func Fields() []Field {
 		field("proxy.stream_idle_timeout", "a stream with no bytes from the worker for this long is failed; 0 = none", func(c *Config) flag.Value { return &c.Proxy.StreamIdleTimeout }),
 		field("proxy.idle_conn_timeout", "how long an idle pooled connection to a worker is kept", func(c *Config) flag.Value { return &c.Proxy.IdleConnTimeout }),
 		field("proxy.max_idle_conns_per_worker", "pooled idle connections kept per worker", func(c *Config) flag.Value { return intValue{&c.Proxy.MaxIdleConnsPerWorker} }),
+		field("proxy.forward_priority", "send each request's priority to the workers as vLLM's priority body field (for vllm serve --scheduling-policy priority)", func(c *Config) flag.Value { return boolValue{&c.Proxy.ForwardPriority} }),
 		field("proxy.expose_routing_headers", "add X-Kvgate-Worker and X-Kvgate-Cached-Blocks to responses (reveals cache state to clients)", func(c *Config) flag.Value { return boolValue{&c.Proxy.ExposeRoutingHeaders} }),
 		field("discovery.kubernetes.service", "Kubernetes discovery: the Service whose EndpointSlices are the workers (empty = off)", func(c *Config) flag.Value { return stringValue{&c.Discovery.Kubernetes.Service} }),
 		field("discovery.kubernetes.namespace", "Kubernetes discovery: the Service's namespace (empty = the pod's own)", func(c *Config) flag.Value { return stringValue{&c.Discovery.Kubernetes.Namespace} }),

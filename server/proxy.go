@@ -54,6 +54,10 @@ func (s *Server) proxy(c *gin.Context, p *pool, in *apireq.Request, rreq *router
 		return ae.Status
 	}
 	defer ticket.routed()
+	if e := s.forwardPriority(c, in, ticket); e != nil {
+		writeError(c, e)
+		return e.Status
+	}
 	tried := map[string]bool{}
 	maxAttempts := 1 + s.cfg.Proxy.MaxRetries
 	var last *apiError

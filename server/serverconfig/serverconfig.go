@@ -45,6 +45,15 @@ type Proxy struct {
 	// ExposeRoutingHeaders adds X-Kvgate-Worker and X-Kvgate-Cached-Blocks to responses. Off by
 	// default: the cached-block count lets a client test guesses of other users' prompts.
 	ExposeRoutingHeaders bool `yaml:"expose_routing_headers"`
+	// ForwardPriority writes each request's priority (the one flow control queues it by: the
+	// client key's auth.keys[].priority, lowered by x-kvgate-priority or
+	// x-gateway-inference-objective) into the body sent to the worker as vLLM's priority
+	// field, negated (kvgate's larger is more urgent, vLLM's smaller is earlier), on chat
+	// completions, completions, Responses and Messages. Turn it on when the workers run
+	// vllm serve --scheduling-policy priority; it works with flow_control on or off. A client's
+	// own priority field is kept only when it asks to be handled later. Default false (the body
+	// is forwarded as sent).
+	ForwardPriority bool `yaml:"forward_priority"`
 }
 
 // DefaultProxy returns the proxy section's defaults (configs/kvgate.yaml documents the same).
