@@ -2,12 +2,14 @@ package cluster
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/url"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/kvgate/kvgate/cluster/clusterconfig"
 	"github.com/kvgate/kvgate/sessions"
@@ -107,12 +109,23 @@ func TestBindingsSplitHeals(t *testing.T) {
 	servers[2].WaitForShutdown()
 	servers[2] = startSplitServer(t, cfgs[2]) // heal: same name, routes and store
 	eventually(t, 10*time.Second, "minority reconnected", nodes[2].Connected)
-	// From its first turn after the reconnect, whether or not its watch has replayed the
-	// bucket yet, the minority follows the bucket's binding of x (wA), not its split-time
-	// choice (wC): a binding learned after a reset wins over routing before it.
+	// The minority's client can reconnect to the restarted server a moment before that server
+	// has its routes and JetStream back (its reads then get "no responders": the store is still
+	// unreachable and the replica rightly stays on its own state). Under a loaded CPU that moment
+	// stretches, so the turn below waits until the store answers the minority's side again: a
+	// read of a key nobody writes, on the bucket directly (not through the bindings' cache).
+	eventually(t, 10*time.Second, "the bucket answers the minority", func() bool {
+		_, _, err := stored(t, min, "never-written")
+		return errors.Is(err, jetstream.ErrKeyNotFound)
+	})
+	t.Logf("minority behind at its first turn after the heal: %v", min.Behind())
+	// From its first turn once the store is back, whether or not its watch has replayed the
+	// bucket yet (in practice it has not: Behind is still true here), the minority follows the
+	// bucket's binding of x (wA), not its split-time choice (wC): a binding learned after a
+	// reset wins over routing before it.
 	tracker.SyncShared(context.Background(), "x", "")
 	if hs := tracker.Hints("x", ""); len(hs) != 1 || hs[0].Target != wA || hs[0].Rule != sessions.RuleSharedAffinity {
-		t.Fatalf("minority hints right after the reconnect: %+v, want the fleet's binding to %v", hs, wA)
+		t.Fatalf("minority hints right after the reconnect: %+v, want the fleet's binding to %v (node %+v, behind %v, routes %d, js current %v)", hs, wA, nodes[2].Status(), min.Behind(), servers[2].NumRoutes(), servers[2].JetStreamIsCurrent())
 	}
 	eventually(t, 10*time.Second, "minority caught up", func() bool {
 		return nodes[2].Connected() && min.Ready() && !min.Behind()

@@ -31,35 +31,60 @@ func limitsReplica(t *testing.T, server *Node, id, keyFile string, lim *keylimit
 // Three replicas on an embedded NATS server share one 1,200 rpm key (burst 20): requests every
 // 2 ms spread round robin over them for 3 s are admitted, in total, within 5% of what one
 // bucket admits over the time they took (20 + 20/s), where three independent buckets would
-// admit three times that.
+// admit three times that. What the fleet left unspent at the end counts as admitted: each
+// replica pays for a request with a third of the fleet's bucket (the load is even), so up to
+// three requests' worth stays in the buckets below the price, and more when the CPU stalls the
+// loop before the replicas' last turns; that is capacity the fleet still holds, not capacity it
+// lost.
 func TestLimitsSyncFleetWide(t *testing.T) {
 	srv := startNode(t, embeddedConfig(t, "nats"))
 	limits := map[string]keylimits.Limits{"k": {RequestsPerMinute: 1200}}
 	lims := make([]*keylimits.Limiter, 3)
 	for i := range lims {
-		lims[i] = keylimits.New(limits, 400*time.Millisecond, time.Now())
+		// The production peer timeout (cluster.peer_timeout), longer than the run: this test is
+		// about live peers sharing a key (expiry is TestLimitsSyncLeaveAndExpiry's). With a
+		// shorter one, a loaded CPU that delays a replica's reports past it turned that peer
+		// off mid-run and the others took its share too (87 admitted for 80).
+		lims[i] = keylimits.New(limits, 3*time.Second, time.Now())
 		limitsReplica(t, srv, fmt.Sprint("r", i), "", lims[i])
 	}
 	for i, l := range lims {
 		eventually(t, 3*time.Second, fmt.Sprintf("r%d hears both peers", i), func() bool { return l.Peers() == 2 })
 	}
 	// The buckets filled while the replicas met: the run starts with a full burst everywhere.
+	// The window is measured to the last request, not past the sleep after it: under a loaded
+	// CPU that sleep can overrun by a tenth of a second, which refills the buckets for
+	// requests never sent.
 	start := time.Now()
-	admitted, sent := 0, 0
+	var last time.Time
+	admitted, sent, fewestPeers := 0, 0, 2
 	for time.Since(start) < 3*time.Second {
 		l := lims[sent%3]
-		if d := l.Admit("k", 0, time.Now()); d.Allowed {
+		fewestPeers = min(fewestPeers, l.Peers())
+		last = time.Now()
+		if d := l.Admit("k", 0, last); d.Allowed {
 			admitted++
 			l.Release(d.Ticket)
 		}
 		sent++
-		time.Sleep(2 * time.Millisecond)
+		// On a schedule (a request every 2 ms since start), not 2 ms after the last one: a loop
+		// the CPU stalls catches up, so the demand the replicas report stays steady.
+		time.Sleep(time.Until(start.Add(time.Duration(sent) * 2 * time.Millisecond)))
 	}
-	elapsed := time.Since(start)
+	elapsed := last.Sub(start)
+	unspent := 0.0
+	for _, l := range lims {
+		st, _ := l.Status("k", last)
+		unspent += float64(st.Requests.Remaining) / 3
+	}
+	got := float64(admitted) + unspent
 	want := 20 + 20*elapsed.Seconds()
-	t.Logf("%d of %d admitted in %s across 3 replicas; one bucket admits %.1f", admitted, sent, elapsed.Round(time.Millisecond), want)
-	if math.Abs(float64(admitted)-want) > 0.05*want {
-		t.Fatalf("admitted %d, want %.1f ± 5%%", admitted, want)
+	t.Logf("%d of %d admitted in %s across 3 replicas, %.1f left unspent; one bucket admits %.1f; fewest peers counted %d", admitted, sent, elapsed.Round(time.Millisecond), unspent, want, fewestPeers)
+	if fewestPeers < 2 {
+		t.Fatalf("a replica counted %d peers during the run: the fleet was not whole", fewestPeers)
+	}
+	if math.Abs(got-want) > 0.05*want {
+		t.Fatalf("admitted %d + %.1f unspent, want %.1f ± 5%%", admitted, unspent, want)
 	}
 }
 
