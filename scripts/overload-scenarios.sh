@@ -20,7 +20,10 @@
 #   TIME_SCALE      kvbench --time-scale [0.05]
 #   VARIANTS        gateway variants, each LABEL=FLAGS with FLAGS comma-separated kvgate serve
 #                   flags ["kv+queue=--flow-control-enabled"]; e.g. add "kv=" for kv without
-#                   the queue
+#                   the queue. A flag written sim:FLAG goes to that variant's vllm-sim fleet
+#                   instead, e.g. vLLM's priority scheduling on the workers with the priority
+#                   forwarded to them: "kv+queue+vllmprio=--flow-control-enabled,
+#                   --proxy-forward-priority,sim:--scheduling-policy=priority" (no spaces)
 #   REPEATS         runs of each phase [2]
 #   TOGETHER=1      run every phase, variant and repeat at the same time (each on its own fleet
 #                   and ports) instead of the alone phases first, then the flood phases [0]
@@ -96,16 +99,24 @@ client() {
   PIDS+=("$CLIENT")
 }
 
-# phase DIR FLAGS WITH_HEAVY: a fresh fleet and gateway (policy kv, FLAGS comma-separated),
-# the light client and, when WITH_HEAVY is 1, the heavy one at the same time.
+# phase DIR FLAGS WITH_HEAVY: a fresh fleet and gateway (policy kv, FLAGS comma-separated, the
+# sim:-prefixed ones for the fleet), the light client and, when WITH_HEAVY is 1, the heavy one
+# at the same time.
 phase() {
-  local dir="$1" flags="${2//,/ }" heavy="$3" fleet gw light hv=""
+  local dir="$1" flags="" simflags="" heavy="$3" fleet gw light hv="" f
+  for f in ${2//,/ }; do
+    case "$f" in
+      sim:*) simflags+=" ${f#sim:}" ;;
+      *) flags+=" $f" ;;
+    esac
+  done
   mkdir -p "$dir"
+  # shellcheck disable=SC2086 # SIM_ARGS and simflags are lists
   "$BIN/vllm-sim" fleet --workers "$WORKERS" --host 127.0.0.1 --base-port $((BASE_PORT + 1)) \
     --events-base-port $((BASE_PORT + 100)) --model "$MODEL_DIR" --served-model-name "$MODEL_NAME" \
     --block-size "$BLOCK_SIZE" --num-gpu-blocks "$NUM_GPU_BLOCKS" --max-model-len "$MAX_MODEL_LEN" \
     --speedup "$SPEEDUP" --gateway-listen "127.0.0.1:$BASE_PORT" --router-policy kv \
-    --config-out "$dir/fleet.yaml" --log-level warn ${SIM_ARGS:-} >"$dir/fleet.log" 2>&1 &
+    --config-out "$dir/fleet.yaml" --log-level warn ${SIM_ARGS:-} $simflags >"$dir/fleet.log" 2>&1 &
   fleet=$!
   PIDS+=("$fleet")
   for i in $(seq 1 "$WORKERS"); do
