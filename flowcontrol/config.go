@@ -39,6 +39,20 @@ type Config struct {
 	// prefill already queued there, the running decodes' share of those steps, KV pressure
 	// (default 500ms; 0 turns it off; no effect under the other policies).
 	MaxPredictedWait confval.Duration `yaml:"max_predicted_wait"`
+	// ContendedPredictedWait replaces max_predicted_wait for a request that others contend
+	// with: a higher priority was seen within contention_window, or its tenant's attained
+	// service is over contended_share times the mean of the tenants active within the window
+	// (default 200ms; 0: contention changes nothing). The workers' own queues (first come,
+	// first served) then stay short, so the gateway's order (priority, fair share) decides who
+	// runs next, and the rest of max_predicted_wait stays headroom for the favoured requests.
+	ContendedPredictedWait confval.Duration `yaml:"contended_predicted_wait"`
+	// ContentionWindow is how long a priority or a tenant counts as active after its last
+	// request (default 10s).
+	ContentionWindow confval.Duration `yaml:"contention_window"`
+	// ContendedShare: a tenant whose attained service is over this many times the mean of the
+	// tenants active within contention_window is held to contended_predicted_wait (default
+	// 1.5; 0: tenants never contend, only priorities).
+	ContendedShare float64 `yaml:"contended_share"`
 	// MaxPrefillTokens marks a worker saturated when the uncached prompt tokens in flight to
 	// it before their first token (every replica's) reach this (default 0: off).
 	MaxPrefillTokens int `yaml:"max_prefill_tokens"`
@@ -81,17 +95,20 @@ type Config struct {
 // Default returns the documented defaults (the queue off).
 func Default() Config {
 	return Config{
-		MaxRequests:      1000,
-		MaxBytes:         64 << 20,
-		QueueTimeout:     confval.Duration(30 * time.Second),
-		MaxPredictedWait: confval.Duration(500 * time.Millisecond),
-		RetryAfter:       confval.Duration(time.Second),
-		FairnessHeader:   "x-gateway-inference-fairness-id",
-		ServiceHalfLife:  confval.Duration(time.Minute),
-		InputWeight:      1,
-		OutputWeight:     1,
-		AgeWeight:        0.1,
-		PollInterval:     confval.Duration(50 * time.Millisecond),
+		MaxRequests:            1000,
+		MaxBytes:               64 << 20,
+		QueueTimeout:           confval.Duration(30 * time.Second),
+		MaxPredictedWait:       confval.Duration(500 * time.Millisecond),
+		ContendedPredictedWait: confval.Duration(200 * time.Millisecond),
+		ContentionWindow:       confval.Duration(10 * time.Second),
+		ContendedShare:         1.5,
+		RetryAfter:             confval.Duration(time.Second),
+		FairnessHeader:         "x-gateway-inference-fairness-id",
+		ServiceHalfLife:        confval.Duration(time.Minute),
+		InputWeight:            1,
+		OutputWeight:           1,
+		AgeWeight:              0.1,
+		PollInterval:           confval.Duration(50 * time.Millisecond),
 	}
 }
 
@@ -116,6 +133,12 @@ func (c Config) Validate() error {
 	if c.MaxPredictedWait < 0 {
 		p.Addf("max_predicted_wait", "must be >= 0 (0 turns it off), got %s", c.MaxPredictedWait)
 	}
+	if c.ContendedPredictedWait < 0 {
+		p.Addf("contended_predicted_wait", "must be >= 0 (0 turns it off), got %s", c.ContendedPredictedWait)
+	}
+	if c.ContentionWindow < 0 {
+		p.Addf("contention_window", "must be >= 0, got %s", c.ContentionWindow)
+	}
 	if c.MaxPrefillTokens < 0 {
 		p.Addf("max_prefill_tokens", "must be >= 0 (0 turns it off), got %d", c.MaxPrefillTokens)
 	}
@@ -128,7 +151,7 @@ func (c Config) Validate() error {
 	for _, w := range []struct {
 		key string
 		v   float64
-	}{{"input_weight", c.InputWeight}, {"output_weight", c.OutputWeight}, {"age_weight", c.AgeWeight}} {
+	}{{"input_weight", c.InputWeight}, {"output_weight", c.OutputWeight}, {"age_weight", c.AgeWeight}, {"contended_share", c.ContendedShare}} {
 		if !(w.v >= 0) || math.IsInf(w.v, 0) {
 			p.Addf(w.key, "must be a finite number >= 0, got %v", w.v)
 		}
@@ -178,12 +201,20 @@ type Load struct {
 // Saturated reports whether a worker with load l takes no more requests now: over a router
 // busy threshold, or over one of the section's own thresholds (each 0 = off).
 func (c Config) Saturated(l Load) bool {
-	switch {
-	case l.Busy,
-		c.MaxPredictedWait > 0 && l.HasWait && l.WaitMs >= float64(c.MaxPredictedWait.D())/float64(time.Millisecond),
-		c.MaxPrefillTokens > 0 && l.PrefillTokens >= c.MaxPrefillTokens,
-		c.MaxWaitingRequests > 0 && l.HasWaiting && l.Waiting >= float64(c.MaxWaitingRequests):
-		return true
-	}
-	return false
+	return c.saturatedForAll(l) || c.MaxPredictedWait > 0 && l.HasWait && l.WaitMs >= ms(c.MaxPredictedWait)
 }
+
+// saturatedForAll reports the thresholds that bind every request alike (all but the
+// predicted wait, whose bound depends on the request's contention).
+func (c Config) saturatedForAll(l Load) bool {
+	return l.Busy ||
+		c.MaxPrefillTokens > 0 && l.PrefillTokens >= c.MaxPrefillTokens ||
+		c.MaxWaitingRequests > 0 && l.HasWaiting && l.Waiting >= float64(c.MaxWaitingRequests)
+}
+
+// State is a worker's load as the queue's dispatch reads it (Queue.Next, Queue.Place).
+func (c Config) State(l Load) TargetState {
+	return TargetState{Saturated: c.saturatedForAll(l), WaitMs: l.WaitMs, HasWait: l.HasWait}
+}
+
+func ms(d confval.Duration) float64 { return float64(d.D()) / float64(time.Millisecond) }

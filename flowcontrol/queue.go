@@ -56,11 +56,21 @@ type Limits struct {
 	HalfLife time.Duration
 	// AgeWeight is the gain credit, in ms, per ms waited.
 	AgeWeight float64
+	// MaxWaitMs is the predicted wait from which a target takes no request (0: none), and
+	// ContendedWaitMs the same for a request that others contend with (0: MaxWaitMs).
+	MaxWaitMs, ContendedWaitMs float64
+	// Window is how long a priority or tenant stays active after its last request;
+	// ContendedShare the multiple of the active tenants' mean service over which a tenant
+	// is contended (0: never).
+	Window         time.Duration
+	ContendedShare float64
 }
 
 // LimitsOf returns the queue limits of a config.
 func LimitsOf(c Config) Limits {
-	return Limits{MaxRequests: c.MaxRequests, MaxBytes: int64(c.MaxBytes), HalfLife: c.ServiceHalfLife.D(), AgeWeight: c.AgeWeight}
+	return Limits{MaxRequests: c.MaxRequests, MaxBytes: int64(c.MaxBytes), HalfLife: c.ServiceHalfLife.D(), AgeWeight: c.AgeWeight,
+		MaxWaitMs: ms(c.MaxPredictedWait), ContendedWaitMs: ms(c.ContendedPredictedWait),
+		Window: c.ContentionWindow.D(), ContendedShare: c.ContendedShare}
 }
 
 // Queue is the waiting requests of one model pool, by priority and tenant, with each tenant's
@@ -76,6 +86,7 @@ type Queue[T comparable] struct {
 	service map[string]*attained
 	pruneAt int
 	seq     uint64
+	seen    map[int]time.Time // each priority's last arrival (Arrive)
 }
 
 // band is one priority's waiting requests, by tenant.
@@ -90,6 +101,7 @@ type attained struct {
 	v       float64
 	at      time.Time
 	waiting int
+	seen    time.Time // the tenant's last arrival (Arrive)
 }
 
 // minPruneAt is the tenant count from which idle tenants with negligible service are forgotten.
@@ -97,22 +109,32 @@ const minPruneAt = 1024
 
 // NewQueue returns an empty queue reading time from now.
 func NewQueue[T comparable](lim Limits, now func() time.Time) *Queue[T] {
-	return &Queue[T]{lim: lim, now: now, bands: map[int]*band[T]{}, service: map[string]*attained{}, pruneAt: minPruneAt}
+	return &Queue[T]{lim: lim, now: now, bands: map[int]*band[T]{}, service: map[string]*attained{}, pruneAt: minPruneAt,
+		seen: map[int]time.Time{}}
 }
 
 // Push queues e, or returns an error wrapping ErrFull when it would pass a bound (the entry is
-// then not queued).
-func (q *Queue[T]) Push(e *Entry[T]) error {
+// then not queued). When waiting entries of a lower priority than e's make room, they are
+// shed instead (the lowest priority first, within it the youngest) and returned: the caller
+// answers them as if the queue had been full when they came.
+func (q *Queue[T]) Push(e *Entry[T]) (evicted []*Entry[T], err error) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if e.state != stateNew {
-		return errors.New("flowcontrol: entry pushed twice")
+		return nil, errors.New("flowcontrol: entry pushed twice")
 	}
-	if q.n+1 > q.lim.MaxRequests {
-		return fmt.Errorf("%w: %d requests waiting (flow_control.max_requests %d)", ErrFull, q.n, q.lim.MaxRequests)
-	}
-	if q.bytes+e.Bytes > q.lim.MaxBytes {
-		return fmt.Errorf("%w: %d bytes waiting, this request %d (flow_control.max_bytes %d)", ErrFull, q.bytes, e.Bytes, q.lim.MaxBytes)
+	if q.n+1 > q.lim.MaxRequests || q.bytes+e.Bytes > q.lim.MaxBytes {
+		out, ok := q.evictFor(e)
+		if !ok {
+			if q.n+1 > q.lim.MaxRequests {
+				return nil, fmt.Errorf("%w: %d requests waiting (flow_control.max_requests %d)", ErrFull, q.n, q.lim.MaxRequests)
+			}
+			return nil, fmt.Errorf("%w: %d bytes waiting, this request %d (flow_control.max_bytes %d)", ErrFull, q.bytes, e.Bytes, q.lim.MaxBytes)
+		}
+		for _, x := range out {
+			q.unlink(x, stateRemoved)
+		}
+		evicted = out
 	}
 	b := q.bands[e.Priority]
 	if b == nil {
@@ -130,7 +152,7 @@ func (q *Queue[T]) Push(e *Entry[T]) error {
 	q.bytes += e.Bytes
 	q.tenant(e.Tenant).waiting++
 	q.prune()
-	return nil
+	return evicted, nil
 }
 
 // tenant returns t's service record, creating it.
@@ -167,7 +189,7 @@ func (q *Queue[T]) prune() {
 	}
 	now := q.now()
 	for t, a := range q.service {
-		if a.decay(now, q.lim.HalfLife); a.waiting == 0 && a.v < 1 {
+		if a.decay(now, q.lim.HalfLife); a.waiting == 0 && a.v < 1 && now.Sub(a.seen) > q.lim.Window {
 			delete(q.service, t)
 		}
 	}
@@ -213,33 +235,47 @@ func (q *Queue[T]) unlink(e *Entry[T], to entryState) {
 	e.state = to
 }
 
-// Next chooses the entry that the first free target to serve it should take, dispatches it
-// (it leaves the queue and its tenant is charged its Cost) and returns it with that target.
-// The highest priority with an entry eligible for a free target goes first; within it the
+// Next chooses the entry that a target free to take it should take, dispatches it (it
+// leaves the queue and its tenant is charged its Cost) and returns it with its Dispatch.
+// states is every target's load (a target absent is neither free nor priced).
+//
+// A target is free for an entry when it is eligible (Gain), not saturated and its predicted
+// wait is under the entry's bound (MaxWaitMs, or ContendedWaitMs for a contended entry). An
+// entry takes a free target only when, by the time model, its prefill ends there no later
+// than by waiting for its best other target (price: predicted wait less the weighed cache
+// gain), less its wait credit (AgeWeight × ms waited): late binding, priced. Otherwise it
+// keeps waiting and others may take the target.
+//
+// The highest priority with an entry that takes a free target goes first; within it the
 // tenants in order of least attained service; within a tenant the entry with the highest
-// gain on a free target less its best gain on any other target (what it would give up by
-// going there), plus AgeWeight × its wait in ms, the oldest on a tie. ok is false
-// when no waiting entry may go to any of free.
-func (q *Queue[T]) Next(free []T) (e *Entry[T], target T, ok bool) {
-	if len(free) == 0 {
-		return nil, target, false
+// advantage (its best other price less its price here, plus its credit; without a time model
+// its gain here less its best gain elsewhere, plus its credit), the oldest on a tie. ok is
+// false when no waiting entry takes any free target.
+func (q *Queue[T]) Next(states map[T]TargetState) (e *Entry[T], d Dispatch[T], ok bool) {
+	if len(states) == 0 {
+		return nil, d, false
 	}
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	now := q.now()
+	c := q.contentionAt(now)
+	weigh := 0.0
+	if q.n > 1 {
+		weigh = 1
+	}
 	for _, p := range q.prios { // unlink may drop a band: we return right after
 		b := q.bands[p]
 		for _, group := range q.byService(b, now) {
-			if e, target, ok = q.best(b, group, free, now); ok {
+			if e, d, ok = q.best(b, group, states, c, weigh, now); ok {
 				q.unlink(e, stateDispatched)
 				a := q.tenant(e.Tenant)
 				a.decay(now, q.lim.HalfLife)
 				a.v += e.Cost
-				return e, target, true
+				return e, d, true
 			}
 		}
 	}
-	return nil, target, false
+	return nil, d, false
 }
 
 // byService groups b's tenants by attained service, least first; tenants within a relative
@@ -288,36 +324,53 @@ func cmpString(a, b string) int {
 	return 0
 }
 
-// best is the entry of the tenants named with the highest score on a free target.
-func (q *Queue[T]) best(b *band[T], tenants []string, free []T, now time.Time) (best *Entry[T], target T, ok bool) {
+// best is the entry of the tenants named with the highest advantage on a free target it
+// takes (see Next).
+func (q *Queue[T]) best(b *band[T], tenants []string, states map[T]TargetState, c contention, weigh float64, now time.Time) (best *Entry[T], d Dispatch[T], ok bool) {
 	bestScore := math.Inf(-1)
 	for _, t := range tenants {
+		limit, contended := q.waitLimit(c, b.tenants[t][0].Priority, t, now)
 		for _, e := range b.tenants[t] {
 			age := q.lim.AgeWeight * float64(now.Sub(e.enqueued)) / float64(time.Millisecond)
 			top, second, topAt := topGains(e.Gain)
-			for _, f := range free {
-				g, eligible := 0.0, true
-				if e.Gain != nil {
-					g, eligible = e.Gain[f]
-				}
-				if !eligible {
+			for f, s := range states {
+				g, eligible := gainOn(e.Gain, f)
+				if !eligible || !admits(s, limit) {
 					continue
 				}
-				// The gain here against the best elsewhere: a request whose prefix another
-				// target holds goes last to this one (it would recompute what it finds there).
-				elsewhere := top
-				if f == topAt {
-					elsewhere = second
+				choice := ChoiceUnpriced
+				here, elsewhere, priced := price(e.Gain, f, states, weigh)
+				var score float64
+				if priced {
+					adv := elsewhere - here
+					if adv+age < 0 {
+						continue // waiting for a better target is predicted sooner
+					}
+					score, choice = adv+age, ChoiceBest
+					if adv < 0 {
+						choice = ChoiceAged
+					}
+				} else {
+					// No time model: the gain here against the best elsewhere (a request whose
+					// prefix another target holds goes last to this one).
+					other := top
+					if f == topAt {
+						other = second
+					}
+					score, here, elsewhere = g-other+age, 0, 0
 				}
-				s := g - elsewhere + age
-				if !ok || s > bestScore || (s == bestScore && e.seq < best.seq) {
-					best, target, bestScore, ok = e, f, s, true
+				if !ok || score > bestScore || (score == bestScore && (e.seq < best.seq || e == best && less(f, d.Target))) {
+					best, bestScore, ok = e, score, true
+					d = Dispatch[T]{Target: f, Choice: choice, HereMs: here, ElseMs: elsewhere, Contended: contended}
 				}
 			}
 		}
 	}
-	return best, target, ok
+	return best, d, ok
 }
+
+// less orders targets for a deterministic tie-break (map order is random).
+func less[T comparable](a, b T) bool { return fmtKey(a) < fmtKey(b) }
 
 // topGains returns the highest and second-highest gains (0 when absent: a target not listed
 // gains nothing) and the target of the highest.

@@ -2,6 +2,7 @@ package flowcontrol
 
 import (
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -20,6 +21,11 @@ func newTestQueue(lim Limits) (*Queue[string], *clock) {
 
 var testLimits = Limits{MaxRequests: 100, MaxBytes: 1 << 20, HalfLife: time.Minute, AgeWeight: 0.1}
 
+// pricedLimits add the predicted-wait bounds and contention (max_predicted_wait 500 ms,
+// contended_predicted_wait 100 ms, a 10 s window, contended_share 1.5).
+var pricedLimits = Limits{MaxRequests: 100, MaxBytes: 1 << 20, HalfLife: time.Minute, AgeWeight: 0.1,
+	MaxWaitMs: 500, ContendedWaitMs: 100, Window: 10 * time.Second, ContendedShare: 1.5}
+
 // step is one action on a queue: push an entry (named by Value), wait, charge, remove, or
 // dispatch to the free targets and expect a given entry and target.
 type step struct {
@@ -28,10 +34,23 @@ type step struct {
 	charge  string
 	amount  float64
 	remove  string
-	free    []string
-	want    string // the Value Next should dispatch ("" = none)
-	wantT   string // and to which target
+	free    []string               // targets free, unpriced (no time model)
+	states  map[string]TargetState // or every target's load (priced)
+	arrive  *Entry[string]         // Arrive(its priority, its tenant)
+	want    string                 // the Value Next should dispatch ("" = none)
+	wantT   string                 // and to which target
+	choice  string                 // and its Dispatch.Choice, when set
 	wantErr error
+	evicted []string // the Values Push sheds to make room
+}
+
+// freeStates is free as states: each free and unpriced.
+func freeStates(free []string) map[string]TargetState {
+	out := map[string]TargetState{}
+	for _, f := range free {
+		out[f] = TargetState{}
+	}
+	return out
 }
 
 func TestQueueOrder(t *testing.T) {
@@ -114,9 +133,99 @@ func TestQueueOrder(t *testing.T) {
 		}},
 		{"max_requests", Limits{MaxRequests: 2, MaxBytes: 1 << 20, HalfLife: time.Minute}, []step{
 			{push: e("a", 0, "t", nil)}, {push: e("b", 0, "t", nil)},
-			{push: e("c", 5, "t", nil), wantErr: ErrFull},
+			{push: e("c", 0, "t", nil), wantErr: ErrFull},
 			{free: []string{"w"}, want: "a", wantT: "w"},
 			{push: e("d", 0, "t", nil)},
+		}},
+		{"a higher priority evicts the lowest priority's youngest from a full queue", Limits{MaxRequests: 3, MaxBytes: 1 << 20, HalfLife: time.Minute}, []step{
+			{push: e("p0-old", 0, "t", nil)}, {wait: time.Millisecond}, {push: e("p0-young", 0, "t", nil)},
+			{push: e("m1", -1, "t", nil)},
+			{push: e("p1", 1, "t", nil), evicted: []string{"m1"}},
+			{push: e("p1-b", 1, "t", nil), evicted: []string{"p0-young"}},
+			{push: e("p0-new", 0, "t", nil), wantErr: ErrFull}, // nothing lower to evict
+			{free: []string{"w"}, want: "p1", wantT: "w"},
+			{free: []string{"w"}, want: "p1-b", wantT: "w"},
+			{free: []string{"w"}, want: "p0-old", wantT: "w"},
+			{free: []string{"w"}, want: ""},
+		}},
+		{"eviction frees bytes too, and evicts nothing when even that would not fit", Limits{MaxRequests: 10, MaxBytes: 25, HalfLife: time.Minute}, []step{
+			{push: e("low", 0, "t", nil)}, {push: e("mid", 1, "t", nil)},
+			{push: &Entry[string]{Value: "huge", Priority: 2, Bytes: 30}, wantErr: ErrFull},
+			{push: e("high", 2, "t", nil), evicted: []string{"low"}},
+		}},
+
+		// Priced late binding (a time model: every target's predicted wait known). The bound
+		// is max_predicted_wait 500 ms.
+		{"a held request waits for its prefix holder when that is predicted sooner", pricedLimits, []step{
+			{push: e("cached-on-w1", 0, "t", map[string]float64{"w1": 2000, "w2": 0})},
+			// w2 free: 0 ms wait + 2000 ms more prefill; w1 saturated (600 ms) but 600 - 2000 is sooner.
+			{states: map[string]TargetState{"w1": {WaitMs: 600, HasWait: true}, "w2": {WaitMs: 0, HasWait: true}}, want: ""},
+			{states: map[string]TargetState{"w1": {WaitMs: 400, HasWait: true}, "w2": {WaitMs: 0, HasWait: true}},
+				want: "cached-on-w1", wantT: "w1", choice: ChoiceBest},
+		}},
+		{"a held request goes to the freed worker when that is predicted sooner", pricedLimits, []step{
+			{push: e("cached-on-w1", 0, "t", map[string]float64{"w1": 300, "w2": 0})},
+			// w1's queue (2 s) costs more than recomputing its 300 ms of cached prefix on w2.
+			{states: map[string]TargetState{"w1": {WaitMs: 2000, HasWait: true}, "w2": {WaitMs: 100, HasWait: true}},
+				want: "cached-on-w1", wantT: "w2", choice: ChoiceBest},
+		}},
+		{"a router-busy holder is priced at its predicted wait too", pricedLimits, []step{
+			{push: e("cached-on-w1", 0, "t", map[string]float64{"w1": 2000, "w2": 0})},
+			{states: map[string]TargetState{"w1": {Saturated: true, WaitMs: 300, HasWait: true}, "w2": {HasWait: true}}, want: ""},
+		}},
+		{"while one waits for its holder, others take the freed worker", pricedLimits, []step{
+			{push: e("cached-on-w1", 0, "t", map[string]float64{"w1": 2000, "w2": 0})},
+			{wait: time.Millisecond},
+			{push: e("uncached", 0, "t", map[string]float64{"w1": 0, "w2": 0})},
+			{states: map[string]TargetState{"w1": {WaitMs: 900, HasWait: true}, "w2": {WaitMs: 0, HasWait: true}},
+				want: "uncached", wantT: "w2", choice: ChoiceBest},
+			{states: map[string]TargetState{"w1": {WaitMs: 900, HasWait: true}, "w2": {WaitMs: 0, HasWait: true}}, want: ""},
+		}},
+		{"no starvation: the wait credit takes a freed worker in the end", pricedLimits, []step{
+			{push: e("cached-on-w1", 0, "t", map[string]float64{"w1": 2000, "w2": 0})},
+			{wait: 10 * time.Second}, // 0.1 × 10,000 ms = 1,000 ms: not yet the 1,400 ms difference
+			{states: map[string]TargetState{"w1": {WaitMs: 600, HasWait: true}, "w2": {HasWait: true}}, want: ""},
+			{wait: 5 * time.Second},
+			{states: map[string]TargetState{"w1": {WaitMs: 600, HasWait: true}, "w2": {HasWait: true}},
+				want: "cached-on-w1", wantT: "w2", choice: ChoiceAged},
+		}},
+		{"a predicted wait at the bound takes nobody", pricedLimits, []step{
+			{push: e("any", 0, "t", map[string]float64{"w1": 0})},
+			{states: map[string]TargetState{"w1": {WaitMs: 500, HasWait: true}}, want: ""},
+			{states: map[string]TargetState{"w1": {WaitMs: 499, HasWait: true}}, want: "any", wantT: "w1", choice: ChoiceUnpriced},
+		}},
+
+		// Contention: the contended bound (100 ms here) for a lower priority or a tenant over
+		// its share, max_predicted_wait (500 ms) for the others.
+		{"a lower priority leaves the last headroom to a higher one seen lately", pricedLimits, []step{
+			{arrive: e("", 1, "vip", nil)},
+			{push: e("low", 0, "t", nil)},
+			{states: map[string]TargetState{"w": {WaitMs: 200, HasWait: true}}, want: ""},
+			{push: e("high", 1, "vip", nil)},
+			{states: map[string]TargetState{"w": {WaitMs: 200, HasWait: true}}, want: "high", wantT: "w"},
+			{states: map[string]TargetState{"w": {WaitMs: 200, HasWait: true}}, want: ""},
+			{states: map[string]TargetState{"w": {WaitMs: 50, HasWait: true}}, want: "low", wantT: "w"},
+		}},
+		{"the headroom returns once the higher priority is gone for contention_window", pricedLimits, []step{
+			{arrive: e("", 1, "vip", nil)},
+			{push: e("low", 0, "t", nil)},
+			{states: map[string]TargetState{"w": {WaitMs: 200, HasWait: true}}, want: ""},
+			{wait: 11 * time.Second},
+			{states: map[string]TargetState{"w": {WaitMs: 200, HasWait: true}}, want: "low", wantT: "w"},
+		}},
+		{"a tenant over its fair share is held to the contended bound, the light one is not", pricedLimits, []step{
+			{arrive: e("", 0, "heavy", nil)}, {arrive: e("", 0, "light", nil)},
+			{charge: "heavy", amount: 5000}, {charge: "light", amount: 1000}, // mean 3000: heavy over 1.5x
+			{push: e("heavy-1", 0, "heavy", nil)}, {push: e("light-1", 0, "light", nil)},
+			{states: map[string]TargetState{"w": {WaitMs: 200, HasWait: true}}, want: "light-1", wantT: "w"},
+			{states: map[string]TargetState{"w": {WaitMs: 200, HasWait: true}}, want: ""},
+			{states: map[string]TargetState{"w": {WaitMs: 50, HasWait: true}}, want: "heavy-1", wantT: "w"},
+		}},
+		{"tenants of about equal service do not contend", pricedLimits, []step{
+			{arrive: e("", 0, "a", nil)}, {arrive: e("", 0, "b", nil)},
+			{charge: "a", amount: 1200}, {charge: "b", amount: 1000},
+			{push: e("a-1", 0, "a", nil)},
+			{states: map[string]TargetState{"w": {WaitMs: 200, HasWait: true}}, want: "a-1", wantT: "w"},
 		}},
 		{"max_bytes", Limits{MaxRequests: 10, MaxBytes: 25, HalfLife: time.Minute}, []step{
 			{push: e("a", 0, "t", nil)}, {push: e("b", 0, "t", nil)},
@@ -132,10 +241,22 @@ func TestQueueOrder(t *testing.T) {
 			byName := map[string]*Entry[string]{}
 			for i, s := range tc.steps {
 				switch {
+				case s.arrive != nil:
+					q.Arrive(s.arrive.Priority, s.arrive.Tenant)
 				case s.push != nil:
-					err := q.Push(s.push)
+					ev, err := q.Push(s.push)
 					if !errors.Is(err, s.wantErr) || (err != nil) != (s.wantErr != nil) {
 						t.Fatalf("step %d: Push(%v) = %v, want %v", i, s.push.Value, err, s.wantErr)
+					}
+					var names []string
+					for _, x := range ev {
+						names = append(names, x.Value.(string))
+						if q.Remove(x) {
+							t.Fatalf("step %d: evicted %v still removable", i, x.Value)
+						}
+					}
+					if !slices.Equal(names, s.evicted) {
+						t.Fatalf("step %d: Push(%v) evicted %v, want %v", i, s.push.Value, names, s.evicted)
 					}
 					byName[s.push.Value.(string)] = s.push
 				case s.wait > 0:
@@ -150,13 +271,17 @@ func TestQueueOrder(t *testing.T) {
 						t.Fatalf("step %d: Remove(%s) twice succeeded", i, s.remove)
 					}
 				default:
-					got, target, ok := q.Next(s.free)
+					states := s.states
+					if states == nil {
+						states = freeStates(s.free)
+					}
+					got, d, ok := q.Next(states)
 					name := ""
 					if ok {
 						name = got.Value.(string)
 					}
-					if name != s.want || (ok && target != s.wantT) {
-						t.Fatalf("step %d: Next(%v) = %q on %q, want %q on %q", i, s.free, name, target, s.want, s.wantT)
+					if name != s.want || (ok && d.Target != s.wantT) || (ok && s.choice != "" && d.Choice != s.choice) {
+						t.Fatalf("step %d: Next(%v) = %q on %q (%+v), want %q on %q %s", i, states, name, d.Target, d, s.want, s.wantT, s.choice)
 					}
 					if ok && q.Remove(got) {
 						t.Fatalf("step %d: a dispatched entry was still removable", i)
@@ -172,17 +297,17 @@ func TestQueueAccounting(t *testing.T) {
 	a := &Entry[string]{Priority: 2, Tenant: "x", Bytes: 7, Cost: 80}
 	b := &Entry[string]{Priority: 0, Tenant: "y", Bytes: 5}
 	for _, e := range []*Entry[string]{a, b} {
-		if err := q.Push(e); err != nil {
+		if _, err := q.Push(e); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if err := q.Push(a); err == nil {
+	if _, err := q.Push(a); err == nil {
 		t.Fatal("pushing an entry twice succeeded")
 	}
 	if d := q.Depth(); d[2] != [2]int64{1, 7} || d[0] != [2]int64{1, 5} || q.Len() != 2 {
 		t.Fatalf("depth %v len %d", d, q.Len())
 	}
-	if e, _, _ := q.Next([]string{"w"}); e != a {
+	if e, _, _ := q.Next(freeStates([]string{"w"})); e != a {
 		t.Fatal("priority 2 not first")
 	}
 	if got := q.Service("x"); got != 80 {
@@ -202,7 +327,7 @@ func TestQueueAccounting(t *testing.T) {
 	if got := q.Drain(); len(got) != 1 || got[0] != b || q.Len() != 0 || len(q.Depth()) != 0 {
 		t.Fatalf("drain = %v, len %d", got, q.Len())
 	}
-	if _, _, ok := q.Next([]string{"w"}); ok {
+	if _, _, ok := q.Next(freeStates([]string{"w"})); ok {
 		t.Fatal("Next on an empty queue dispatched")
 	}
 }
@@ -212,10 +337,10 @@ func TestQueueForgetsIdleTenants(t *testing.T) {
 	for i := range 3 * minPruneAt {
 		q.Charge(string(rune('a'+i%26))+time.Duration(i).String(), 5)
 		c.advance(100 * time.Millisecond)
-		if err := q.Push(&Entry[string]{Tenant: "t"}); err != nil {
+		if _, err := q.Push(&Entry[string]{Tenant: "t"}); err != nil {
 			t.Fatal(err)
 		}
-		q.Next([]string{"w"})
+		q.Next(freeStates([]string{"w"}))
 	}
 	if n := len(q.service); n > 2*minPruneAt {
 		t.Fatalf("%d tenants remembered, want them pruned", n)

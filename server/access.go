@@ -19,6 +19,8 @@ type accessInfo struct {
 	routed                 bool // worker and cachedBlocks are set
 	ttft                   time.Duration
 	hasTTFT                bool
+	flow                   string        // flow control's choice: direct, or the queue's binding (best, aged, unpriced)
+	flowWait               time.Duration // waited at the gateway
 }
 
 type accessKey struct{}
@@ -40,6 +42,13 @@ func (a *accessInfo) noteRequest(model, session string, promptTokens int) {
 func (a *accessInfo) noteRoute(worker string, d router.Decision) {
 	if a != nil {
 		a.worker, a.cachedBlocks, a.routed = worker, router.CachedBlocks(d), true
+	}
+}
+
+// noteFlow records how flow control let the request through (nil ticket: it did not).
+func (a *accessInfo) noteFlow(t *flowTicket) {
+	if a != nil && t != nil {
+		a.flow, a.flowWait = t.choice, t.waited
 	}
 }
 
@@ -68,7 +77,7 @@ func (s *Server) accessLog(c *gin.Context) {
 	start := time.Now()
 	method := c.Request.Method
 	defer func() {
-		attrs := make([]slog.Attr, 0, 11)
+		attrs := make([]slog.Attr, 0, 13)
 		attrs = append(attrs, slog.String("method", method), slog.String("path", path),
 			slog.Int("status", c.Writer.Status()), slog.Float64("latency_ms", ms(time.Since(start))))
 		if info.hasTTFT {
@@ -76,6 +85,9 @@ func (s *Server) accessLog(c *gin.Context) {
 		}
 		if info.routed {
 			attrs = append(attrs, slog.String("worker", info.worker), slog.Int("cached_blocks", info.cachedBlocks))
+		}
+		if info.flow != "" {
+			attrs = append(attrs, slog.String("flow", info.flow), slog.Float64("flow_wait_ms", ms(info.flowWait)))
 		}
 		if info.promptTokens > 0 {
 			attrs = append(attrs, slog.Int("prompt_tokens", info.promptTokens))

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
+	"slices"
 	"sync"
 	"time"
 
@@ -38,6 +40,7 @@ type flowGate struct {
 	p    *pool
 	capa router.Capacity
 	m    *flowMetrics
+	log  *slog.Logger
 	kick chan struct{} // buffered 1: wake the dispatcher
 
 	mu       sync.Mutex
@@ -53,7 +56,9 @@ type flowWaiter struct {
 // flowResult is what the dispatcher tells a waiting request.
 type flowResult struct {
 	target   kvkey.Target
+	d        flowcontrol.Dispatch[kvkey.Target]
 	noWorker bool // no routable worker is left: answer 503
+	evicted  bool // a higher priority took its place in a full queue: answer 429
 }
 
 // flowTicket is a request the gate let through. A dispatched one names its target and holds
@@ -62,9 +67,14 @@ type flowTicket struct {
 	g      *flowGate
 	target kvkey.Target
 	bound  bool // dispatched to target (else let through at once: route freely)
-	once   sync.Once
-	class  flowClass
-	cost   float64
+	// allowed narrows a request let through at once to the candidates that admit it and
+	// beat waiting for its prefix holder (nil: any candidate).
+	allowed []kvkey.Target
+	choice  string        // direct, or the queue's binding choice (flowcontrol.Choice*)
+	waited  time.Duration // at the gateway
+	once    sync.Once
+	class   flowClass
+	cost    float64
 }
 
 // routed releases the reservation once the request's first Route returned (its load is then
@@ -94,13 +104,13 @@ func (t *flowTicket) correct(uc *usageCapture) {
 
 // newFlowGate builds p's gate, or returns nil when flow control is off or p's router has no
 // Capacity (then nothing ever waits at the gateway).
-func newFlowGate(cfg flowcontrol.Config, p *pool, m *flowMetrics) *flowGate {
+func newFlowGate(cfg flowcontrol.Config, p *pool, m *flowMetrics, log *slog.Logger) *flowGate {
 	capa, ok := p.Router.(router.Capacity)
 	if !cfg.Enabled || !ok {
 		return nil
 	}
 	g := &flowGate{cfg: cfg, q: flowcontrol.NewQueue[kvkey.Target](flowcontrol.LimitsOf(cfg), time.Now), p: p,
-		capa: capa, m: m, kick: make(chan struct{}, 1), reserved: map[kvkey.Target]int{}}
+		capa: capa, m: m, log: log, kick: make(chan struct{}, 1), reserved: map[kvkey.Target]int{}}
 	capa.OnLoadChange(g.wake)
 	return g
 }
@@ -120,6 +130,7 @@ const (
 	shedTimeout    = "timeout"
 	shedClientGone = "client_gone"
 	shedNoWorker   = "no_worker"
+	shedEvicted    = "evicted"
 
 	dispatchDirect = "direct" // a candidate had room and nobody waited: not queued
 	dispatchFreed  = "freed"  // waited, then a freed target took it
@@ -128,10 +139,20 @@ const (
 // errFlowClientGone is admit's error when the client left while its request waited.
 var errFlowClientGone = errors.New("client left while waiting at the gateway")
 
-// admit lets the request through at once when a candidate has room and nobody waits, and
-// otherwise queues it until a target frees (a bound ticket), the queue is full (429), it
-// waited flow_control.queue_timeout (503), no worker is left (503), or the client left
-// (errFlowClientGone). A nil ticket and error: route as without flow control.
+// Why a request waited at the gateway (kvgate_flow_queued_total{reason}).
+const (
+	queuedSaturated    = "saturated"     // no candidate admits it (its class's predicted-wait bound, busy thresholds)
+	queuedPrefixHolder = "prefix_holder" // one admits it, but waiting for a better-cached one is predicted sooner
+	queuedBehind       = "behind"        // others were waiting already: the queue's order decides
+)
+
+// admit lets the request through at once when nobody waits and a candidate admits it
+// (flowcontrol.Queue.Place: under its class's predicted-wait bound and, priced by the time
+// model, no slower than waiting for its prefix holder; the route is then narrowed to such
+// candidates), and otherwise queues it until a target takes it (a bound ticket), the queue
+// is full (429), a higher priority evicts it (429), it waited flow_control.queue_timeout
+// (503), no worker is left (503), or the client left (errFlowClientGone). A nil ticket and
+// error: route as without flow control.
 func (g *flowGate) admit(ctx context.Context, in *apireq.Request, rreq *router.Request, bytes int, cls flowClass) (*flowTicket, error) {
 	if g == nil || rreq.PinResponseID != "" {
 		return nil, nil // a pinned request can go to one worker only: nothing to bind late
@@ -142,29 +163,39 @@ func (g *flowGate) admit(ctx context.Context, in *apireq.Request, rreq *router.R
 	}
 	cost := g.cfg.InputWeight*float64(rreq.PromptTokens) + g.cfg.OutputWeight*float64(max(in.MaxTokens, 0))
 	t := &flowTicket{g: g, class: cls, cost: cost}
-	if g.q.Len() == 0 && g.anyFree(cands) {
-		g.q.Charge(cls.tenant, cost)
-		g.m.dispatched.WithLabelValues(dispatchDirect).Inc()
-		return t, nil
-	}
-	gain := g.capa.Gains(ctx, rreq, cands)
-	if gain == nil {
-		gain = make(map[kvkey.Target]float64, len(cands))
-	}
-	for _, c := range cands { // exactly the candidates are eligible (an adapter's workers)
-		gain[c.Target] += 0
-	}
-	for k := range gain {
-		if !isCandidate(cands, k) {
-			delete(gain, k)
+	g.q.Arrive(cls.priority, cls.tenant)
+	var gain map[kvkey.Target]float64
+	gains := func() map[kvkey.Target]float64 {
+		if gain == nil {
+			gain = g.gains(ctx, rreq, cands)
 		}
+		return gain
 	}
+	reason := queuedBehind
+	if g.q.Len() == 0 {
+		allowed, all, why := g.q.Place(cls.priority, cls.tenant, g.states(cands), gains)
+		if len(allowed) > 0 {
+			g.q.Charge(cls.tenant, cost)
+			g.m.dispatched.WithLabelValues(dispatchDirect).Inc()
+			if !all {
+				t.allowed = allowed
+			}
+			t.choice = dispatchDirect
+			return t, nil
+		}
+		reason = why
+	}
+	g.m.queued.WithLabelValues(reason).Inc()
 	w := &flowWaiter{done: make(chan flowResult, 1)}
-	e := &flowcontrol.Entry[kvkey.Target]{Priority: cls.priority, Tenant: cls.tenant, Bytes: int64(bytes), Cost: cost, Gain: gain, Value: w}
+	e := &flowcontrol.Entry[kvkey.Target]{Priority: cls.priority, Tenant: cls.tenant, Bytes: int64(bytes), Cost: cost, Gain: gains(), Value: w}
 	prio := flowcontrol.PriorityLabel(cls.priority)
-	if err := g.q.Push(e); err != nil {
+	evicted, err := g.q.Push(e)
+	if err != nil {
 		g.m.shed.WithLabelValues(shedFull).Inc()
 		return nil, &apiError{Status: http.StatusTooManyRequests, RetryAfter: g.cfg.RetryAfterSeconds(), Message: err.Error()}
+	}
+	for _, x := range evicted {
+		x.Value.(*flowWaiter).done <- flowResult{evicted: true}
 	}
 	g.m.depth.WithLabelValues(prio).Inc()
 	g.m.bytes.WithLabelValues(prio).Add(float64(bytes))
@@ -185,7 +216,7 @@ func (g *flowGate) admit(ctx context.Context, in *apireq.Request, rreq *router.R
 			return nil, &apiError{Status: http.StatusServiceUnavailable, RetryAfter: g.cfg.RetryAfterSeconds(),
 				Message: fmt.Sprintf("every worker stayed busy for %s, the gateway's longest queue wait (flow_control.queue_timeout)", g.cfg.QueueTimeout.D())}
 		}
-		r = <-w.done // dispatched as the timer fired: take it
+		r = <-w.done // dispatched (or evicted) as the timer fired: take it
 	case <-ctx.Done():
 		if g.q.Remove(e) {
 			left()
@@ -194,22 +225,47 @@ func (g *flowGate) admit(ctx context.Context, in *apireq.Request, rreq *router.R
 		}
 		r = <-w.done
 		left()
-		if !r.noWorker {
+		if !r.noWorker && !r.evicted {
 			g.release(r.target)
 		}
 		g.shed(shedClientGone, e)
 		return nil, errFlowClientGone
 	}
 	left()
-	if r.noWorker {
+	switch {
+	case r.noWorker:
 		g.shed(shedNoWorker, e)
 		return nil, &apiError{Status: http.StatusServiceUnavailable, RetryAfter: g.cfg.RetryAfterSeconds(),
 			Message: fmt.Sprintf("no healthy worker of model %s is left for the requests waiting at the gateway", g.p.Model)}
+	case r.evicted:
+		g.shed(shedEvicted, e)
+		return nil, &apiError{Status: http.StatusTooManyRequests, RetryAfter: g.cfg.RetryAfterSeconds(),
+			Message: "the gateway's queue is full: a request of a higher priority took this one's place (flow_control.max_requests, max_bytes)"}
 	}
-	g.m.wait.WithLabelValues(dispatchFreed).Observe(time.Since(e.Enqueued()).Seconds())
+	waited := time.Since(e.Enqueued())
+	g.m.wait.WithLabelValues(dispatchFreed).Observe(waited.Seconds())
 	g.m.dispatched.WithLabelValues(dispatchFreed).Inc()
-	t.target, t.bound = r.target, true
+	g.m.binding.WithLabelValues(r.d.Choice).Inc()
+	t.target, t.bound, t.choice, t.waited = r.target, true, r.d.Choice, waited
 	return t, nil
+}
+
+// gains is the request's cache gain on each candidate by the time model (0 where it has
+// none); exactly the candidates are eligible (an adapter's workers).
+func (g *flowGate) gains(ctx context.Context, rreq *router.Request, cands []router.Candidate) map[kvkey.Target]float64 {
+	gain := g.capa.Gains(ctx, rreq, cands)
+	if gain == nil {
+		gain = make(map[kvkey.Target]float64, len(cands))
+	}
+	for _, c := range cands {
+		gain[c.Target] += 0
+	}
+	for k := range gain {
+		if !isCandidate(cands, k) {
+			delete(gain, k)
+		}
+	}
+	return gain
 }
 
 // shed counts a request that left the queue without being dispatched.
@@ -227,21 +283,17 @@ func isCandidate(cands []router.Candidate, t kvkey.Target) bool {
 	return false
 }
 
-// anyFree reports whether a candidate is neither busy nor reserved.
-func (g *flowGate) anyFree(cands []router.Candidate) bool {
-	return len(g.free(cands)) > 0
-}
-
-// free lists the candidates neither busy nor reserved.
-func (g *flowGate) free(cands []router.Candidate) []kvkey.Target {
-	var out []kvkey.Target
+// states is each candidate's load for the queue's dispatch; a reserved target (handed to a
+// request not yet routed) is saturated.
+func (g *flowGate) states(cands []router.Candidate) map[kvkey.Target]flowcontrol.TargetState {
+	out := make(map[kvkey.Target]flowcontrol.TargetState, len(cands))
 	for _, c := range cands {
 		g.mu.Lock()
 		r := g.reserved[c.Target]
 		g.mu.Unlock()
-		if r == 0 && !g.cfg.Saturated(flowLoad(g.capa.Saturation(c.Target))) {
-			out = append(out, c.Target)
-		}
+		s := g.cfg.State(flowLoad(g.capa.Saturation(c.Target)))
+		s.Saturated = s.Saturated || r > 0
+		out[c.Target] = s
 	}
 	return out
 }
@@ -297,18 +349,16 @@ func (g *flowGate) pump() {
 			}
 			return
 		}
-		free := g.free(cands)
-		if len(free) == 0 {
-			return
-		}
-		e, t, ok := g.q.Next(free)
+		e, d, ok := g.q.Next(g.states(cands))
 		if !ok {
 			return
 		}
 		g.mu.Lock()
-		g.reserved[t]++
+		g.reserved[d.Target]++
 		g.mu.Unlock()
-		e.Value.(*flowWaiter).done <- flowResult{target: t}
+		g.log.Debug("flow dispatch", "target", d.Target.String(), "choice", d.Choice, "here_ms", d.HereMs,
+			"elsewhere_ms", d.ElseMs, "contended", d.Contended, "priority", e.Priority, "waited_ms", ms(time.Since(e.Enqueued())))
+		e.Value.(*flowWaiter).done <- flowResult{target: d.Target, d: d}
 	}
 }
 
@@ -319,6 +369,8 @@ type flowMetrics struct {
 	wait       *prometheus.HistogramVec // outcome
 	dispatched *prometheus.CounterVec   // reason
 	shed       *prometheus.CounterVec   // reason
+	binding    *prometheus.CounterVec   // choice
+	queued     *prometheus.CounterVec   // reason
 }
 
 func newFlowMetrics(reg prometheus.Registerer) *flowMetrics {
@@ -337,15 +389,35 @@ func newFlowMetrics(reg prometheus.Registerer) *flowMetrics {
 			Name: "kvgate_flow_dispatched_total", Help: "Requests flow control let through, by reason: direct (a candidate had room, nobody waited), freed (waited, then a freed worker took it).",
 		}, []string{"reason"}),
 		shed: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "kvgate_flow_shed_total", Help: "Requests that left the gateway's queue undispatched, by reason: queue_full (429), timeout (503), client_gone, no_worker (503).",
+			Name: "kvgate_flow_shed_total", Help: "Requests that left the gateway's queue undispatched, by reason: queue_full (429), evicted (429: a higher priority took its place), timeout (503), client_gone, no_worker (503).",
+		}, []string{"reason"}),
+		binding: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvgate_flow_binding_total", Help: "Waiting requests dispatched to a freed worker, by the priced choice: best (its soonest prefill end by the time model), aged (its wait credit outweighed a sooner one elsewhere), unpriced (no time model).",
+		}, []string{"choice"}),
+		queued: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvgate_flow_queued_total", Help: "Requests that waited at the gateway, by reason: saturated (no worker admitted it), prefix_holder (one did, but waiting for the worker holding its prefix was predicted sooner), behind (others were waiting).",
 		}, []string{"reason"}),
 	}
-	reg.MustRegister(m.depth, m.bytes, m.wait, m.dispatched, m.shed)
+	reg.MustRegister(m.depth, m.bytes, m.wait, m.dispatched, m.shed, m.binding, m.queued)
 	return m
 }
 
 // isBound reports whether the ticket names the target the request must go to first.
 func (t *flowTicket) isBound() bool { return t != nil && t.bound }
+
+// onlyTargets is cands narrowed to ts, or cands when none of ts is among them.
+func onlyTargets(cands []router.Candidate, ts []kvkey.Target) []router.Candidate {
+	var out []router.Candidate
+	for _, c := range cands {
+		if slices.Contains(ts, c.Target) {
+			out = append(out, c)
+		}
+	}
+	if len(out) == 0 {
+		return cands
+	}
+	return out
+}
 
 // onlyTarget is cands narrowed to t, or cands when t is not among them (it left the fleet).
 func onlyTarget(cands []router.Candidate, t kvkey.Target) []router.Candidate {

@@ -58,6 +58,7 @@ func (s *Server) proxy(c *gin.Context, p *pool, in *apireq.Request, rreq *router
 		writeError(c, e)
 		return e.Status
 	}
+	accessFrom(ctx).noteFlow(ticket)
 	tried := map[string]bool{}
 	maxAttempts := 1 + s.cfg.Proxy.MaxRetries
 	var last *apiError
@@ -66,6 +67,10 @@ func (s *Server) proxy(c *gin.Context, p *pool, in *apireq.Request, rreq *router
 		if attempt == 0 && ticket.isBound() {
 			// Late binding: the queue gave this request the target that freed.
 			cands = onlyTarget(cands, ticket.target)
+		} else if attempt == 0 && ticket != nil && ticket.allowed != nil {
+			// Let through at once, to the candidates that admit it and beat waiting for the
+			// worker holding its prefix (flowcontrol.Queue.Place).
+			cands = onlyTargets(cands, ticket.allowed)
 		}
 		if len(cands) == 0 && last != nil && last.engineRestart {
 			// Every worker was tried and the last one's engine was restarting (as all of a

@@ -112,7 +112,7 @@ func New(opts Options) (*Server, error) {
 	if opts.Config.FlowControl.Enabled {
 		fm := newFlowMetrics(s.m.reg)
 		for _, p := range s.pools {
-			p.flow = newFlowGate(opts.Config.FlowControl, p, fm)
+			p.flow = newFlowGate(opts.Config.FlowControl, p, fm, s.log)
 		}
 	}
 	s.cutCtx, s.cut = context.WithCancel(context.Background())

@@ -1,0 +1,226 @@
+package flowcontrol
+
+import (
+	"fmt"
+	"math"
+	"slices"
+	"time"
+)
+
+// TargetState is one target's load as the queue's dispatch reads it.
+type TargetState struct {
+	// Saturated: over a threshold that binds every request (router.busy_*,
+	// max_prefill_tokens, max_waiting_requests), or handed to a request not yet routed.
+	Saturated bool
+	// WaitMs is the time model's predicted wait before a new request's prefill starts there
+	// (HasWait; kv only). A request is not sent there while it is at or over the request's
+	// bound (max_predicted_wait, or contended_predicted_wait), and it prices the choice
+	// between a target free now and one that holds more of the request's prefix.
+	WaitMs  float64
+	HasWait bool
+}
+
+// Binding choices: why a waiting request took the target it was dispatched to
+// (Dispatch.Choice).
+const (
+	// ChoiceBest: the target is its best by the time model (its predicted wait there less
+	// what its cache saves there is the lowest of its eligible targets).
+	ChoiceBest = "best"
+	// ChoiceAged: another target was predicted sooner, but the request's wait credit
+	// (age_weight) outweighed the difference.
+	ChoiceAged = "aged"
+	// ChoiceUnpriced: no other target could be priced (no time model, or none eligible).
+	ChoiceUnpriced = "unpriced"
+)
+
+// Dispatch is the priced choice Next made for a request.
+type Dispatch[T comparable] struct {
+	Target T
+	// Choice is ChoiceBest, ChoiceAged or ChoiceUnpriced.
+	Choice string
+	// HereMs is the request's price on Target (predicted wait less the weighed cache gain),
+	// ElseMs its best price on any other target (+Inf: none); both 0 when unpriced.
+	HereMs, ElseMs float64
+	// Contended: the request was held to the contended bound (ContendedWaitMs).
+	Contended bool
+}
+
+// Arrive notes that a request of prio and tenant arrived: both count as active for
+// Limits.Window (contention). Call it for every request, queued or not.
+func (q *Queue[T]) Arrive(prio int, tenant string) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	now := q.now()
+	q.seen[prio] = now
+	q.tenant(tenant).seen = now
+	q.prune()
+}
+
+// contention is who is active now: the highest priority seen within the window and the
+// mean attained service of the active tenants.
+type contention struct {
+	top     int
+	hasTop  bool
+	mean    float64
+	tenants int
+}
+
+func (q *Queue[T]) contentionAt(now time.Time) contention {
+	var c contention
+	if q.lim.Window <= 0 || q.lim.ContendedWaitMs <= 0 {
+		return c
+	}
+	for p, at := range q.seen {
+		if now.Sub(at) > q.lim.Window {
+			delete(q.seen, p) // bounded by the priority range anyway; keep it tidy
+			continue
+		}
+		if !c.hasTop || p > c.top {
+			c.top, c.hasTop = p, true
+		}
+	}
+	if q.lim.ContendedShare > 0 {
+		sum := 0.0
+		for _, a := range q.service {
+			if a.waiting > 0 || now.Sub(a.seen) <= q.lim.Window {
+				a.decay(now, q.lim.HalfLife)
+				sum += a.v
+				c.tenants++
+			}
+		}
+		if c.tenants > 0 {
+			c.mean = sum / float64(c.tenants)
+		}
+	}
+	return c
+}
+
+// waitLimit is the predicted-wait bound for a request of prio and tenant (0: none) and
+// whether it is the contended one: a higher priority is active, or the tenant has attained
+// more than ContendedShare times the active tenants' mean service.
+func (q *Queue[T]) waitLimit(c contention, prio int, tenant string, now time.Time) (float64, bool) {
+	contended := c.hasTop && prio < c.top
+	if !contended && c.tenants >= 2 && c.mean > 0 {
+		contended = q.serviceOf(tenant, now) > q.lim.ContendedShare*c.mean
+	}
+	if contended && q.lim.ContendedWaitMs > 0 && (q.lim.MaxWaitMs == 0 || q.lim.ContendedWaitMs < q.lim.MaxWaitMs) {
+		return q.lim.ContendedWaitMs, true
+	}
+	return q.lim.MaxWaitMs, false
+}
+
+// admits reports whether a target in state s takes a request bounded by limit now.
+func admits(s TargetState, limit float64) bool {
+	return !s.Saturated && (limit <= 0 || !s.HasWait || s.WaitMs < limit)
+}
+
+// gainOn is e's gain on t and whether t is eligible for e.
+func gainOn[T comparable](gain map[T]float64, t T) (float64, bool) {
+	if gain == nil {
+		return 0, true
+	}
+	g, ok := gain[t]
+	return g, ok
+}
+
+// price is the request's cost of going to f now against its best other eligible target,
+// by the time model: the predicted wait before its prefill starts, less what its cached
+// prefix saves there, that saving counted (1+weigh) times (weigh 1 while other requests
+// wait: the recomputed prefill also delays them). A saturated alternative is priced at its
+// predicted wait now, which is when its queue will have drained to take the request.
+// priced is false when f or every alternative has no prediction.
+func price[T comparable](gain map[T]float64, f T, states map[T]TargetState, weigh float64) (here, elsewhere float64, priced bool) {
+	sf := states[f]
+	if !sf.HasWait {
+		return 0, 0, false
+	}
+	g, _ := gainOn(gain, f)
+	here = sf.WaitMs - (1+weigh)*g
+	elsewhere = math.Inf(1)
+	for o, so := range states {
+		if o == f || !so.HasWait {
+			continue
+		}
+		go_, ok := gainOn(gain, o)
+		if !ok {
+			continue
+		}
+		elsewhere = math.Min(elsewhere, so.WaitMs-(1+weigh)*go_)
+	}
+	return here, elsewhere, !math.IsInf(elsewhere, 1)
+}
+
+// Place decides for a request that finds nobody waiting: the targets it may be routed to
+// now (the router's policy chooses among them), or none, and then it waits in the queue.
+// A target qualifies when it admits the request's class (its predicted wait under the
+// request's bound, see waitLimit) and, by the time model, the request's prefill there
+// would end no later than by waiting for its best other target (usually the holder of its
+// prefix) to admit it. gains is called only when some target does not admit the request.
+// reason says why none qualified: "saturated" (none admits it), "prefix_holder" (one does,
+// but waiting for a better-cached one is predicted sooner).
+func (q *Queue[T]) Place(prio int, tenant string, states map[T]TargetState, gains func() map[T]float64) (allowed []T, all bool, reason string) {
+	q.mu.Lock()
+	now := q.now()
+	limit, _ := q.waitLimit(q.contentionAt(now), prio, tenant, now)
+	q.mu.Unlock()
+	var free []T
+	for t, s := range states {
+		if admits(s, limit) {
+			free = append(free, t)
+		}
+	}
+	if len(free) == 0 {
+		return nil, false, "saturated"
+	}
+	if len(free) == len(states) {
+		return free, true, ""
+	}
+	gain := gains()
+	for _, f := range free {
+		if _, ok := gainOn(gain, f); !ok {
+			continue
+		}
+		if here, elsewhere, priced := price(gain, f, states, 0); !priced || here <= elsewhere {
+			allowed = append(allowed, f)
+		}
+	}
+	if len(allowed) == 0 {
+		return nil, false, "prefix_holder"
+	}
+	return allowed, false, ""
+}
+
+// evictFor returns the waiting entries to shed so that e fits: those of a lower priority than
+// e's, the lowest priority first and within it the youngest first; ok is false when e cannot
+// fit even so.
+func (q *Queue[T]) evictFor(e *Entry[T]) (out []*Entry[T], ok bool) {
+	var lower []*Entry[T]
+	for p, b := range q.bands {
+		if p >= e.Priority {
+			continue
+		}
+		for _, es := range b.tenants {
+			lower = append(lower, es...)
+		}
+	}
+	slices.SortFunc(lower, func(x, y *Entry[T]) int {
+		if x.Priority != y.Priority {
+			return x.Priority - y.Priority
+		}
+		return int(y.seq) - int(x.seq)
+	})
+	n, bytes := q.n, q.bytes
+	for i, x := range lower {
+		if n+1 <= q.lim.MaxRequests && bytes+e.Bytes <= q.lim.MaxBytes {
+			return lower[:i], true
+		}
+		n--
+		bytes -= x.Bytes
+	}
+	if n+1 <= q.lim.MaxRequests && bytes+e.Bytes <= q.lim.MaxBytes {
+		return lower, true
+	}
+	return nil, false
+}
+
+func fmtKey[T comparable](t T) string { return fmt.Sprint(t) }
