@@ -23,9 +23,13 @@ type TargetState struct {
 // Binding choices: why a waiting request took the target it was dispatched to
 // (Dispatch.Choice).
 const (
-	// ChoiceBest: the target is its best by the time model (its predicted wait there less
-	// what its cache saves there is the lowest of its eligible targets).
-	ChoiceBest = "best"
+	// ChoiceHolder: the target is its best by the time model (its predicted wait there less
+	// what its cache saves there is the lowest of its eligible targets) and holds the most of
+	// its prefix (or no target holds any).
+	ChoiceHolder = "holder"
+	// ChoiceFaster: the target is its best by the time model, though another holds more of
+	// its prefix (that one's queue is longer than recomputing the difference).
+	ChoiceFaster = "faster"
 	// ChoiceAged: another target was predicted sooner, but the request's wait credit
 	// (age_weight) outweighed the difference.
 	ChoiceAged = "aged"
@@ -36,7 +40,7 @@ const (
 // Dispatch is the priced choice Next made for a request.
 type Dispatch[T comparable] struct {
 	Target T
-	// Choice is ChoiceBest, ChoiceAged or ChoiceUnpriced.
+	// Choice is ChoiceHolder, ChoiceFaster, ChoiceAged or ChoiceUnpriced.
 	Choice string
 	// HereMs is the request's price on Target (predicted wait less the weighed cache gain),
 	// ElseMs its best price on any other target (+Inf: none); both 0 when unpriced.
@@ -157,11 +161,14 @@ func price[T comparable](gain map[T]float64, f T, states map[T]TargetState, weig
 // would end no later than by waiting for its best other target (usually the holder of its
 // prefix) to admit it. gains is called only when some target does not admit the request.
 // reason says why none qualified: "saturated" (none admits it), "prefix_holder" (one does,
-// but waiting for a better-cached one is predicted sooner).
+// but waiting for a better-cached one is predicted sooner). all is true when the route need
+// not be narrowed: every target admits the request, or it is not contended (then the
+// router's own pricing, which sees more than the cache gain, e.g. a sibling's prefix in
+// flight, chooses among every target, as without flow control).
 func (q *Queue[T]) Place(prio int, tenant string, states map[T]TargetState, gains func() map[T]float64) (allowed []T, all bool, reason string) {
 	q.mu.Lock()
 	now := q.now()
-	limit, _ := q.waitLimit(q.contentionAt(now), prio, tenant, now)
+	limit, contended := q.waitLimit(q.contentionAt(now), prio, tenant, now)
 	q.mu.Unlock()
 	var free []T
 	for t, s := range states {
@@ -187,7 +194,7 @@ func (q *Queue[T]) Place(prio int, tenant string, states map[T]TargetState, gain
 	if len(allowed) == 0 {
 		return nil, false, "prefix_holder"
 	}
-	return allowed, false, ""
+	return allowed, !contended, ""
 }
 
 // evictFor returns the waiting entries to shed so that e fits: those of a lower priority than

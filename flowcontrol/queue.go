@@ -346,9 +346,12 @@ func (q *Queue[T]) best(b *band[T], tenants []string, states map[T]TargetState, 
 					if adv+age < 0 {
 						continue // waiting for a better target is predicted sooner
 					}
-					score, choice = adv+age, ChoiceBest
-					if adv < 0 {
+					score, choice = adv+age, ChoiceHolder
+					switch {
+					case adv < 0:
 						choice = ChoiceAged
+					case g < top:
+						choice = ChoiceFaster
 					}
 				} else {
 					// No time model: the gain here against the best elsewhere (a request whose

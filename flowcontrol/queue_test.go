@@ -161,13 +161,13 @@ func TestQueueOrder(t *testing.T) {
 			// w2 free: 0 ms wait + 2000 ms more prefill; w1 saturated (600 ms) but 600 - 2000 is sooner.
 			{states: map[string]TargetState{"w1": {WaitMs: 600, HasWait: true}, "w2": {WaitMs: 0, HasWait: true}}, want: ""},
 			{states: map[string]TargetState{"w1": {WaitMs: 400, HasWait: true}, "w2": {WaitMs: 0, HasWait: true}},
-				want: "cached-on-w1", wantT: "w1", choice: ChoiceBest},
+				want: "cached-on-w1", wantT: "w1", choice: ChoiceHolder},
 		}},
 		{"a held request goes to the freed worker when that is predicted sooner", pricedLimits, []step{
 			{push: e("cached-on-w1", 0, "t", map[string]float64{"w1": 300, "w2": 0})},
 			// w1's queue (2 s) costs more than recomputing its 300 ms of cached prefix on w2.
 			{states: map[string]TargetState{"w1": {WaitMs: 2000, HasWait: true}, "w2": {WaitMs: 100, HasWait: true}},
-				want: "cached-on-w1", wantT: "w2", choice: ChoiceBest},
+				want: "cached-on-w1", wantT: "w2", choice: ChoiceFaster},
 		}},
 		{"a router-busy holder is priced at its predicted wait too", pricedLimits, []step{
 			{push: e("cached-on-w1", 0, "t", map[string]float64{"w1": 2000, "w2": 0})},
@@ -178,7 +178,7 @@ func TestQueueOrder(t *testing.T) {
 			{wait: time.Millisecond},
 			{push: e("uncached", 0, "t", map[string]float64{"w1": 0, "w2": 0})},
 			{states: map[string]TargetState{"w1": {WaitMs: 900, HasWait: true}, "w2": {WaitMs: 0, HasWait: true}},
-				want: "uncached", wantT: "w2", choice: ChoiceBest},
+				want: "uncached", wantT: "w2", choice: ChoiceHolder},
 			{states: map[string]TargetState{"w1": {WaitMs: 900, HasWait: true}, "w2": {WaitMs: 0, HasWait: true}}, want: ""},
 		}},
 		{"no starvation: the wait credit takes a freed worker in the end", pricedLimits, []step{
@@ -388,5 +388,49 @@ func TestSaturated(t *testing.T) {
 	off.MaxPredictedWait, off.MaxPrefillTokens, off.MaxWaitingRequests = 0, 0, 0
 	if off.Saturated(Load{WaitMs: 1e9, HasWait: true, PrefillTokens: 1e9, Waiting: 1e9, HasWaiting: true}) {
 		t.Error("thresholds at 0 still saturate")
+	}
+}
+
+// Place: a request that finds nobody waiting is let through to the targets that admit its
+// class and beat waiting for its prefix holder, or waits.
+func TestPlace(t *testing.T) {
+	st := func(wait float64) TargetState { return TargetState{WaitMs: wait, HasWait: true} }
+	cases := []struct {
+		name      string
+		arrive    []Entry[string] // priorities/tenants seen before
+		prio      int
+		states    map[string]TargetState
+		gain      map[string]float64
+		want      []string
+		wantAll   bool
+		reason    string
+		wantGains bool // gains asked for
+	}{
+		{"every target admits: no narrowing, no gains", nil, 0,
+			map[string]TargetState{"w1": st(100), "w2": st(0)}, nil, []string{"w1", "w2"}, true, "", false},
+		{"none admits", nil, 0,
+			map[string]TargetState{"w1": st(600), "w2": {Saturated: true}}, nil, nil, false, "saturated", false},
+		{"the holder saturated but sooner: wait for it", nil, 0,
+			map[string]TargetState{"w1": st(700), "w2": st(0)}, map[string]float64{"w1": 2000, "w2": 0}, nil, false, "prefix_holder", true},
+		{"the holder's queue longer than recomputing: the free one, the router free to choose", nil, 0,
+			map[string]TargetState{"w1": st(3000), "w2": st(0)}, map[string]float64{"w1": 300, "w2": 0}, []string{"w2"}, true, "", true},
+		{"a contended request is narrowed to what admits it", []Entry[string]{{Priority: 1, Tenant: "vip"}}, 0,
+			map[string]TargetState{"w1": st(300), "w2": st(0)}, map[string]float64{"w1": 0, "w2": 0}, []string{"w2"}, false, "", true},
+		{"the higher priority itself has the headroom", []Entry[string]{{Priority: 1, Tenant: "vip"}}, 1,
+			map[string]TargetState{"w1": st(300), "w2": st(0)}, nil, []string{"w1", "w2"}, true, "", false},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			q, _ := newTestQueue(pricedLimits)
+			for _, a := range tc.arrive {
+				q.Arrive(a.Priority, a.Tenant)
+			}
+			asked := false
+			got, all, reason := q.Place(tc.prio, "t", tc.states, func() map[string]float64 { asked = true; return tc.gain })
+			slices.Sort(got)
+			if !slices.Equal(got, tc.want) || all != tc.wantAll || reason != tc.reason || asked != tc.wantGains {
+				t.Errorf("Place = %v all %v %q (gains asked %v), want %v all %v %q (%v)", got, all, reason, asked, tc.want, tc.wantAll, tc.reason, tc.wantGains)
+			}
+		})
 	}
 }

@@ -392,7 +392,7 @@ func newFlowMetrics(reg prometheus.Registerer) *flowMetrics {
 			Name: "kvgate_flow_shed_total", Help: "Requests that left the gateway's queue undispatched, by reason: queue_full (429), evicted (429: a higher priority took its place), timeout (503), client_gone, no_worker (503).",
 		}, []string{"reason"}),
 		binding: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "kvgate_flow_binding_total", Help: "Waiting requests dispatched to a freed worker, by the priced choice: best (its soonest prefill end by the time model), aged (its wait credit outweighed a sooner one elsewhere), unpriced (no time model).",
+			Name: "kvgate_flow_binding_total", Help: "Waiting requests dispatched to a freed worker, by the priced choice: holder (its soonest prefill end by the time model, on the worker holding most of its prefix), faster (its soonest, though another worker holds more of its prefix), aged (its wait credit outweighed a sooner one elsewhere), unpriced (no time model).",
 		}, []string{"choice"}),
 		queued: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvgate_flow_queued_total", Help: "Requests that waited at the gateway, by reason: saturated (no worker admitted it), prefix_holder (one did, but waiting for the worker holding its prefix was predicted sooner), behind (others were waiting).",
