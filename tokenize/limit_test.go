@@ -17,7 +17,7 @@ func loadLlama(t *testing.T) *Tokenizer {
 	if _, err := os.Stat(filepath.Join(dir, "tokenizer.json")); err != nil {
 		t.Skipf("model files missing (run scripts/fetch-tokenizers.sh): %v", err)
 	}
-	tk, err := Load(dir, Options{})
+	tk, err := testEncoders.load(dir, Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

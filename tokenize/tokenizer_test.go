@@ -57,7 +57,7 @@ func loadGoldenTokenizer(t testing.TB, h chatGoldenHeader) *Tokenizer {
 		}
 		opts.ChatTemplate = string(b)
 	}
-	tk, err := Load(dir, opts)
+	tk, err := testEncoders.load(dir, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
