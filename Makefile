@@ -41,8 +41,17 @@ lint: setup fmt-check vet staticcheck
 # while other packages share the cores): past go test's default 10-minute timeout per package.
 # -vet=off: `make vet` has vetted every package with its tests already (go vet runs a superset
 # of go test's vet checks).
+# The tokenizer packages (tokenize/, tokenize/engine/) run their tests without -race, except the
+# tests that share one tokenizer between goroutines (Concurrent*), which run with it: their code
+# starts no goroutine, so the race detector finds nothing in their sequential tests, and there it
+# costs ~6x (each real tokenizer.json load and format variant ~8 CPU-s, the golden corpora): all
+# their tests under -race took 295 CPU-s, this way 60 (docs/development.md). The gateway's -race
+# tests (server/, cmd/kvgate/) still tokenize concurrently through them.
+TOKENIZE_PKGS := ./tokenize/ ./tokenize/engine/
 gotest: gotest-deploy
-	$(GO) test -race -vet=off -count=1 -timeout 30m ./...
+	$(GO) test -race -vet=off -count=1 -timeout 30m $$($(GO) list ./... | grep -v -e '/tokenize$$' -e '/tokenize/engine$$')
+	$(GO) test -vet=off -count=1 -timeout 15m $(TOKENIZE_PKGS)
+	$(GO) test -race -vet=off -count=1 -timeout 15m -run 'Concurrent' $(TOKENIZE_PKGS)
 
 # The deploy module's offline tests (the Helm chart rendered for every example and checked,
 # the dashboard). Without -race: they are sequential render-and-decode checks with no goroutine
