@@ -45,7 +45,7 @@ func loadGoldenModel(t *testing.T, name string) *tokenize.Tokenizer {
 		}
 		opts.ChatTemplate = string(b)
 	}
-	tk, err := tokenize.Load(dir, opts)
+	tk, err := testTokenizers.loadFolder(dir, opts)
 	if err != nil {
 		t.Fatal(err)
 	}

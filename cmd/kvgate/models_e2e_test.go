@@ -23,7 +23,6 @@ import (
 	"github.com/kvgate/kvgate/router"
 	"github.com/kvgate/kvgate/server"
 	"github.com/kvgate/kvgate/sim"
-	"github.com/kvgate/kvgate/tokenize"
 )
 
 // modelSpec is one served model of a multi-model e2e test: its tokenizer folder and workers.
@@ -53,7 +52,7 @@ func startModels(t *testing.T, specs []modelSpec, simOpts func(model string, i i
 	var yaml strings.Builder
 	yaml.WriteString("listen: 127.0.0.1:0\nhealth:\n  interval: 200ms\nrouter:\n  metrics_interval: 100ms\nproxy:\n  expose_routing_headers: true\nmodels:\n")
 	for _, spec := range specs {
-		tok, err := tokenize.Load(spec.dir, tokenize.Options{})
+		tok, err := testTokenizers.load(configs.Config{Tokenizer: spec.dir})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -89,7 +88,7 @@ func startModels(t *testing.T, specs []modelSpec, simOpts func(model string, i i
 		t.Fatalf("%v\n%s", err, yaml.String())
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	ps, err := buildPools(ctx, cfg, f.prom, quiet, nil)
+	ps, err := buildPoolsWith(ctx, cfg, f.prom, quiet, nil, testTokenizers.load)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -38,7 +38,12 @@ type pools struct {
 // Hugging Face model id are fetched first (fetchTokenizer). Each pool's routing metrics carry
 // the label model=<name> (poolMetrics), so two pools' series never collide.
 // Nothing is probed yet (see run).
-func buildPools(ctx context.Context, cfg configs.Config, prom prometheus.Registerer, log *slog.Logger, node *cluster.Node) (ps *pools, err error) {
+func buildPools(ctx context.Context, cfg configs.Config, prom prometheus.Registerer, log *slog.Logger, node *cluster.Node) (*pools, error) {
+	return buildPoolsWith(ctx, cfg, prom, log, node, loadTokenizer)
+}
+
+// buildPoolsWith is buildPools with each pool's tokenizer loaded by load (see buildRoutingWith).
+func buildPoolsWith(ctx context.Context, cfg configs.Config, prom prometheus.Registerer, log *slog.Logger, node *cluster.Node, load tokenizerLoader) (ps *pools, err error) {
 	built := &pools{}
 	built.close = func() {
 		for i := len(built.list) - 1; i >= 0; i-- {
@@ -68,7 +73,7 @@ func buildPools(ctx context.Context, cfg configs.Config, prom prometheus.Registe
 		if metrics != nil {
 			preg = metrics.forPool(pc.Model)
 		}
-		rt, err := buildRouting(ctx, pc.Config, reg, preg, plog, node)
+		rt, err := buildRoutingWith(ctx, pc.Config, reg, preg, plog, node, load)
 		if err != nil {
 			reg.Close()
 			return nil, err

@@ -30,6 +30,12 @@ per request ({"error": "..."} for a request that fails).
 
 // runTokenize implements `kvgate tokenize`.
 func runTokenize(ctx context.Context, args []string, stdout io.Writer) error {
+	return runTokenizeWith(ctx, args, stdout, tokenize.Load)
+}
+
+// runTokenizeWith is runTokenize with the tokenizer loaded by load: the tests pass one that
+// shares a loaded tokenizer across the test binary (a load takes seconds under -race).
+func runTokenizeWith(ctx context.Context, args []string, stdout io.Writer, load func(dir string, opts tokenize.Options) (*tokenize.Tokenizer, error)) error {
 	fs := flag.NewFlagSet("tokenize", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	dir := fs.String("tokenizer", "", "HF model folder with tokenizer.json and tokenizer_config.json (or a hub model id, downloaded into the HF cache)")
@@ -67,7 +73,7 @@ func runTokenize(ctx context.Context, args []string, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
-	tk, err := tokenize.Load(folder, opts)
+	tk, err := load(folder, opts)
 	if err != nil {
 		return fmt.Errorf("tokenize: %w", err)
 	}

@@ -32,7 +32,7 @@ func TestTokenizeCommand(t *testing.T) {
 	if err := os.WriteFile(many, []byte(lines), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	tk, err := tokenize.Load(dir, tokenize.Options{})
+	tk, err := testTokenizers.loadFolder(dir, tokenize.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -65,7 +65,7 @@ func TestTokenizeCommand(t *testing.T) {
 	}
 
 	out.Reset()
-	if err := runTokenize(context.Background(), []string{"--tokenizer", dir, "--requests", many}, &out); err != nil {
+	if err := runTokenizeShared(context.Background(), []string{"--tokenizer", dir, "--requests", many}, &out); err != nil {
 		t.Fatal(err)
 	}
 	res := strings.Split(strings.TrimSpace(out.String()), "\n")
@@ -117,7 +117,7 @@ func TestTokenizeCommandMessages(t *testing.T) {
 				args = append(args, "--api", "messages")
 			}
 			var out bytes.Buffer
-			if err := runTokenize(context.Background(), args, &out); err != nil {
+			if err := runTokenizeShared(context.Background(), args, &out); err != nil {
 				t.Fatal(err)
 			}
 			var got struct {
@@ -147,7 +147,7 @@ func TestTokenizeCommandResponses(t *testing.T) {
 	}
 	for _, args := range [][]string{{}, {"--api", "responses"}} {
 		var out bytes.Buffer
-		if err := runTokenize(context.Background(), append([]string{"--tokenizer", dir, "--request", req}, args...), &out); err != nil {
+		if err := runTokenizeShared(context.Background(), append([]string{"--tokenizer", dir, "--request", req}, args...), &out); err != nil {
 			t.Fatal(err)
 		}
 		var got struct{ Prompt string }
@@ -164,7 +164,7 @@ func TestTokenizeCommandResponses(t *testing.T) {
 	}
 	for _, args := range [][]string{{}, {"--api", "responses"}} {
 		var out bytes.Buffer
-		if err := runTokenize(context.Background(), append([]string{"--tokenizer", dir, "--request", full}, args...), &out); err != nil {
+		if err := runTokenizeShared(context.Background(), append([]string{"--tokenizer", dir, "--request", full}, args...), &out); err != nil {
 			t.Fatalf("%v: %v", args, err)
 		}
 		var got struct{ Prompt string }
@@ -177,10 +177,10 @@ func TestTokenizeCommandResponses(t *testing.T) {
 	var raw bytes.Buffer
 	rawReq := filepath.Join(t.TempDir(), "raw.json")
 	_ = os.WriteFile(rawReq, []byte(`{"text":"Hi there"}`), 0o644)
-	if err := runTokenize(context.Background(), []string{"--tokenizer", dir, "--request", rawReq}, &raw); err != nil || !strings.Contains(raw.String(), `"prompt":"Hi there"`) {
+	if err := runTokenizeShared(context.Background(), []string{"--tokenizer", dir, "--request", rawReq}, &raw); err != nil || !strings.Contains(raw.String(), `"prompt":"Hi there"`) {
 		t.Errorf("raw text: %v %s", err, raw.String())
 	}
-	if err := runTokenize(context.Background(), []string{"--tokenizer", dir, "--request", req, "--api", "anthropic"}, io.Discard); err == nil {
+	if err := runTokenizeShared(context.Background(), []string{"--tokenizer", dir, "--request", req, "--api", "anthropic"}, io.Discard); err == nil {
 		t.Error("--api anthropic accepted")
 	}
 }

@@ -1,6 +1,8 @@
 package main
 
 import (
+	"context"
+	"io"
 	"sync"
 
 	"github.com/kvgate/kvgate/configs"
@@ -40,4 +42,19 @@ func (c *tokenizerCache) load(cfg configs.Config) (*tokenize.Tokenizer, error) {
 	c.mu.Unlock()
 	e.once.Do(func() { e.tok, e.err = loadTokenizer(cfg) })
 	return e.tok, e.err
+}
+
+// loadFolder is tokenize.Load for runTokenizeWith: a folder loaded without options (no chat
+// template override) is the shared one of testTokenizers.
+func (c *tokenizerCache) loadFolder(dir string, opts tokenize.Options) (*tokenize.Tokenizer, error) {
+	if opts.ChatTemplate != "" || opts.DefaultChatTemplateKwargs != nil || opts.Now != nil ||
+		opts.SegmentCacheBytes != 0 || opts.MessageCacheBytes != 0 {
+		return tokenize.Load(dir, opts)
+	}
+	return c.load(configs.Config{Tokenizer: dir})
+}
+
+// runTokenizeShared is runTokenize with the test binary's shared tokenizers.
+func runTokenizeShared(ctx context.Context, args []string, stdout io.Writer) error {
+	return runTokenizeWith(ctx, args, stdout, testTokenizers.loadFolder)
 }
