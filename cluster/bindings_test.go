@@ -133,8 +133,12 @@ func TestBindingsCreateRaceOneWinner(t *testing.T) {
 func TestBindingsTouchAndCAS(t *testing.T) {
 	srv := embeddedConfig(t, "srv")
 	startNode(t, srv)
-	b1 := startBindings(t, startNode(t, replicaConfig(srv, "r1", 2*time.Second)), BindingsOptions{})
-	b2 := startBindings(t, startNode(t, replicaConfig(srv, "r2", 2*time.Second)), BindingsOptions{})
+	// TTL 8 s: the turn "within TTL/8 of the create" below comes after r2 saw the binding and a
+	// read of the bucket, which a loaded CPU stretched past the 250 ms of a 2 s TTL (the turn
+	// then rightly touched the binding).
+	const ttl = 8 * time.Second
+	b1 := startBindings(t, startNode(t, replicaConfig(srv, "r1", ttl)), BindingsOptions{})
+	b2 := startBindings(t, startNode(t, replicaConfig(srv, "r2", ttl)), BindingsOptions{})
 
 	b1.Routed("s", "", wA)
 	eventually(t, 5*time.Second, "r2 sees the binding", lookupIs(b2, "s", wA))
@@ -147,7 +151,8 @@ func TestBindingsTouchAndCAS(t *testing.T) {
 	if _, rev, _ := stored(t, b1, "s"); rev != rev1 {
 		t.Fatalf("a turn within TTL/8 rewrote the binding (rev %d → %d)", rev1, rev)
 	}
-	b1.Routed("s", "", wA) // past TTL/8 (250ms): a touch
+	time.Sleep(ttl/8 - 300*time.Millisecond + 50*time.Millisecond)
+	b1.Routed("s", "", wA) // past TTL/8 (1 s): a touch
 	eventually(t, 5*time.Second, "touch", func() bool { _, rev, _ := stored(t, b1, "s"); return rev > rev1 })
 	if n := counterValue(t, b1.opsTotal.WithLabelValues("touch", "ok")); n != 1 {
 		t.Fatalf("touches %v, want 1", n)
