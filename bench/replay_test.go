@@ -8,6 +8,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -86,14 +87,14 @@ func TestReplayMetrics(t *testing.T) {
 	tr := &Trace{Format: FormatMultiTurn, BlockSize: 16, Sessions: []*Session{root, failing}}
 	synth, _ := NewSynth(nil, 16)
 
-	var progress int
+	var progress atomic.Int64 // OnRecord runs on the sessions' goroutines
 	res, err := Replay(context.Background(), tr, synth, ReplayOptions{URL: ts.URL, Model: "m", TimeScale: 0.5,
-		SessionHeaders: HeadersBoth, IgnoreEOS: true, OnRecord: func(*Record) { progress++ }})
+		SessionHeaders: HeadersBoth, IgnoreEOS: true, OnRecord: func(*Record) { progress.Add(1) }})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(res.Records) != 7 || progress != 7 {
-		t.Fatalf("%d records, %d progress calls, want 7", len(res.Records), progress)
+	if len(res.Records) != 7 || progress.Load() != 7 {
+		t.Fatalf("%d records, %d progress calls, want 7", len(res.Records), progress.Load())
 	}
 	sum := Summarize("test", InputConfig{}, res)
 	if sum.RequestCount != 4 || sum.ErrorCount != 3 {
