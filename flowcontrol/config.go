@@ -45,6 +45,8 @@ type Config struct {
 	// (default 200ms; 0: contention changes nothing). The workers' own queues (first come,
 	// first served) then stay short, so the gateway's order (priority, fair share) decides who
 	// runs next, and the rest of max_predicted_wait stays headroom for the favoured requests.
+	// A request contended by a higher priority also leaves the last worker under
+	// max_predicted_wait to that priority (with two workers or more).
 	ContendedPredictedWait confval.Duration `yaml:"contended_predicted_wait"`
 	// ContentionWindow is how long a priority or a tenant counts as active after its last
 	// request (default 10s).

@@ -99,23 +99,52 @@ func (q *Queue[T]) contentionAt(now time.Time) contention {
 	return c
 }
 
-// waitLimit is the predicted-wait bound for a request of prio and tenant (0: none) and
-// whether it is the contended one: a higher priority is active, or the tenant has attained
-// more than ContendedShare times the active tenants' mean service.
-func (q *Queue[T]) waitLimit(c contention, prio int, tenant string, now time.Time) (float64, bool) {
-	contended := c.hasTop && prio < c.top
+// bound is what a request may take: targets whose predicted wait is under limit (0: any),
+// and, when reserve, only while another target keeps headroom (admits at full, the
+// uncontended bound) for the higher priority that contends with it.
+type bound struct {
+	limit, full float64
+	contended   bool
+	reserve     bool
+}
+
+// boundOf is the bound of a request of prio and tenant. It is contended when a higher
+// priority is active (then it also leaves the last target with headroom to that priority)
+// or its tenant has attained more than ContendedShare times the active tenants' mean service.
+func (q *Queue[T]) boundOf(c contention, prio int, tenant string, now time.Time) bound {
+	b := bound{limit: q.lim.MaxWaitMs, full: q.lim.MaxWaitMs}
+	byPriority := c.hasTop && prio < c.top
+	contended := byPriority
 	if !contended && c.tenants >= 2 && c.mean > 0 {
 		contended = q.serviceOf(tenant, now) > q.lim.ContendedShare*c.mean
 	}
 	if contended && q.lim.ContendedWaitMs > 0 && (q.lim.MaxWaitMs == 0 || q.lim.ContendedWaitMs < q.lim.MaxWaitMs) {
-		return q.lim.ContendedWaitMs, true
+		b.limit, b.contended, b.reserve = q.lim.ContendedWaitMs, true, byPriority
 	}
-	return q.lim.MaxWaitMs, false
+	return b
 }
 
 // admits reports whether a target in state s takes a request bounded by limit now.
 func admits(s TargetState, limit float64) bool {
 	return !s.Saturated && (limit <= 0 || !s.HasWait || s.WaitMs < limit)
+}
+
+// takes reports whether a request with bound b may go to f now: f admits it, and under
+// reserve another target still admits the higher priority (with a single target there is
+// nothing to reserve).
+func takes[T comparable](b bound, states map[T]TargetState, f T) bool {
+	if !admits(states[f], b.limit) {
+		return false
+	}
+	if !b.reserve || len(states) < 2 {
+		return true
+	}
+	for o, s := range states {
+		if o != f && admits(s, b.full) {
+			return true
+		}
+	}
+	return false
 }
 
 // gainOn is e's gain on t and whether t is eligible for e.
@@ -168,11 +197,11 @@ func price[T comparable](gain map[T]float64, f T, states map[T]TargetState, weig
 func (q *Queue[T]) Place(prio int, tenant string, states map[T]TargetState, gains func() map[T]float64) (allowed []T, all bool, reason string) {
 	q.mu.Lock()
 	now := q.now()
-	limit, contended := q.waitLimit(q.contentionAt(now), prio, tenant, now)
+	b := q.boundOf(q.contentionAt(now), prio, tenant, now)
 	q.mu.Unlock()
 	var free []T
-	for t, s := range states {
-		if admits(s, limit) {
+	for t := range states {
+		if takes(b, states, t) {
 			free = append(free, t)
 		}
 	}
@@ -194,7 +223,7 @@ func (q *Queue[T]) Place(prio int, tenant string, states map[T]TargetState, gain
 	if len(allowed) == 0 {
 		return nil, false, "prefix_holder"
 	}
-	return allowed, !contended, ""
+	return allowed, !b.contended, ""
 }
 
 // evictFor returns the waiting entries to shed so that e fits: those of a lower priority than

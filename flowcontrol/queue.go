@@ -329,13 +329,13 @@ func cmpString(a, b string) int {
 func (q *Queue[T]) best(b *band[T], tenants []string, states map[T]TargetState, c contention, weigh float64, now time.Time) (best *Entry[T], d Dispatch[T], ok bool) {
 	bestScore := math.Inf(-1)
 	for _, t := range tenants {
-		limit, contended := q.waitLimit(c, b.tenants[t][0].Priority, t, now)
+		bd := q.boundOf(c, b.tenants[t][0].Priority, t, now)
 		for _, e := range b.tenants[t] {
 			age := q.lim.AgeWeight * float64(now.Sub(e.enqueued)) / float64(time.Millisecond)
 			top, second, topAt := topGains(e.Gain)
-			for f, s := range states {
+			for f := range states {
 				g, eligible := gainOn(e.Gain, f)
-				if !eligible || !admits(s, limit) {
+				if !eligible || !takes(bd, states, f) {
 					continue
 				}
 				choice := ChoiceUnpriced
@@ -364,7 +364,7 @@ func (q *Queue[T]) best(b *band[T], tenants []string, states map[T]TargetState, 
 				}
 				if !ok || score > bestScore || (score == bestScore && (e.seq < best.seq || e == best && less(f, d.Target))) {
 					best, bestScore, ok = e, score, true
-					d = Dispatch[T]{Target: f, Choice: choice, HereMs: here, ElseMs: elsewhere, Contended: contended}
+					d = Dispatch[T]{Target: f, Choice: choice, HereMs: here, ElseMs: elsewhere, Contended: bd.contended}
 				}
 			}
 		}

@@ -206,6 +206,14 @@ func TestQueueOrder(t *testing.T) {
 			{states: map[string]TargetState{"w": {WaitMs: 200, HasWait: true}}, want: ""},
 			{states: map[string]TargetState{"w": {WaitMs: 50, HasWait: true}}, want: "low", wantT: "w"},
 		}},
+		{"a lower priority never takes the last target with headroom for a higher one", pricedLimits, []step{
+			{arrive: e("", 1, "vip", nil)},
+			{push: e("low", 0, "t", map[string]float64{"w1": 0, "w2": 0})},
+			// w1 is idle, but w2 is over max_predicted_wait: w1 is the priority's last headroom.
+			{states: map[string]TargetState{"w1": {HasWait: true}, "w2": {WaitMs: 600, HasWait: true}}, want: ""},
+			// w2 under max_predicted_wait again: w1 may go to priority 0.
+			{states: map[string]TargetState{"w1": {HasWait: true}, "w2": {WaitMs: 400, HasWait: true}}, want: "low", wantT: "w1"},
+		}},
 		{"the headroom returns once the higher priority is gone for contention_window", pricedLimits, []step{
 			{arrive: e("", 1, "vip", nil)},
 			{push: e("low", 0, "t", nil)},
@@ -416,6 +424,8 @@ func TestPlace(t *testing.T) {
 			map[string]TargetState{"w1": st(3000), "w2": st(0)}, map[string]float64{"w1": 300, "w2": 0}, []string{"w2"}, true, "", true},
 		{"a contended request is narrowed to what admits it", []Entry[string]{{Priority: 1, Tenant: "vip"}}, 0,
 			map[string]TargetState{"w1": st(300), "w2": st(0)}, map[string]float64{"w1": 0, "w2": 0}, []string{"w2"}, false, "", true},
+		{"a contended request leaves the last target with headroom", []Entry[string]{{Priority: 1, Tenant: "vip"}}, 0,
+			map[string]TargetState{"w1": st(600), "w2": st(0)}, nil, nil, false, "saturated", false},
 		{"the higher priority itself has the headroom", []Entry[string]{{Priority: 1, Tenant: "vip"}}, 1,
 			map[string]TargetState{"w1": st(300), "w2": st(0)}, nil, []string{"w1", "w2"}, true, "", false},
 	}
