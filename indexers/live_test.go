@@ -249,6 +249,10 @@ func TestLiveGarbageSurvived(t *testing.T) {
 	s := rig.follow(t, tg, p, true)
 	for i, pl := range sc.payloads {
 		if i == 5 {
+			// Malformed frames are in no replay ring: the SUB must be receiving live before
+			// they go out. Follow's sleep does not promise that on a loaded CPU; the first five
+			// batches applied (live, or by the join replay once the SUB connected) do.
+			waitSeq(t, s, 4)
 			p.raw([]byte{}, []byte{1, 2, 3}, []byte{0x93})    // 3-byte seq frame
 			p.raw([]byte{}, SeqFrame(999))                    // 2 frames
 			p.raw([]byte{}, SeqFrame(0), []byte{}, []byte{1}) // 4 frames
