@@ -82,11 +82,19 @@ func TestSiblingHoldPriced(t *testing.T) {
 	t.Run("late sibling: held", func(t *testing.T) {
 		f := startFleet(t, tok, slowGPU())
 		// The first subagent's prefill is predicted at ≈170 ms; its sibling comes 120 ms after
-		// it was sent, and is released by the KV events announcing the prefix (the first one
-		// is not streamed) or finds it cached.
+		// it was routed, and is released by the KV events announcing the prefix (the first one
+		// is not streamed) or finds it cached. Counted from the routing, not from the send:
+		// under -race on a loaded CPU the first one's parse and tokenization alone can take
+		// longer than 120 ms, and a sibling coming before most of the prefill has run is
+		// rightly not held.
 		var lead kidResult
 		var wg sync.WaitGroup
-		wg.Go(func() { lead.worker, lead.prompt, lead.cached, lead.err = postKid(f.gw.URL, kidReq(0), kidH(0)) })
+		leadDone := make(chan struct{})
+		wg.Go(func() {
+			defer close(leadDone)
+			lead.worker, lead.prompt, lead.cached, lead.err = postKid(f.gw.URL, kidReq(0), kidH(0))
+		})
+		f.awaitRouted(leadDone)
 		time.Sleep(120 * time.Millisecond)
 		w, prompt, cached, err := postKid(f.gw.URL, kidReq(1), kidH(1))
 		wg.Wait()
@@ -105,4 +113,23 @@ func TestSiblingHoldPriced(t *testing.T) {
 			t.Errorf("holds released + cached = %v, want 1", got)
 		}
 	})
+}
+
+// awaitRouted waits until the gateway accounts a request in flight on some worker, or done is
+// closed (the request ended before a poll saw it).
+func (f *fleet) awaitRouted(done <-chan struct{}) {
+	f.t.Helper()
+	for end := time.Now().Add(10 * time.Second); time.Now().Before(end); time.Sleep(5 * time.Millisecond) {
+		select {
+		case <-done:
+			return
+		default:
+		}
+		for _, v := range f.targets() {
+			if v.InFlight > 0 {
+				return
+			}
+		}
+	}
+	f.t.Fatal("the request was never routed")
 }
