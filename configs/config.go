@@ -83,7 +83,7 @@ type Config struct {
 	// embedded_nats.listen is set (clusterconfig.Config documents each key).
 	Cluster Cluster `yaml:"cluster"`
 	// FlowControl queues requests at the gateway while every candidate worker is saturated,
-	// with priorities and fair shares (flowcontrol.Config documents each key); off by default.
+	// with priorities and fair shares (flowcontrol.Config documents each key); on by default.
 	FlowControl FlowControl `yaml:"flow_control"`
 	// ShutdownDrainDelay is how long, on SIGTERM, the gateway keeps accepting requests after
 	// GET /ready turned 503, so load balancers (Kubernetes Service endpoints) stop sending

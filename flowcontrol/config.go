@@ -22,8 +22,9 @@ const (
 // candidate worker saturated (router.busy_* or the max_* thresholds below). Zero is a value of every field;
 // defaults come from Default only.
 type Config struct {
-	// Enabled turns the queue on (default false). Off, a request goes to a worker even when
-	// every candidate is busy and waits in that worker's queue.
+	// Enabled turns the queue on (default true, from the measurements in
+	// docs/benchmarks/2026-12-05-overload-late-binding.md). Off, a request goes to a worker
+	// even when every candidate is busy and waits in that worker's queue.
 	Enabled bool `yaml:"enabled"`
 	// MaxRequests bounds the requests waiting per model pool (default 1000); one more is
 	// answered 429 with Retry-After (0: every request that would wait is refused).
@@ -94,9 +95,10 @@ type Config struct {
 	PollInterval confval.Duration `yaml:"poll_interval"`
 }
 
-// Default returns the documented defaults (the queue off).
+// Default returns the documented defaults (the queue on).
 func Default() Config {
 	return Config{
+		Enabled:                true,
 		MaxRequests:            1000,
 		MaxBytes:               64 << 20,
 		QueueTimeout:           confval.Duration(30 * time.Second),

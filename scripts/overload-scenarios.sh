@@ -19,8 +19,8 @@
 #   LIGHT_USERS, HEAVY_USERS   [1, 5]
 #   TIME_SCALE      kvbench --time-scale [0.05]
 #   VARIANTS        gateway variants, each LABEL=FLAGS with FLAGS comma-separated kvgate serve
-#                   flags ["kv+queue=--flow-control-enabled"]; e.g. add "kv=" for kv without
-#                   the queue. A flag written sim:FLAG goes to that variant's vllm-sim fleet
+#                   flags ["kv+queue=--flow-control-enabled"]; e.g. add
+#                   "kv=--flow-control-enabled=false" for kv without the queue (on by default). A flag written sim:FLAG goes to that variant's vllm-sim fleet
 #                   instead, e.g. vLLM's priority scheduling on the workers with the priority
 #                   forwarded to them: "kv+queue+vllmprio=--flow-control-enabled,
 #                   --proxy-forward-priority,sim:--scheduling-policy=priority" (no spaces)

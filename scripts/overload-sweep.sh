@@ -21,7 +21,9 @@
 #   STAGGER       kvbench --repeat-stagger, trace time [weka 0s, agentic 100s]
 #   POLICIES      variants as in compare-policies.sh ["round_robin=round_robin:both least_loaded=least_loaded:both
 #                 kv=kv:both kv+queue=kv:both"]; kvgate's defaults (sessions on) and session headers
-#                 for every policy; kv+queue adds GATEWAY_ARGS_kv_queue [--flow-control-enabled]
+#                 for every policy, the gateway queue off (GATEWAY_ARGS [--flow-control-enabled=false],
+#                 flow_control.enabled is on by default); kv+queue adds GATEWAY_ARGS_kv_queue
+#                 [--flow-control-enabled]
 #   REPEATS       runs of each level [2]
 #   TOGETHER      how many runs of one level run at the same time, each on its own fleet and
 #                 ports: policies (the policies of a run) or all (every run of the level) [all]
@@ -36,6 +38,7 @@ cd "$ROOT"
 WORKLOAD="${WORKLOAD:-weka}"
 TIME_SCALE="${TIME_SCALE:-0.05}"
 POLICIES="${POLICIES:-round_robin=round_robin:both least_loaded=least_loaded:both kv=kv:both kv+queue=kv:both}"
+export GATEWAY_ARGS="${GATEWAY_ARGS---flow-control-enabled=false}"
 export GATEWAY_ARGS_kv_queue="${GATEWAY_ARGS_kv_queue---flow-control-enabled}"
 REPEATS="${REPEATS:-2}"
 TOGETHER="${TOGETHER:-all}"
