@@ -144,7 +144,7 @@ func NewBindings(node *Node, o BindingsOptions) (*Bindings, error) {
 	b.race = max(2*b.deadline, 20*time.Millisecond)
 	b.opsTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "kvgate_cluster_binding_ops_total",
-		Help: "Session-binding and response-pin operations on the shared buckets, by op (create, touch, rebind, end, get, keepalive, pin, pin_get) and result (ok, lost, conflict, miss, error, dropped, expired).",
+		Help: "Session-binding and response-pin operations on the shared buckets, by op (create, touch, rebind, end, get, keepalive, pin, pin_get, watch) and result (ok, lost, conflict, miss, error, dropped, expired, stale).",
 	}, []string{"op", "result"})
 	if o.Registerer != nil {
 		if err := o.Registerer.Register(b.opsTotal); err != nil {

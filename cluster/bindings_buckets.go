@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -135,6 +136,16 @@ func (b *Bindings) setup(ctx context.Context) (stopWatch func(), err error) {
 	if err != nil {
 		return nil, fmt.Errorf("pins bucket: %w", err)
 	}
+	// The leader's last sequence before the watch starts: the watch has caught up only once it
+	// delivered it, or the leader no longer has it (see watchStale).
+	st, err := sess.Status(cctx)
+	if err != nil {
+		return nil, fmt.Errorf("sessions bucket status: %w", err)
+	}
+	var lastAtStart uint64
+	if bs, ok := st.(*jetstream.KeyValueBucketStatus); ok {
+		lastAtStart = bs.StreamInfo().State.LastSeq
+	}
 	gen := b.gen()
 	wctx, wcancel := context.WithCancel(ctx)
 	w, err := sess.WatchAll(wctx)
@@ -150,12 +161,21 @@ func (b *Bindings) setup(ctx context.Context) (stopWatch func(), err error) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
+		var delivered uint64 // the highest stream sequence (revision) the watch delivered
 		for e := range w.Updates() {
-			if e == nil { // the end of the initial values: the cache caught up
+			if e == nil { // the end of the initial values: the cache caught up, unless stale
+				if b.watchStale(wctx, delivered, lastAtStart) {
+					b.opsTotal.WithLabelValues("watch", "stale").Inc()
+					b.log.Info("the sessions watch started on a stream replica still catching up; restarting it",
+						"delivered_to", delivered, "leader_last_seq", lastAtStart)
+					time.AfterFunc(time.Second, b.requestEnsure)
+					continue
+				}
 				b.sweep(gen)
 				b.synced.Store(gen + 1)
 				continue
 			}
+			delivered = max(delivered, e.Revision())
 			b.watched(e)
 		}
 	}()
@@ -167,4 +187,41 @@ func (b *Bindings) setup(ctx context.Context) (stopWatch func(), err error) {
 	// <-ctx.Done(), sub.Unsubscribe()): Updates closes at once and the delete finishes behind
 	// (an ephemeral consumer the server would drop anyway).
 	return func() { wcancel(); <-done }, nil
+}
+
+// watchStale reports whether a watch whose initial values ended at stream sequence delivered
+// missed writes the leader had when it started (lastAtStart). The watch's ordered consumer may
+// live on any replica of the sessions stream: nats-server places an R1 consumer on a random
+// active peer (server/jetstream_cluster.go, createGroupForConsumer), and a replica that
+// restarted (the stream is in memory) serves what it has caught up so far, which can lack the
+// latest bindings; ended there, the watch would sweep and call the cache current without them.
+// The leader still holding lastAtStart proves the watch stale; that message deleted or expired
+// (a key's later delete, the bucket's TTL) proves nothing, nor does an unanswered request: the
+// watch then counts as caught up, as it did before this check.
+func (b *Bindings) watchStale(ctx context.Context, delivered, lastAtStart uint64) bool {
+	if delivered >= lastAtStart {
+		return false
+	}
+	ctx, cancel := context.WithTimeout(ctx, max(b.deadline, time.Second))
+	defer cancel()
+	// The plain message-get API, answered by the stream leader (not the direct get, which any
+	// replica answers, the lagging one included).
+	prefix := b.node.JetStream().Options().APIPrefix // kvgate's node uses jetstream.New: the default
+	if prefix == "" {
+		prefix = jetstream.DefaultAPIPrefix
+	}
+	subj := prefix + "STREAM.MSG.GET.KV_" + b.node.Bucket("sessions")
+	req, _ := json.Marshal(struct {
+		Seq uint64 `json:"seq"`
+	}{lastAtStart})
+	msg, err := b.node.Conn().RequestWithContext(ctx, subj, req)
+	if err != nil {
+		return false
+	}
+	var resp struct {
+		Message *struct {
+			Seq uint64 `json:"seq"`
+		} `json:"message"`
+	}
+	return json.Unmarshal(msg.Data, &resp) == nil && resp.Message != nil && resp.Message.Seq == lastAtStart
 }

@@ -199,6 +199,37 @@ func TestBindingsTTLExpiry(t *testing.T) {
 	eventually(t, 5*time.Second, "bound again", lookupIs(b, "s", wB))
 }
 
+// watchStale asks the stream leader for the last sequence a watch should have delivered: a
+// watch that delivered it, or one whose missing sequence the leader no longer holds, is not
+// stale; one short of a sequence the leader holds is.
+func TestBindingsWatchStale(t *testing.T) {
+	srv := embeddedConfig(t, "srv")
+	startNode(t, srv)
+	b := startBindings(t, startNode(t, replicaConfig(srv, "r1", time.Minute)), BindingsOptions{})
+	b.Routed("s", "", wA)
+	b.Released("s", wA)
+	eventually(t, 5*time.Second, "bound", lookupIs(b, "s", wA))
+	_, rev, err := stored(t, b, "s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	for _, c := range []struct {
+		name                 string
+		delivered, leaderHas uint64
+		want                 bool
+	}{
+		{"delivered the last", rev, rev, false},
+		{"short of a held message", rev - 1, rev, true},
+		{"short of one never written", rev, rev + 100, false},
+		{"nothing delivered of a held message", 0, rev, true},
+	} {
+		if got := b.watchStale(ctx, c.delivered, c.leaderHas); got != c.want {
+			t.Errorf("%s: stale = %v, want %v", c.name, got, c.want)
+		}
+	}
+}
+
 // NATS down: writes and pin reads fail fast and are counted, the cache still answers, nothing
 // blocks or panics; once the server is back (an empty memory store) the buckets are recreated
 // and new sessions bind again.
