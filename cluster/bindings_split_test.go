@@ -130,7 +130,8 @@ func TestBindingsSplitHeals(t *testing.T) {
 	eventually(t, 10*time.Second, "minority caught up", func() bool {
 		return nodes[2].Connected() && min.Ready() && !min.Behind()
 	})
-	t.Logf("minority caught up %s after the heal", time.Since(healed))
+	t.Logf("minority caught up %s after the heal (stale watches restarted: %v)", time.Since(healed),
+		counterValue(t, min.opsTotal.WithLabelValues("watch", "stale")))
 	for _, id := range []string{"x", "during", "m0", "m1", "m2", "m3", "m4"} {
 		want := map[string]string{"x": wA.Worker, "during": wB.Worker}[id]
 		if want == "" {
