@@ -173,56 +173,24 @@ func (l *Limiter) Len() int {
 }
 
 // Limited reports whether the key named name has limits.
-func (l *Limiter) Limited(name string) bool {
-	if l == nil {
-		return false
-	}
-	_, ok := l.keys[name]
-	return ok
-}
+func (l *Limiter) Limited(name string) bool { return l.key(name) != nil }
 
 // Admit decides on one request of the key named name costing tokens (prompt plus max output)
 // at now. An admitted request holds an in-flight slot until Release and its token charge until
 // Correct; a refused one costs nothing but counts as demand.
 func (l *Limiter) Admit(name string, tokens int, now time.Time) (d Decision) {
-	if l == nil {
-		return Decision{Allowed: true}
-	}
-	ks := l.keys[name]
+	ks := l.key(name)
 	if ks == nil {
 		return Decision{Allowed: true}
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	tokens = max(tokens, 0)
-	d.Limited = true
-	var reqShare, tokShare float64
-	if ks.req != nil {
-		ks.req.advance(now)
-		ks.req.attempt(1, now)
-		reqShare = l.shareLocked(ks.name, ks.req, ks.ownReq, now, func(p PeerKey) float64 { return p.Requests })
-	}
-	if ks.tok != nil {
-		ks.tok.advance(now)
-		ks.tok.attempt(float64(tokens), now)
-		tokShare = l.shareLocked(ks.name, ks.tok, ks.ownTok, now, func(p PeerKey) float64 { return p.Tokens })
-	}
-	defer func() { d.Status = ks.statusLocked() }()
-	if m := ks.limits.MaxConcurrent; m > 0 && ks.inFlight+l.peerInFlightLocked(ks.name, now) >= m {
-		d.Reason = ReasonConcurrency
+	reqShare, tokShare := l.sharesLocked(ks, now)
+	ks.attemptLocked(tokens, now)
+	d = Decision{Limited: true, Status: ks.statusLocked()}
+	if d.Reason, d.RetryAfter = l.refusalLocked(ks, tokens, reqShare, tokShare, now); d.Reason != "" {
 		return d
-	}
-	if ks.req != nil {
-		if need := ks.req.need(1, reqShare); ks.req.level < need {
-			d.Reason, d.RetryAfter = ReasonRequests, ks.req.wait(need)
-			return d
-		}
-	}
-	if ks.tok != nil {
-		if need := ks.tok.need(float64(tokens), tokShare); ks.tok.level < need {
-			d.Reason, d.RetryAfter = ReasonTokens, ks.tok.wait(need)
-			return d
-		}
 	}
 	t := Ticket{key: ks, tokens: tokens}
 	if ks.req != nil {
@@ -232,7 +200,7 @@ func (l *Limiter) Admit(name string, tokens int, now time.Time) (d Decision) {
 		t.perToken = ks.tok.take(float64(tokens), tokShare)
 	}
 	ks.inFlight++
-	d.Allowed, d.Ticket = true, t
+	d.Allowed, d.Ticket, d.Status = true, t, ks.statusLocked()
 	return d
 }
 
@@ -243,38 +211,72 @@ func (l *Limiter) Admit(name string, tokens int, now time.Time) (d Decision) {
 // token count, for the token bucket) as Admit's would; an allowance takes and records nothing:
 // Admit decides afterwards with the real count.
 func (l *Limiter) Precheck(name string, bodyTokens int, now time.Time) (d Decision) {
-	if l == nil {
-		return Decision{Allowed: true}
-	}
-	ks := l.keys[name]
+	ks := l.key(name)
 	if ks == nil {
 		return Decision{Allowed: true}
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	d.Limited = true
-	if m := ks.limits.MaxConcurrent; m > 0 && ks.inFlight+l.peerInFlightLocked(ks.name, now) >= m {
-		d.Reason = ReasonConcurrency
-	} else if ks.req != nil {
-		ks.req.advance(now)
-		share := l.shareLocked(ks.name, ks.req, ks.ownReq, now, func(p PeerKey) float64 { return p.Requests })
-		if need := ks.req.need(1, share); ks.req.level < need {
-			d.Reason, d.RetryAfter = ReasonRequests, ks.req.wait(need)
-		}
-	}
-	if d.Reason == "" {
+	reqShare, _ := l.sharesLocked(ks, now)
+	d = Decision{Limited: true}
+	if d.Reason, d.RetryAfter = l.refusalLocked(ks, -1, reqShare, 0, now); d.Reason == "" {
 		return Decision{Allowed: true, Limited: true}
 	}
+	ks.attemptLocked(max(bodyTokens, 0), now)
+	d.Status = ks.statusLocked()
+	return d
+}
+
+// key is the limited key named name (nil: unlimited, or no limiter).
+func (l *Limiter) key(name string) *keyState {
+	if l == nil {
+		return nil
+	}
+	return l.keys[name]
+}
+
+// sharesLocked refills ks's buckets to now and returns this replica's share of each (from
+// the demand as last reported, so recording an attempt does not change it).
+func (l *Limiter) sharesLocked(ks *keyState, now time.Time) (reqShare, tokShare float64) {
 	if ks.req != nil {
 		ks.req.advance(now)
-		ks.req.attempt(1, now)
+		reqShare = l.shareLocked(ks.name, ks.req, ks.ownReq, now, func(p PeerKey) float64 { return p.Requests })
 	}
 	if ks.tok != nil {
 		ks.tok.advance(now)
-		ks.tok.attempt(float64(max(bodyTokens, 0)), now)
+		tokShare = l.shareLocked(ks.name, ks.tok, ks.ownTok, now, func(p PeerKey) float64 { return p.Tokens })
 	}
-	d.Status = ks.statusLocked()
-	return d
+	return reqShare, tokShare
+}
+
+// attemptLocked counts one request of tokens as the key's demand at now.
+func (ks *keyState) attemptLocked(tokens int, now time.Time) {
+	if ks.req != nil {
+		ks.req.attempt(1, now)
+	}
+	if ks.tok != nil {
+		ks.tok.attempt(float64(tokens), now)
+	}
+}
+
+// refusalLocked is the limit a request of tokens would be refused by at the given shares
+// ("" if none) and when it would be admitted; tokens < 0 leaves the token bucket out (the
+// count is not known yet).
+func (l *Limiter) refusalLocked(ks *keyState, tokens int, reqShare, tokShare float64, now time.Time) (Reason, time.Duration) {
+	if m := ks.limits.MaxConcurrent; m > 0 && ks.inFlight+l.peerInFlightLocked(ks.name, now) >= m {
+		return ReasonConcurrency, 0
+	}
+	if ks.req != nil {
+		if need := ks.req.need(1, reqShare); ks.req.level < need {
+			return ReasonRequests, ks.req.wait(need)
+		}
+	}
+	if ks.tok != nil && tokens >= 0 {
+		if need := ks.tok.need(float64(tokens), tokShare); ks.tok.level < need {
+			return ReasonTokens, ks.tok.wait(need)
+		}
+	}
+	return "", 0
 }
 
 // Correct replaces an admitted request's token estimate with what it used (the worker's
@@ -302,10 +304,10 @@ func (l *Limiter) Release(t Ticket) {
 // Status is the key's buckets at now (for the headers of a response that was not admitted
 // through Admit, e.g. GET /v1/models); ok is false for a key without limits.
 func (l *Limiter) Status(name string, now time.Time) (Status, bool) {
-	if l == nil || l.keys[name] == nil {
+	ks := l.key(name)
+	if ks == nil {
 		return Status{}, false
 	}
-	ks := l.keys[name]
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if ks.req != nil {
