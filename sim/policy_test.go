@@ -159,17 +159,7 @@ func TestPriorityEngine(t *testing.T) {
 			if finished[0] != tc.wantFirst {
 				t.Errorf("finish order %v, want %s first", finished, tc.wantFirst)
 			}
-			if got := testCounter(t, e.w.metrics.preemptions); got < 1 {
-				t.Errorf("preemptions = %v, want >= 1", got)
-			}
-			for _, r := range []*simRequest{lazy, urgent} {
-				if out, _, finish, _ := r.snapshot(); len(out) != 6 || finish != "length" {
-					t.Errorf("%s: %d tokens, finish %q", r.id, len(out), finish)
-				}
-			}
-			if e.kv.pool.numFree() != 4 {
-				t.Errorf("free blocks %d, want 4", e.kv.pool.numFree())
-			}
+			checkPreemptedAndFinished(t, e, 6, 4, lazy, urgent)
 		})
 	}
 }
@@ -188,17 +178,7 @@ func TestPriorityPreemptsScheduled(t *testing.T) {
 	if _, done, _, _ := lazy.snapshot(); !done {
 		t.Fatal("lazy did not finish")
 	}
-	if got := testCounter(t, e.w.metrics.preemptions); got < 1 {
-		t.Errorf("preemptions = %v, want >= 1", got)
-	}
-	for _, r := range []*simRequest{lazy, urgent} {
-		if out, _, finish, _ := r.snapshot(); len(out) != 6 || finish != "length" {
-			t.Errorf("%s: %d tokens, finish %q", r.id, len(out), finish)
-		}
-	}
-	if e.kv.pool.numFree() != 4 {
-		t.Errorf("free blocks %d, want 4", e.kv.pool.numFree())
-	}
+	checkPreemptedAndFinished(t, e, 6, 4, lazy, urgent)
 }
 
 // TestPriorityHTTP: on a worker whose one seat is taken, a request sent last with a smaller

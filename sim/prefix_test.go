@@ -403,18 +403,26 @@ func TestBatchingAndPreemption(t *testing.T) {
 		e := syncEngine(t, Options{BlockSize: 4, NumGPUBlocks: 5})
 		a, b := mkReq("a", seqTokens(1, 7), 6), mkReq("b", seqTokens(50, 7), 6)
 		stepAll(t, e, []*simRequest{a, b})
-		if got := testCounter(t, e.w.metrics.preemptions); got < 1 {
-			t.Errorf("preemptions = %v, want >= 1", got)
-		}
-		for _, r := range []*simRequest{a, b} {
-			if out, _, finish, _ := r.snapshot(); len(out) != 6 || finish != "length" {
-				t.Errorf("%s: %d tokens, finish %q", r.id, len(out), finish)
-			}
-		}
-		if e.kv.pool.numFree() != 4 {
-			t.Errorf("free blocks %d, want 4", e.kv.pool.numFree())
-		}
+		checkPreemptedAndFinished(t, e, 6, 4, a, b)
 	})
+}
+
+// checkPreemptedAndFinished: e preempted at least once, every request still finished with all
+// its tokens (a preempted one is recomputed, not cut short), and the pool is back to free
+// blocks free.
+func checkPreemptedAndFinished(t *testing.T, e *engineCore, tokens, free int, reqs ...*simRequest) {
+	t.Helper()
+	if got := testCounter(t, e.w.metrics.preemptions); got < 1 {
+		t.Errorf("preemptions = %v, want >= 1", got)
+	}
+	for _, r := range reqs {
+		if out, _, finish, _ := r.snapshot(); len(out) != tokens || finish != "length" {
+			t.Errorf("%s: %d tokens, finish %q", r.id, len(out), finish)
+		}
+	}
+	if e.kv.pool.numFree() != free {
+		t.Errorf("free blocks %d, want %d", e.kv.pool.numFree(), free)
+	}
 }
 
 // TestReportModeFull: kv_cache_report_mode "full" re-announces the prefix hit from block 0 with no
