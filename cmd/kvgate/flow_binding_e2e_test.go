@@ -4,20 +4,13 @@ import (
 	"context"
 	"testing"
 	"time"
-
-	"github.com/kvgate/kvgate/sim"
 )
 
 // bindingFleet starts two workers with KV events, a gate in front of each and flow control on
 // (busy = any prompt token in flight), and caches prefix(1) on worker 0 and prefix(2) on
 // worker 1 (sent straight there; the gateway's index knows it).
 func bindingFleet(t *testing.T, prefix func(seed int) string, args ...string) (*fleet, *workerGate) {
-	tok := needModel(t)
-	gate := newWorkerGate()
-	f := startFleet(t, tok, fleetSpec{workers: 2, events: true, wrap: gate.wrap,
-		simOpts: func(_ int, o *sim.Options) { o.TTFT = 20 * time.Millisecond },
-		args:    append([]string{"--router-busy-prefill-tokens", "1", "--flow-control-enabled"}, args...)})
-	t.Cleanup(gate.releaseAll) // runs before the fleet's cleanup: a failed test leaves no request held
+	f, gate := gatedFleet(t, 2, true, append([]string{"--router-busy-prefill-tokens", "1"}, args...)...)
 	for i, u := range f.urls {
 		req := chatRequest(prefix(i+1), "warm")
 		if _, err := f.direct[u].CreateChatCompletion(context.Background(), req); err != nil {
@@ -89,13 +82,8 @@ func TestFlowControlFreedWorkerFasterE2E(t *testing.T) {
 // that comes after it waits at the gateway (the worker's queue is not left to priority 0)
 // until the worker frees.
 func TestFlowControlPriorityHeadroomE2E(t *testing.T) {
-	tok := needModel(t)
-	gate := newWorkerGate()
-	f := startFleet(t, tok, fleetSpec{workers: 1, wrap: gate.wrap,
-		simOpts: func(_ int, o *sim.Options) { o.TTFT = 20 * time.Millisecond },
-		args: []string{"--router-policy", "kv", "--flow-control-enabled", "--flow-control-max-predicted-wait", "10m",
-			"--flow-control-contended-predicted-wait", "1ms"}})
-	t.Cleanup(gate.releaseAll)
+	f, gate := gatedFleet(t, 1, false, "--router-policy", "kv", "--flow-control-max-predicted-wait", "10m",
+		"--flow-control-contended-predicted-wait", "1ms")
 	u := f.urls[0]
 	p0 := map[string]string{"X-Kvgate-Priority": "0"}
 	b := f.occupy(gate, "blocker", u, chatRequest("occupy", longText(7, 300)), p0)

@@ -103,6 +103,20 @@ type workerGate struct {
 	holds    map[string]chan struct{}
 }
 
+// gatedFleet starts workers simulated workers (with KV events when events), each behind one
+// gate (so a test decides when a held request gets its first token), and a gateway with flow
+// control on and args. A failed test's held requests are released before the fleet stops.
+func gatedFleet(t *testing.T, workers int, events bool, args ...string) (*fleet, *workerGate) {
+	t.Helper()
+	tok := needModel(t)
+	gate := newWorkerGate()
+	f := startFleet(t, tok, fleetSpec{workers: workers, events: events, wrap: gate.wrap,
+		simOpts: func(_ int, o *sim.Options) { o.TTFT = 20 * time.Millisecond },
+		args:    append([]string{"--flow-control-enabled"}, args...)})
+	t.Cleanup(gate.releaseAll) // runs before the fleet's cleanup
+	return f, gate
+}
+
 func newWorkerGate() *workerGate {
 	return &workerGate{arrivals: map[int][]string{}, holds: map[string]chan struct{}{}}
 }
@@ -178,12 +192,8 @@ func (f *fleet) queued(name string, n int, h map[string]string) *flowCall {
 // (busy again until its first token), so the order they reach the worker is the order the
 // queue dispatched them.
 func TestFlowControlQueueE2E(t *testing.T) {
-	tok := needModel(t)
-	gate := newWorkerGate()
-	f := startFleet(t, tok, fleetSpec{workers: 1, wrap: gate.wrap,
-		simOpts: func(_ int, o *sim.Options) { o.TTFT = 20 * time.Millisecond },
-		args: []string{"--router-policy", "kv", "--router-busy-prefill-tokens", "1", "--flow-control-enabled",
-			"--flow-control-max-requests", "3", "--flow-control-queue-timeout", "30s", "--flow-control-retry-after", "2s"}})
+	f, gate := gatedFleet(t, 1, false, "--router-policy", "kv", "--router-busy-prefill-tokens", "1",
+		"--flow-control-max-requests", "3", "--flow-control-queue-timeout", "30s", "--flow-control-retry-after", "2s")
 	u := f.urls[0]
 	blocker := func(name string, h map[string]string) *flowCall {
 		return f.occupy(gate, name, u, chatRequest("occupy "+name, longText(len(name), 20)), h)
@@ -285,12 +295,8 @@ func TestFlowControlQueueE2E(t *testing.T) {
 // A worker busy longer than flow_control.queue_timeout: the waiting request is answered 503
 // with Retry-After, in OpenAI's shape.
 func TestFlowControlTimeoutE2E(t *testing.T) {
-	tok := needModel(t)
-	gate := newWorkerGate()
-	f := startFleet(t, tok, fleetSpec{workers: 1, wrap: gate.wrap,
-		simOpts: func(_ int, o *sim.Options) { o.TTFT = 20 * time.Millisecond },
-		args: []string{"--router-policy", "kv", "--router-busy-prefill-tokens", "1", "--flow-control-enabled",
-			"--flow-control-queue-timeout", "300ms"}})
+	f, gate := gatedFleet(t, 1, false, "--router-policy", "kv", "--router-busy-prefill-tokens", "1",
+		"--flow-control-queue-timeout", "300ms")
 	b := f.occupy(gate, "blocker", f.urls[0], chatRequest("occupy", longText(1, 20)), nil)
 	start := time.Now()
 	code, h, body := f.post("/v1/chat/completions", chatRequest("late", "hello"), nil)
@@ -312,11 +318,7 @@ func TestFlowControlTimeoutE2E(t *testing.T) {
 // on worker 1. When worker 1 frees first it takes the newer request (its prefix is there),
 // not the older one: a FIFO queue would do the reverse.
 func TestFlowControlLateBindingE2E(t *testing.T) {
-	tok := needModel(t)
-	gate := newWorkerGate()
-	f := startFleet(t, tok, fleetSpec{workers: 2, events: true, wrap: gate.wrap,
-		simOpts: func(_ int, o *sim.Options) { o.TTFT = 20 * time.Millisecond },
-		args:    []string{"--router-busy-prefill-tokens", "1", "--flow-control-enabled"}})
+	f, gate := gatedFleet(t, 2, true, "--router-busy-prefill-tokens", "1")
 	w0, w1 := f.urls[0], f.urls[1]
 	prefix := func(seed int) string { return longText(seed, 300) } // ~2,000 tokens
 	// Each prefix cached on its worker (sent straight there), and the gateway's index knows it.
