@@ -34,10 +34,12 @@ function recordingProxy(target) {
   const srv = http.createServer((req, res) => {
     const tag = { ...current };
     const up = http.request(target + req.url, { method: req.method, headers: { ...req.headers, host: new URL(target).host } }, (r) => {
+      // Recorded as the answer starts (status and routing headers are known then): an agent
+      // may exit as soon as it has read its last event, before the stream's end reaches here.
+      seen.push({ ...tag, method: req.method, path: req.url.split('?')[0], status: r.statusCode,
+        worker: r.headers['x-kvgate-worker'], cached: Number(r.headers['x-kvgate-cached-blocks'] ?? 0) });
       res.writeHead(r.statusCode, r.headers);
       r.pipe(res);
-      r.on('end', () => seen.push({ ...tag, method: req.method, path: req.url.split('?')[0], status: r.statusCode,
-        worker: r.headers['x-kvgate-worker'], cached: Number(r.headers['x-kvgate-cached-blocks'] ?? 0) }));
     });
     up.on('error', (e) => {
       seen.push({ ...tag, method: req.method, path: req.url.split('?')[0], status: 502, error: String(e) });
