@@ -41,6 +41,13 @@ type RecordLine struct {
 		RequestStartMS      float64 `json:"request_start_ms"` // since the run started
 		WorkerID            string  `json:"worker_id,omitempty"`
 		HTTPStatus          int     `json:"http_status"`
+		// TraceBlocks, TheoreticalHitBlocks and CapacityHitBlocks are the request's blocks in
+		// the trace's block size (input_config.block_size), the leading ones seen earlier in its
+		// namespace and those a pooled LRU of the fleet's cache still held (Record): the
+		// per-request terms of the summary's captured fractions. Omitted when 0.
+		TraceBlocks          int `json:"trace_blocks,omitempty"`
+		TheoreticalHitBlocks int `json:"theoretical_hit_blocks,omitempty"`
+		CapacityHitBlocks    int `json:"capacity_hit_blocks,omitempty"`
 	} `json:"metadata"`
 	Metrics map[string]valueUnit `json:"metrics"`
 	Error   *struct {
@@ -55,6 +62,7 @@ func recordLine(r *Record) RecordLine {
 	m.XRequestID, m.XCorrelationID, m.ParentCorrelationID = r.RequestID, r.CorrelationID, r.ParentCorrID
 	m.ConversationID, m.TurnIndex, m.RequestStartMS = r.ConversationID, r.TurnIndex, ms(r.StartOffset)
 	m.WorkerID, m.HTTPStatus = r.Worker, r.Status
+	m.TraceBlocks, m.TheoreticalHitBlocks, m.CapacityHitBlocks = r.TraceBlocks, r.TheoreticalHit, r.CapacityHit
 	l.Metrics = map[string]valueUnit{}
 	if !r.OK() {
 		l.Error = &struct {

@@ -91,6 +91,9 @@ func TestOutputsRoundTripAndCompare(t *testing.T) {
 	if a.Lines[0].Metrics["time_to_first_token"].Value != 10 || a.Lines[11].Error == nil {
 		t.Errorf("record lines %+v", a.Lines[0])
 	}
+	if m := a.Lines[0].Metadata; m.TheoreticalHitBlocks != 3 || m.TraceBlocks != 4 || m.CapacityHitBlocks != 0 {
+		t.Errorf("record line blocks: theoretical %d of %d, capacity %d; want 3 of 4, 0", m.TheoreticalHitBlocks, m.TraceBlocks, m.CapacityHitBlocks)
+	}
 
 	var table bytes.Buffer
 	if err := WriteCompare(&table, []*Run{a, b}); err != nil {
