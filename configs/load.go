@@ -153,6 +153,7 @@ func Fields() []Field {
 		field("flow_control.input_weight", "weight of a prompt token in a tenant's attained service", func(c *Config) flag.Value { return floatValue{&c.FlowControl.InputWeight} }),
 		field("flow_control.output_weight", "weight of an output token in a tenant's attained service", func(c *Config) flag.Value { return floatValue{&c.FlowControl.OutputWeight} }),
 		field("flow_control.age_weight", "ms of gain credited per ms waited when a freed worker picks among a tenant's waiting requests", func(c *Config) flag.Value { return floatValue{&c.FlowControl.AgeWeight} }),
+		field("flow_control.recompute_weight", "the fleet's share of the prefill a request recomputes by leaving its prefix holder", func(c *Config) flag.Value { return floatValue{&c.FlowControl.RecomputeWeight} }),
 		field("flow_control.poll_interval", "how often waiting requests are matched against the load besides every load change", func(c *Config) flag.Value { return &c.FlowControl.PollInterval }),
 		field("cors.allowed_origins", "origins (or *) allowed cross-origin browser access to the client listener, preflight answered (comma-separated); none = CORS off", func(c *Config) flag.Value { return listValue{&c.CORS.AllowedOrigins} }),
 		field("metrics.detailed_public", "also serve the per-worker series (KV-event sequence numbers, block counters, per-worker requests) on the client listener's /metrics; else only on the admin listener's", func(c *Config) flag.Value { return boolValue{&c.Metrics.DetailedPublic} }),

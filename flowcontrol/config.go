@@ -89,6 +89,13 @@ type Config struct {
 	// request whose prefix the worker holds goes first, and an uncached one still gets its
 	// turn once it waited ten times the other's gain longer.
 	AgeWeight float64 `yaml:"age_weight"`
+	// RecomputeWeight prices what a request's move away from the worker holding its cached
+	// prefix costs the fleet, as a fraction of the prefill it recomputes (default 2, as
+	// router.latency.recompute_weight): the queue moves a request to another worker only when
+	// the holder's predicted wait exceeds (1 + this) times the prefill the move recomputes,
+	// since that prefill delays every request behind it there and evicts other prompts'
+	// cached blocks (0: the request's own time only).
+	RecomputeWeight float64 `yaml:"recompute_weight"`
 	// PollInterval is how often the waiting requests are matched against the workers' load
 	// besides every load change the gateway sees (default 50ms): a safety net for capacity
 	// that frees unseen (a peer replica's request ending, a worker coming back).
@@ -112,6 +119,7 @@ func Default() Config {
 		InputWeight:            1,
 		OutputWeight:           1,
 		AgeWeight:              0.1,
+		RecomputeWeight:        2,
 		PollInterval:           confval.Duration(50 * time.Millisecond),
 	}
 }
@@ -155,7 +163,7 @@ func (c Config) Validate() error {
 	for _, w := range []struct {
 		key string
 		v   float64
-	}{{"input_weight", c.InputWeight}, {"output_weight", c.OutputWeight}, {"age_weight", c.AgeWeight}, {"contended_share", c.ContendedShare}} {
+	}{{"input_weight", c.InputWeight}, {"output_weight", c.OutputWeight}, {"age_weight", c.AgeWeight}, {"recompute_weight", c.RecomputeWeight}, {"contended_share", c.ContendedShare}} {
 		if !(w.v >= 0) || math.IsInf(w.v, 0) {
 			p.Addf(w.key, "must be a finite number >= 0, got %v", w.v)
 		}

@@ -158,10 +158,15 @@ func gainOn[T comparable](gain map[T]float64, t T) (float64, bool) {
 
 // price is the request's cost of going to f now against its best other eligible target,
 // by the time model: the predicted wait before its prefill starts, less what its cached
-// prefix saves there, that saving counted (1+weigh) times (weigh 1 while other requests
-// wait: the recomputed prefill also delays them). A saturated alternative is priced at its
-// predicted wait now, which is when its queue will have drained to take the request.
-// priced is false when f or every alternative has no prediction.
+// prefix saves there, that saving counted (1+weigh) times, weigh being the recompute weight
+// (Limits.RecomputeWeight). Against its best-cached target a target holding less costs the
+// request the difference in prefill once, and the fleet weigh times that: the recomputed
+// prefill delays every request queued behind it there and pushes other prompts' cached
+// blocks out of that worker, as router.latency.recompute_weight prices a move away from the
+// cache for routing (the price of each target differs from that sum by the same constant).
+// A saturated alternative is priced at its predicted wait now, which is when its queue will
+// have drained to take the request. priced is false when f or every alternative has no
+// prediction.
 func price[T comparable](gain map[T]float64, f T, states map[T]TargetState, weigh float64) (here, elsewhere float64, priced bool) {
 	sf := states[f]
 	if !sf.HasWait {
@@ -216,7 +221,7 @@ func (q *Queue[T]) Place(prio int, tenant string, states map[T]TargetState, gain
 		if _, ok := gainOn(gain, f); !ok {
 			continue
 		}
-		if here, elsewhere, priced := price(gain, f, states, 0); !priced || here <= elsewhere {
+		if here, elsewhere, priced := price(gain, f, states, q.lim.RecomputeWeight); !priced || here <= elsewhere {
 			allowed = append(allowed, f)
 		}
 	}

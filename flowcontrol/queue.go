@@ -56,6 +56,9 @@ type Limits struct {
 	HalfLife time.Duration
 	// AgeWeight is the gain credit, in ms, per ms waited.
 	AgeWeight float64
+	// RecomputeWeight is the fleet's share of a prefill a request recomputes by leaving the
+	// target that holds its prefix, as a fraction of that prefill (price).
+	RecomputeWeight float64
 	// MaxWaitMs is the predicted wait from which a target takes no request (0: none), and
 	// ContendedWaitMs the same for a request that others contend with (0: MaxWaitMs).
 	MaxWaitMs, ContendedWaitMs float64
@@ -69,7 +72,8 @@ type Limits struct {
 // LimitsOf returns the queue limits of a config.
 func LimitsOf(c Config) Limits {
 	return Limits{MaxRequests: c.MaxRequests, MaxBytes: int64(c.MaxBytes), HalfLife: c.ServiceHalfLife.D(), AgeWeight: c.AgeWeight,
-		MaxWaitMs: ms(c.MaxPredictedWait), ContendedWaitMs: ms(c.ContendedPredictedWait),
+		RecomputeWeight: c.RecomputeWeight,
+		MaxWaitMs:       ms(c.MaxPredictedWait), ContendedWaitMs: ms(c.ContendedPredictedWait),
 		Window: c.ContentionWindow.D(), ContendedShare: c.ContendedShare}
 }
 
@@ -259,10 +263,7 @@ func (q *Queue[T]) Next(states map[T]TargetState) (e *Entry[T], d Dispatch[T], o
 	defer q.mu.Unlock()
 	now := q.now()
 	c := q.contentionAt(now)
-	weigh := 0.0
-	if q.n > 1 {
-		weigh = 1
-	}
+	weigh := q.lim.RecomputeWeight
 	for _, p := range q.prios { // unlink may drop a band: we return right after
 		b := q.bands[p]
 		for _, group := range q.byService(b, now) {

@@ -2,6 +2,7 @@ package flowcontrol
 
 import (
 	"errors"
+	"math"
 	"slices"
 	"strings"
 	"testing"
@@ -25,6 +26,10 @@ var testLimits = Limits{MaxRequests: 100, MaxBytes: 1 << 20, HalfLife: time.Minu
 // contended_predicted_wait 100 ms, a 10 s window, contended_share 1.5).
 var pricedLimits = Limits{MaxRequests: 100, MaxBytes: 1 << 20, HalfLife: time.Minute, AgeWeight: 0.1,
 	MaxWaitMs: 500, ContendedWaitMs: 100, Window: 10 * time.Second, ContendedShare: 1.5}
+
+// recomputeLimits are pricedLimits with recompute_weight 2: a move off the prefix holder
+// pays the recomputed prefill three times (the request's own, and twice the fleet's).
+var recomputeLimits = func() Limits { l := pricedLimits; l.RecomputeWeight = 2; return l }()
 
 // step is one action on a queue: push an entry (named by Value), wait, charge, remove, or
 // dispatch to the free targets and expect a given entry and target.
@@ -168,6 +173,25 @@ func TestQueueOrder(t *testing.T) {
 			// w1's queue (2 s) costs more than recomputing its 300 ms of cached prefix on w2.
 			{states: map[string]TargetState{"w1": {WaitMs: 2000, HasWait: true}, "w2": {WaitMs: 100, HasWait: true}},
 				want: "cached-on-w1", wantT: "w2", choice: ChoiceFaster},
+		}},
+		// recompute_weight: the holder's queue must outlast the recomputed prefill (1 + 2) times.
+		{"a holder's queue longer than the recompute but not three times it: wait for the holder", recomputeLimits, []step{
+			{push: e("cached-on-w1", 0, "t", map[string]float64{"w1": 1000, "w2": 0})},
+			// w2: 100 ms. w1: 2500 - 3 × 1000 = -500 ms (with the own prefill only, 1500: w2 first).
+			{states: map[string]TargetState{"w1": {WaitMs: 2500, HasWait: true}, "w2": {WaitMs: 100, HasWait: true}}, want: ""},
+			{states: map[string]TargetState{"w1": {WaitMs: 400, HasWait: true}, "w2": {WaitMs: 100, HasWait: true}},
+				want: "cached-on-w1", wantT: "w1", choice: ChoiceHolder},
+		}},
+		{"a holder's queue over three times the recompute: the freed worker", recomputeLimits, []step{
+			{push: e("cached-on-w1", 0, "t", map[string]float64{"w1": 1000, "w2": 0})},
+			{states: map[string]TargetState{"w1": {WaitMs: 3200, HasWait: true}, "w2": {WaitMs: 100, HasWait: true}},
+				want: "cached-on-w1", wantT: "w2", choice: ChoiceFaster},
+		}},
+		{"the recompute is the difference in cached prefix: a partial holder pays only what it lacks", recomputeLimits, []step{
+			{push: e("mostly-on-w2", 0, "t", map[string]float64{"w1": 1000, "w2": 800})},
+			// w2: 100 - 3 × 800 = -2300; w1: 2500 - 3000 = -500: the partial holder w2 is sooner.
+			{states: map[string]TargetState{"w1": {WaitMs: 2500, HasWait: true}, "w2": {WaitMs: 100, HasWait: true}},
+				want: "mostly-on-w2", wantT: "w2", choice: ChoiceFaster},
 		}},
 		{"a router-busy holder is priced at its predicted wait too", pricedLimits, []step{
 			{push: e("cached-on-w1", 0, "t", map[string]float64{"w1": 2000, "w2": 0})},
@@ -361,11 +385,20 @@ func TestConfigValidate(t *testing.T) {
 	}
 	bad := Default()
 	bad.MaxRequests, bad.QueueTimeout, bad.AgeWeight, bad.FairnessHeader = -1, 0, -1, "bad header"
+	bad.RecomputeWeight = math.NaN()
 	err := bad.Validate()
-	for _, key := range []string{"max_requests", "queue_timeout", "age_weight", "fairness_header"} {
+	for _, key := range []string{"max_requests", "queue_timeout", "age_weight", "fairness_header", "recompute_weight"} {
 		if err == nil || !strings.Contains(err.Error(), key) {
 			t.Errorf("Validate() = %v, want a problem with %s", err, key)
 		}
+	}
+}
+
+func TestLimitsOf(t *testing.T) {
+	c := Default()
+	c.RecomputeWeight, c.AgeWeight = 3, 0.5
+	if l := LimitsOf(c); l.RecomputeWeight != 3 || l.AgeWeight != 0.5 {
+		t.Errorf("LimitsOf: recompute weight %v, age weight %v; want 3, 0.5", l.RecomputeWeight, l.AgeWeight)
 	}
 }
 
@@ -422,6 +455,10 @@ func TestPlace(t *testing.T) {
 			map[string]TargetState{"w1": st(700), "w2": st(0)}, map[string]float64{"w1": 2000, "w2": 0}, nil, false, "prefix_holder", true},
 		{"the holder's queue longer than recomputing: the free one, the router free to choose", nil, 0,
 			map[string]TargetState{"w1": st(3000), "w2": st(0)}, map[string]float64{"w1": 300, "w2": 0}, []string{"w2"}, true, "", true},
+		{"recompute_weight: the holder's queue shorter than three recomputes: wait for it", nil, 0,
+			map[string]TargetState{"w1": st(2500), "w2": st(0)}, map[string]float64{"w1": 1000, "w2": 0}, nil, false, "prefix_holder", true},
+		{"recompute_weight: the holder's queue longer than three recomputes: the free one", nil, 0,
+			map[string]TargetState{"w1": st(3200), "w2": st(0)}, map[string]float64{"w1": 1000, "w2": 0}, []string{"w2"}, true, "", true},
 		{"a contended request is narrowed to what admits it", []Entry[string]{{Priority: 1, Tenant: "vip"}}, 0,
 			map[string]TargetState{"w1": st(300), "w2": st(0)}, map[string]float64{"w1": 0, "w2": 0}, []string{"w2"}, false, "", true},
 		{"a contended request leaves the last target with headroom", []Entry[string]{{Priority: 1, Tenant: "vip"}}, 0,
@@ -431,7 +468,7 @@ func TestPlace(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			q, _ := newTestQueue(pricedLimits)
+			q, _ := newTestQueue(recomputeLimits)
 			for _, a := range tc.arrive {
 				q.Arrive(a.Priority, a.Tenant)
 			}
