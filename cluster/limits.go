@@ -182,7 +182,7 @@ func (s *LimitsSync) onMsg(msg *nats.Msg) {
 	}
 	s.msgs.WithLabelValues("received").Inc()
 	if m.Leave {
-		s.lim.ForgetPeer(m.Replica)
+		s.lim.ForgetPeer(m.Replica, s.now())
 		return
 	}
 	entries := make([]keylimits.PeerKey, 0, len(m.Keys))

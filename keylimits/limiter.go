@@ -82,9 +82,8 @@ type Decision struct {
 
 // Ticket is an admitted request's claim: its key, its in-flight slot and its token charge.
 type Ticket struct {
-	key      *keyState
-	tokens   int     // the estimate charged
-	perToken float64 // fleet units charged per token (1 on a lone replica)
+	key    *keyState
+	tokens int // the estimate charged
 }
 
 // PeerKey is what a replica reports of one key: its demand rates (attempted requests and tokens
@@ -103,22 +102,33 @@ const maxPeers = 256
 // bounded by it; peers' reports name only configured keys (others are dropped), and at most
 // maxPeers peers are kept, each until it is silent for the peer timeout.
 //
-// Fleet-wide limits. Each replica keeps the whole fleet's buckets but spends from them only in
-// proportion to its share of the key's demand (its own attempted rate against what the peers
-// report, every live replica credited with a small floor): a request costs cost/share. While
-// the replicas agree on the shares, the shares sum to 1, so together they spend at most the
-// rate plus one burst, whatever the timing of their requests. The alternative, each replica
-// deducting the others' reported consumption from one shared bucket, admits every request that
-// arrives at two replicas within the propagation delay twice, so at start (every replica full)
-// a fleet of n admits n bursts, and a synchronized flood overshoots by the delay times the
-// rate; shares cannot overshoot, and what they cost is that a key whose traffic moves to
-// another replica is under-admitted until the demand reports follow (about demandTau).
-// max_concurrent is checked against the sum of the in-flight counts peers report.
+// Fleet-wide limits. Each replica holds its part of each of the key's buckets: it receives its
+// share of the key's demand (its own attempted rate against what the peers report, every live
+// replica credited with a small floor) of every refill, holds about that share of the capacity
+// (the share smoothed, see bucket), and pays a request's plain cost. While the replicas agree
+// on the shares, the shares sum to 1, so together they receive the rate and hold one burst,
+// whatever the timing of their requests. The share weighs the refill, integrated over time
+// (every bucket is advanced at its old share before a report changes it), not the price: an
+// admission priced at cost/share, fixed at the moment of admission, overpays while its
+// replica's share is momentarily low (a peer's first demand report heard before its own: 0.14
+// instead of 1/3, 7 units instead of 3) far more than its peers underpay at their momentarily
+// high shares, so three replicas with staggered reports admitted 49-52 of 55
+// (TestFleetStaggeredReports). The alternative, each replica deducting the others' reported
+// consumption from one shared bucket, admits every request that arrives at two replicas within
+// the propagation delay twice, so at start (every replica full) a fleet of n admits n bursts,
+// and a synchronized flood overshoots by the delay times the rate; shares do not overshoot,
+// and what they cost is that a key whose traffic moves to another replica is under-admitted
+// until the demand reports follow (about demandTau), and that the burst is split: a key idle
+// fleet-wide holds a third of it on each of three replicas. max_concurrent is checked against
+// the sum of the in-flight counts peers report.
 type Limiter struct {
 	mu          sync.Mutex
 	keys        map[string]*keyState
 	peers       map[string]*peer
 	peerTimeout time.Duration
+	// peerSet counts changes of the set of live peers (the buckets' parts of the burst follow
+	// such a change at once, a change of demand smoothly).
+	peerSet uint64
 }
 
 type keyState struct {
@@ -186,21 +196,20 @@ func (l *Limiter) Admit(name string, tokens int, now time.Time) (d Decision) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	tokens = max(tokens, 0)
-	reqShare, tokShare := l.sharesLocked(ks, now)
+	l.advanceLocked(ks, now)
 	ks.attemptLocked(tokens, now)
 	d = Decision{Limited: true, Status: ks.statusLocked()}
-	if d.Reason, d.RetryAfter = l.refusalLocked(ks, tokens, reqShare, tokShare, now); d.Reason != "" {
+	if d.Reason, d.RetryAfter = l.refusalLocked(ks, tokens, now); d.Reason != "" {
 		return d
 	}
-	t := Ticket{key: ks, tokens: tokens}
 	if ks.req != nil {
-		ks.req.take(1, reqShare)
+		ks.req.take(1)
 	}
 	if ks.tok != nil {
-		t.perToken = ks.tok.take(float64(tokens), tokShare)
+		ks.tok.take(float64(tokens))
 	}
 	ks.inFlight++
-	d.Allowed, d.Ticket, d.Status = true, t, ks.statusLocked()
+	d.Allowed, d.Ticket, d.Status = true, Ticket{key: ks, tokens: tokens}, ks.statusLocked()
 	return d
 }
 
@@ -217,9 +226,9 @@ func (l *Limiter) Precheck(name string, bodyTokens int, now time.Time) (d Decisi
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	reqShare, _ := l.sharesLocked(ks, now)
+	l.advanceLocked(ks, now)
 	d = Decision{Limited: true}
-	if d.Reason, d.RetryAfter = l.refusalLocked(ks, -1, reqShare, 0, now); d.Reason == "" {
+	if d.Reason, d.RetryAfter = l.refusalLocked(ks, -1, now); d.Reason == "" {
 		return Decision{Allowed: true, Limited: true}
 	}
 	ks.attemptLocked(max(bodyTokens, 0), now)
@@ -235,18 +244,25 @@ func (l *Limiter) key(name string) *keyState {
 	return l.keys[name]
 }
 
-// sharesLocked refills ks's buckets to now and returns this replica's share of each (from
-// the demand as last reported, so recording an attempt does not change it).
-func (l *Limiter) sharesLocked(ks *keyState, now time.Time) (reqShare, tokShare float64) {
+// advanceLocked refills ks's buckets to now at this replica's current share of each (from the
+// demand as last reported, so recording an attempt does not change it). The share has held
+// since the last advance: Report, ApplyPeer, ForgetPeer and ExpirePeers advance the buckets
+// whose shares they are about to change (a peer entry aging past the peer timeout between
+// them changes a share at a moment no call marks; it counts from the next advance).
+func (l *Limiter) advanceLocked(ks *keyState, now time.Time) {
 	if ks.req != nil {
-		ks.req.advance(now)
-		reqShare = l.shareLocked(ks.name, ks.req, ks.ownReq, now, func(p PeerKey) float64 { return p.Requests })
+		ks.req.advance(now, l.shareLocked(ks.name, ks.req, ks.ownReq, now, func(p PeerKey) float64 { return p.Requests }), l.peerSet)
 	}
 	if ks.tok != nil {
-		ks.tok.advance(now)
-		tokShare = l.shareLocked(ks.name, ks.tok, ks.ownTok, now, func(p PeerKey) float64 { return p.Tokens })
+		ks.tok.advance(now, l.shareLocked(ks.name, ks.tok, ks.ownTok, now, func(p PeerKey) float64 { return p.Tokens }), l.peerSet)
 	}
-	return reqShare, tokShare
+}
+
+// advanceAllLocked advances every key's buckets (before a change of the peers themselves).
+func (l *Limiter) advanceAllLocked(now time.Time) {
+	for _, ks := range l.keys {
+		l.advanceLocked(ks, now)
+	}
 }
 
 // attemptLocked counts one request of tokens as the key's demand at now.
@@ -259,20 +275,20 @@ func (ks *keyState) attemptLocked(tokens int, now time.Time) {
 	}
 }
 
-// refusalLocked is the limit a request of tokens would be refused by at the given shares
-// ("" if none) and when it would be admitted; tokens < 0 leaves the token bucket out (the
-// count is not known yet).
-func (l *Limiter) refusalLocked(ks *keyState, tokens int, reqShare, tokShare float64, now time.Time) (Reason, time.Duration) {
+// refusalLocked is the limit a request of tokens would be refused by ("" if none) and when it
+// would be admitted; tokens < 0 leaves the token bucket out (the count is not known yet). The
+// buckets are advanced to now.
+func (l *Limiter) refusalLocked(ks *keyState, tokens int, now time.Time) (Reason, time.Duration) {
 	if m := ks.limits.MaxConcurrent; m > 0 && ks.inFlight+l.peerInFlightLocked(ks.name, now) >= m {
 		return ReasonConcurrency, 0
 	}
 	if ks.req != nil {
-		if need := ks.req.need(1, reqShare); ks.req.level < need {
+		if need := ks.req.need(1); ks.req.level < need {
 			return ReasonRequests, ks.req.wait(need)
 		}
 	}
 	if ks.tok != nil && tokens >= 0 {
-		if need := ks.tok.need(float64(tokens), tokShare); ks.tok.level < need {
+		if need := ks.tok.need(float64(tokens)); ks.tok.level < need {
 			return ReasonTokens, ks.tok.wait(need)
 		}
 	}
@@ -287,8 +303,8 @@ func (l *Limiter) Correct(t Ticket, used int, now time.Time) {
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	t.key.tok.advance(now)
-	t.key.tok.refund(float64(t.tokens-used) * t.perToken)
+	l.advanceLocked(t.key, now)
+	t.key.tok.refund(float64(t.tokens - used))
 }
 
 // Release ends an admitted request: its in-flight slot frees.
@@ -310,12 +326,7 @@ func (l *Limiter) Status(name string, now time.Time) (Status, bool) {
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if ks.req != nil {
-		ks.req.advance(now)
-	}
-	if ks.tok != nil {
-		ks.tok.advance(now)
-	}
+	l.advanceLocked(ks, now)
 	return ks.statusLocked(), true
 }
 
@@ -373,6 +384,7 @@ func (l *Limiter) Report(now time.Time) []PeerKey {
 	defer l.mu.Unlock()
 	var out []PeerKey
 	for _, ks := range l.keys {
+		l.advanceLocked(ks, now) // at the share its last report set
 		pk := PeerKey{Name: ks.name, InFlight: ks.inFlight}
 		if ks.req != nil {
 			pk.Requests = ks.req.decayedDemand(now)
@@ -415,18 +427,25 @@ func (l *Limiter) ApplyPeer(id string, entries []PeerKey, now time.Time) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	p := l.peers[id]
+	if p == nil && len(l.peers) >= maxPeers {
+		return
+	}
+	if p == nil || now.Sub(p.at) > l.peerTimeout {
+		// A peer joining (or back from silence) adds its floor to every key's shares.
+		l.advanceAllLocked(now)
+		l.peerSet++
+	}
 	if p == nil {
-		if len(l.peers) >= maxPeers {
-			return
-		}
 		p = &peer{keys: make(map[string]peerEntry)}
 		l.peers[id] = p
 	}
 	p.at = now
 	for _, e := range entries {
-		if l.keys[e.Name] == nil {
+		ks := l.keys[e.Name]
+		if ks == nil {
 			continue
 		}
+		l.advanceLocked(ks, now) // at the share the peer's last report set
 		if e.Requests == 0 && e.Tokens == 0 && e.InFlight == 0 {
 			delete(p.keys, e.Name)
 			continue
@@ -435,14 +454,18 @@ func (l *Limiter) ApplyPeer(id string, entries []PeerKey, now time.Time) {
 	}
 }
 
-// ForgetPeer drops a peer at once (it announced it is leaving).
-func (l *Limiter) ForgetPeer(id string) {
+// ForgetPeer drops a peer at now, at once (it announced it is leaving).
+func (l *Limiter) ForgetPeer(id string, now time.Time) {
 	if l == nil {
 		return
 	}
 	l.mu.Lock()
-	delete(l.peers, id)
-	l.mu.Unlock()
+	defer l.mu.Unlock()
+	if _, ok := l.peers[id]; ok {
+		l.advanceAllLocked(now)
+		delete(l.peers, id)
+		l.peerSet++
+	}
 }
 
 // ExpirePeers drops the peers silent for longer than the peer timeout; it returns how many.
@@ -455,6 +478,10 @@ func (l *Limiter) ExpirePeers(now time.Time) int {
 	n := 0
 	for id, p := range l.peers {
 		if now.Sub(p.at) > l.peerTimeout {
+			if n == 0 {
+				l.advanceAllLocked(now)
+				l.peerSet++
+			}
 			delete(l.peers, id)
 			n++
 		}
