@@ -92,6 +92,11 @@ run_replicas() {
   log "$REQUESTS requests over $DURATION against a $RPM rpm key through $n gateway(s)"
   "$BIN/limitsload" --urls "$urls" --key "$KEY" --model "$MODEL_NAME" --requests "$REQUESTS" \
     --duration "$DURATION" >"$OUT/r$n.json"
+  # Each replica's metrics after the load (the limiter's refusals by reason, the queue's
+  # outcomes): what a count off the expectation is first read against.
+  for r in $(seq 1 "$n"); do
+    curl -sf "http://127.0.0.1:$(gw_port "$r")/metrics" >"$OUT/metrics-$n-$r.txt" || true
+  done
   for p in "${pids[@]}"; do stop_pid "$p"; done
 }
 
