@@ -56,6 +56,18 @@ type Config struct {
 	// tenants active within contention_window is held to contended_predicted_wait (default
 	// 1.5; 0: tenants never contend, only priorities).
 	ContendedShare float64 `yaml:"contended_share"`
+	// ProtectCache keeps a request off a worker where its prefill would make the worker's
+	// KV cache (LRU) evict the recent prompt of a class that outranks it: a higher
+	// priority's, or, between tenants named by a client key or the fairness header, a
+	// tenant's under contended_share from one's over it. It applies while another worker is
+	// eligible; when every worker holds such a prompt, the ones with the least at risk stay
+	// eligible (default false). The outranking class itself is routed as without it.
+	ProtectCache bool `yaml:"protect_cache"`
+	// ProtectWindow is how long a class's prompt on a worker stays protected after the
+	// class last routed there (default 60s: longer than the longest think time of the
+	// recorded agent traces replayed at time scale 0.05, 28 s); the router's working set
+	// (router.approximate.ttl) bounds it too.
+	ProtectWindow confval.Duration `yaml:"protect_window"`
 	// MaxPrefillTokens marks a worker saturated when the uncached prompt tokens in flight to
 	// it before their first token (every replica's) reach this (default 0: off).
 	MaxPrefillTokens int `yaml:"max_prefill_tokens"`
@@ -113,6 +125,7 @@ func Default() Config {
 		ContendedPredictedWait: confval.Duration(200 * time.Millisecond),
 		ContentionWindow:       confval.Duration(10 * time.Second),
 		ContendedShare:         1.5,
+		ProtectWindow:          confval.Duration(time.Minute),
 		RetryAfter:             confval.Duration(time.Second),
 		FairnessHeader:         "x-gateway-inference-fairness-id",
 		ServiceHalfLife:        confval.Duration(time.Minute),
@@ -147,6 +160,9 @@ func (c Config) Validate() error {
 	}
 	if c.ContendedPredictedWait < 0 {
 		p.Addf("contended_predicted_wait", "must be >= 0 (0 turns it off), got %s", c.ContendedPredictedWait)
+	}
+	if c.ProtectWindow < 0 {
+		p.Addf("protect_window", "must be >= 0, got %s", c.ProtectWindow)
 	}
 	if c.ContentionWindow < 0 {
 		p.Addf("contention_window", "must be >= 0, got %s", c.ContentionWindow)

@@ -18,6 +18,9 @@ type TargetState struct {
 	// between a target free now and one that holds more of the request's prefix.
 	WaitMs  float64
 	HasWait bool
+	// Guards are the footprints there that cache protection keeps (flow_control.protect_cache;
+	// protect.go).
+	Guards []Guard
 }
 
 // Binding choices: why a waiting request took the target it was dispatched to
@@ -47,6 +50,9 @@ type Dispatch[T comparable] struct {
 	HereMs, ElseMs float64
 	// Contended: the request was held to the contended bound (ContendedWaitMs).
 	Contended bool
+	// Protected names the rule (ProtectedByPriority, ProtectedByTenant) that kept the request
+	// off a target where it would have evicted an outranking footprint; "" when none did.
+	Protected string
 }
 
 // Arrive notes that a request of prio and tenant arrived: both count as active for
@@ -188,47 +194,92 @@ func price[T comparable](gain map[T]float64, f T, states map[T]TargetState, weig
 	return here, elsewhere, !math.IsInf(elsewhere, 1)
 }
 
-// Place decides for a request that finds nobody waiting: the targets it may be routed to
-// now (the router's policy chooses among them), or none, and then it waits in the queue.
-// A target qualifies when it admits the request's class (its predicted wait under the
-// request's bound, see waitLimit) and, by the time model, the request's prefill there
-// would end no later than by waiting for its best other target (usually the holder of its
-// prefix) to admit it. gains is called only when some target does not admit the request.
-// reason says why none qualified: "saturated" (none admits it), "prefix_holder" (one does,
-// but waiting for a better-cached one is predicted sooner). all is true when the route need
-// not be narrowed: every target admits the request, or it is not contended (then the
-// router's own pricing, which sees more than the cache gain, e.g. a sibling's prefix in
-// flight, chooses among every target, as without flow control).
-func (q *Queue[T]) Place(prio int, tenant string, states map[T]TargetState, gains func() map[T]float64) (allowed []T, all bool, reason string) {
+// Placement is Place's answer.
+type Placement[T comparable] struct {
+	// Allowed are the targets the request may be routed to now (the router's policy chooses
+	// among them); none: it waits in the queue.
+	Allowed []T
+	// All: the route need not be narrowed (every target qualifies, or the request is neither
+	// contended nor shielded: the router's own pricing, which sees more than the cache gain,
+	// e.g. a sibling's prefix in flight, then chooses among every target).
+	All bool
+	// Reason says why none qualified: "saturated" (none admits it), "prefix_holder" (one
+	// does, but waiting for a better-cached one is predicted sooner), "protected" (only
+	// targets where it would evict an outranking footprint admit it).
+	Reason string
+	// Protected names the rule that kept it off a target (Dispatch.Protected).
+	Protected string
+}
+
+// Place decides for a request of class c that finds nobody waiting: the targets it may be
+// routed to now, or none, and then it waits in the queue. A target qualifies when cache
+// protection does not keep the request off it (shield), it admits the request's class (its
+// predicted wait under the request's bound, see boundOf) and, by the time model, the
+// request's prefill there would end no later than by waiting for its best other target
+// (usually the holder of its prefix) to admit it. need is called only when some target does
+// not admit the request or some target has a guard.
+func (q *Queue[T]) Place(c Class, states map[T]TargetState, need func() Need[T]) Placement[T] {
+	var nd *Need[T]
+	needOf := func() Need[T] {
+		if nd == nil {
+			n := need()
+			nd = &n
+		}
+		return *nd
+	}
 	q.mu.Lock()
 	now := q.now()
-	b := q.boundOf(q.contentionAt(now), prio, tenant, now)
+	b := q.boundOf(q.contentionAt(now), c.Priority, c.Tenant, now)
+	var avoid map[T]bool
+	var by string
+	if q.lim.Protect && hasGuards(states) {
+		n := needOf()
+		avoid, by = q.shield(c, eligibleOf(n.Gain, states), states, n.New, q.sharesAt(states, now), now)
+	}
 	q.mu.Unlock()
 	var free []T
 	for t := range states {
-		if takes(b, states, t) {
+		if !avoid[t] && takes(b, states, t) {
 			free = append(free, t)
 		}
 	}
 	if len(free) == 0 {
-		return nil, false, "saturated"
+		reason := "saturated"
+		for t := range avoid {
+			if takes(b, states, t) {
+				reason = "protected"
+			}
+		}
+		return Placement[T]{Reason: reason, Protected: by}
 	}
 	if len(free) == len(states) {
-		return free, true, ""
+		return Placement[T]{Allowed: free, All: true}
 	}
-	gain := gains()
+	gain := needOf().Gain
+	priceOn := withoutTargets(states, avoid)
+	var allowed []T
 	for _, f := range free {
 		if _, ok := gainOn(gain, f); !ok {
 			continue
 		}
-		if here, elsewhere, priced := price(gain, f, states, q.lim.RecomputeWeight); !priced || here <= elsewhere {
+		if here, elsewhere, priced := price(gain, f, priceOn, q.lim.RecomputeWeight); !priced || here <= elsewhere {
 			allowed = append(allowed, f)
 		}
 	}
 	if len(allowed) == 0 {
-		return nil, false, "prefix_holder"
+		return Placement[T]{Reason: "prefix_holder", Protected: by}
 	}
-	return allowed, !b.contended, ""
+	return Placement[T]{Allowed: allowed, All: !b.contended && len(avoid) == 0, Protected: by}
+}
+
+// hasGuards reports whether any target has a guard.
+func hasGuards[T comparable](states map[T]TargetState) bool {
+	for _, s := range states {
+		if len(s.Guards) > 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // evictFor returns the waiting entries to shed so that e fits: those of a lower priority than

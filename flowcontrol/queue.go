@@ -28,6 +28,11 @@ type Entry[T comparable] struct {
 	// there, priced by the time model). A non-nil Gain lists every eligible target (0 for no
 	// gain); a nil Gain makes every target eligible, none with a gain.
 	Gain map[T]float64
+	// New is the KV blocks the request's prefill adds on each target (cache protection,
+	// Need.New; nil: unknown).
+	New map[T]float64
+	// Named: Tenant is named by the client (Class.Named).
+	Named bool
 	// Value is the caller's own; the queue never reads it.
 	Value any
 
@@ -67,6 +72,9 @@ type Limits struct {
 	// is contended (0: never).
 	Window         time.Duration
 	ContendedShare float64
+	// Protect turns cache protection on (protect.go): a request is kept off targets where it
+	// would evict the footprint of a class that outranks it, while another is eligible.
+	Protect bool
 }
 
 // LimitsOf returns the queue limits of a config.
@@ -74,7 +82,7 @@ func LimitsOf(c Config) Limits {
 	return Limits{MaxRequests: c.MaxRequests, MaxBytes: int64(c.MaxBytes), HalfLife: c.ServiceHalfLife.D(), AgeWeight: c.AgeWeight,
 		RecomputeWeight: c.RecomputeWeight,
 		MaxWaitMs:       ms(c.MaxPredictedWait), ContendedWaitMs: ms(c.ContendedPredictedWait),
-		Window: c.ContentionWindow.D(), ContendedShare: c.ContendedShare}
+		Window: c.ContentionWindow.D(), ContendedShare: c.ContendedShare, Protect: c.ProtectCache}
 }
 
 // Queue is the waiting requests of one model pool, by priority and tenant, with each tenant's
@@ -263,11 +271,12 @@ func (q *Queue[T]) Next(states map[T]TargetState) (e *Entry[T], d Dispatch[T], o
 	defer q.mu.Unlock()
 	now := q.now()
 	c := q.contentionAt(now)
+	sh := q.sharesAt(states, now)
 	weigh := q.lim.RecomputeWeight
 	for _, p := range q.prios { // unlink may drop a band: we return right after
 		b := q.bands[p]
 		for _, group := range q.byService(b, now) {
-			if e, d, ok = q.best(b, group, states, c, weigh, now); ok {
+			if e, d, ok = q.best(b, group, states, c, sh, weigh, now); ok {
 				q.unlink(e, stateDispatched)
 				a := q.tenant(e.Tenant)
 				a.decay(now, q.lim.HalfLife)
@@ -327,20 +336,22 @@ func cmpString(a, b string) int {
 
 // best is the entry of the tenants named with the highest advantage on a free target it
 // takes (see Next).
-func (q *Queue[T]) best(b *band[T], tenants []string, states map[T]TargetState, c contention, weigh float64, now time.Time) (best *Entry[T], d Dispatch[T], ok bool) {
+func (q *Queue[T]) best(b *band[T], tenants []string, states map[T]TargetState, c contention, sh *shares, weigh float64, now time.Time) (best *Entry[T], d Dispatch[T], ok bool) {
 	bestScore := math.Inf(-1)
 	for _, t := range tenants {
 		bd := q.boundOf(c, b.tenants[t][0].Priority, t, now)
 		for _, e := range b.tenants[t] {
 			age := q.lim.AgeWeight * float64(now.Sub(e.enqueued)) / float64(time.Millisecond)
 			top, second, topAt := topGains(e.Gain)
+			avoid, by := q.shield(Class{e.Priority, e.Tenant, e.Named}, eligibleOf(e.Gain, states), states, e.New, sh, now)
+			priceOn := withoutTargets(states, avoid)
 			for f := range states {
 				g, eligible := gainOn(e.Gain, f)
-				if !eligible || !takes(bd, states, f) {
+				if !eligible || avoid[f] || !takes(bd, states, f) {
 					continue
 				}
 				choice := ChoiceUnpriced
-				here, elsewhere, priced := price(e.Gain, f, states, weigh)
+				here, elsewhere, priced := price(e.Gain, f, priceOn, weigh)
 				var score float64
 				if priced {
 					adv := elsewhere - here
@@ -365,7 +376,7 @@ func (q *Queue[T]) best(b *band[T], tenants []string, states map[T]TargetState, 
 				}
 				if !ok || score > bestScore || (score == bestScore && (e.seq < best.seq || e == best && less(f, d.Target))) {
 					best, bestScore, ok = e, score, true
-					d = Dispatch[T]{Target: f, Choice: choice, HereMs: here, ElseMs: elsewhere, Contended: bd.contended}
+					d = Dispatch[T]{Target: f, Choice: choice, HereMs: here, ElseMs: elsewhere, Contended: bd.contended, Protected: by}
 				}
 			}
 		}

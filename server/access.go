@@ -21,6 +21,7 @@ type accessInfo struct {
 	hasTTFT                bool
 	flow                   string        // flow control's choice: direct, or the queue's binding (best, aged, unpriced)
 	flowWait               time.Duration // waited at the gateway
+	flowProtected          string        // the cache-protection rule that narrowed its placement
 }
 
 type accessKey struct{}
@@ -48,7 +49,7 @@ func (a *accessInfo) noteRoute(worker string, d router.Decision) {
 // noteFlow records how flow control let the request through (nil ticket: it did not).
 func (a *accessInfo) noteFlow(t *flowTicket) {
 	if a != nil && t != nil {
-		a.flow, a.flowWait = t.choice, t.waited
+		a.flow, a.flowWait, a.flowProtected = t.choice, t.waited, t.protected
 	}
 }
 
@@ -88,6 +89,9 @@ func (s *Server) accessLog(c *gin.Context) {
 		}
 		if info.flow != "" {
 			attrs = append(attrs, slog.String("flow", info.flow), slog.Float64("flow_wait_ms", ms(info.flowWait)))
+			if info.flowProtected != "" {
+				attrs = append(attrs, slog.String("flow_protected", info.flowProtected))
+			}
 		}
 		if info.promptTokens > 0 {
 			attrs = append(attrs, slog.Int("prompt_tokens", info.promptTokens))

@@ -39,6 +39,11 @@ type flowGate struct {
 	q    *flowcontrol.Queue[kvkey.Target]
 	p    *pool
 	capa router.Capacity
+	// ret and fp are cache protection's (flow_control.protect_cache; nil when off): ret
+	// the router's working sets, nil when it keeps none (then every outranking footprint
+	// counts as at risk), fp each class's last prompt per target.
+	ret  router.Retention
+	fp   *flowcontrol.Footprints[kvkey.Target, footMark]
 	m    *flowMetrics
 	log  *slog.Logger
 	kick chan struct{} // buffered 1: wake the dispatcher
@@ -72,9 +77,12 @@ type flowTicket struct {
 	allowed []kvkey.Target
 	choice  string        // direct, or the queue's binding choice (flowcontrol.Choice*)
 	waited  time.Duration // at the gateway
-	once    sync.Once
-	class   flowClass
-	cost    float64
+	// protected names the cache-protection rule that kept the request off a target
+	// (flowcontrol.ProtectedBy*), "" when none did.
+	protected string
+	once      sync.Once
+	class     flowClass
+	cost      float64
 }
 
 // routed releases the reservation once the request's first Route returned (its load is then
@@ -111,6 +119,10 @@ func newFlowGate(cfg flowcontrol.Config, p *pool, m *flowMetrics, log *slog.Logg
 	}
 	g := &flowGate{cfg: cfg, q: flowcontrol.NewQueue[kvkey.Target](flowcontrol.LimitsOf(cfg), time.Now), p: p,
 		capa: capa, m: m, log: log, kick: make(chan struct{}, 1), reserved: map[kvkey.Target]int{}}
+	if cfg.ProtectCache {
+		g.fp = flowcontrol.NewFootprints[kvkey.Target, footMark](cfg.ProtectWindow.D())
+		g.ret, _ = p.Router.(router.Retention)
+	}
 	capa.OnLoadChange(g.wake)
 	return g
 }
@@ -164,30 +176,37 @@ func (g *flowGate) admit(ctx context.Context, in *apireq.Request, rreq *router.R
 	cost := g.cfg.InputWeight*float64(rreq.PromptTokens) + g.cfg.OutputWeight*float64(max(in.MaxTokens, 0))
 	t := &flowTicket{g: g, class: cls, cost: cost}
 	g.q.Arrive(cls.priority, cls.tenant)
-	var gain map[kvkey.Target]float64
-	gains := func() map[kvkey.Target]float64 {
-		if gain == nil {
-			gain = g.gains(ctx, rreq, cands)
+	var nd *flowcontrol.Need[kvkey.Target]
+	need := func() flowcontrol.Need[kvkey.Target] {
+		if nd == nil {
+			n := g.need(ctx, rreq, cands)
+			nd = &n
 		}
-		return gain
+		return *nd
 	}
+	fc := flowcontrol.Class{Priority: cls.priority, Tenant: cls.tenant, Named: cls.named}
 	reason := queuedBehind
 	if g.q.Len() == 0 {
-		allowed, all, why := g.q.Place(cls.priority, cls.tenant, g.states(cands), gains)
-		if len(allowed) > 0 {
+		pl := g.q.Place(fc, g.states(cands), need)
+		if len(pl.Allowed) > 0 {
 			g.q.Charge(cls.tenant, cost)
 			g.m.dispatched.WithLabelValues(dispatchDirect).Inc()
-			if !all {
-				t.allowed = allowed
+			if !pl.All {
+				t.allowed = pl.Allowed
 			}
-			t.choice = dispatchDirect
+			t.choice, t.protected = dispatchDirect, pl.Protected
+			if pl.Protected != "" {
+				g.m.protected.WithLabelValues(pl.Protected).Inc()
+			}
 			return t, nil
 		}
-		reason = why
+		reason = pl.Reason
 	}
 	g.m.queued.WithLabelValues(reason).Inc()
 	w := &flowWaiter{done: make(chan flowResult, 1)}
-	e := &flowcontrol.Entry[kvkey.Target]{Priority: cls.priority, Tenant: cls.tenant, Bytes: int64(bytes), Cost: cost, Gain: gains(), Value: w}
+	n := need()
+	e := &flowcontrol.Entry[kvkey.Target]{Priority: cls.priority, Tenant: cls.tenant, Named: cls.named, Bytes: int64(bytes), Cost: cost,
+		Gain: n.Gain, New: n.New, Value: w}
 	prio := flowcontrol.PriorityLabel(cls.priority)
 	evicted, err := g.q.Push(e)
 	if err != nil {
@@ -246,14 +265,28 @@ func (g *flowGate) admit(ctx context.Context, in *apireq.Request, rreq *router.R
 	g.m.wait.WithLabelValues(dispatchFreed).Observe(waited.Seconds())
 	g.m.dispatched.WithLabelValues(dispatchFreed).Inc()
 	g.m.binding.WithLabelValues(r.d.Choice).Inc()
-	t.target, t.bound, t.choice, t.waited = r.target, true, r.d.Choice, waited
+	if r.d.Protected != "" {
+		g.m.protected.WithLabelValues(r.d.Protected).Inc()
+	}
+	t.target, t.bound, t.choice, t.waited, t.protected = r.target, true, r.d.Choice, waited, r.d.Protected
 	return t, nil
 }
 
-// gains is the request's cache gain on each candidate by the time model (0 where it has
-// none); exactly the candidates are eligible (an adapter's workers).
-func (g *flowGate) gains(ctx context.Context, rreq *router.Request, cands []router.Candidate) map[kvkey.Target]float64 {
-	gain := g.capa.Gains(ctx, rreq, cands)
+// need is the request's cache gain on each candidate by the time model (0 where it has
+// none; exactly the candidates are eligible: an adapter's workers) and, under cache
+// protection, the blocks its prefill adds on each.
+func (g *flowGate) need(ctx context.Context, rreq *router.Request, cands []router.Candidate) flowcontrol.Need[kvkey.Target] {
+	var gain, fresh map[kvkey.Target]float64
+	if g.ret != nil {
+		gain, fresh = g.ret.Need(ctx, rreq, cands)
+	} else {
+		gain = g.capa.Gains(ctx, rreq, cands)
+	}
+	return flowcontrol.Need[kvkey.Target]{Gain: g.eligible(gain, cands), New: fresh}
+}
+
+// eligible is gain over exactly the candidates (0 where it has none).
+func (g *flowGate) eligible(gain map[kvkey.Target]float64, cands []router.Candidate) map[kvkey.Target]float64 {
 	if gain == nil {
 		gain = make(map[kvkey.Target]float64, len(cands))
 	}
@@ -293,6 +326,7 @@ func (g *flowGate) states(cands []router.Candidate) map[kvkey.Target]flowcontrol
 		g.mu.Unlock()
 		s := g.cfg.State(flowLoad(g.capa.Saturation(c.Target)))
 		s.Saturated = s.Saturated || r > 0
+		s.Guards = g.guards(c.Target)
 		out[c.Target] = s
 	}
 	return out
@@ -357,7 +391,8 @@ func (g *flowGate) pump() {
 		g.reserved[d.Target]++
 		g.mu.Unlock()
 		g.log.Debug("flow dispatch", "target", d.Target.String(), "choice", d.Choice, "here_ms", d.HereMs,
-			"elsewhere_ms", d.ElseMs, "contended", d.Contended, "priority", e.Priority, "waited_ms", ms(time.Since(e.Enqueued())))
+			"elsewhere_ms", d.ElseMs, "contended", d.Contended, "protected", d.Protected, "priority", e.Priority,
+			"waited_ms", ms(time.Since(e.Enqueued())))
 		e.Value.(*flowWaiter).done <- flowResult{target: d.Target, d: d}
 	}
 }
@@ -371,6 +406,7 @@ type flowMetrics struct {
 	shed       *prometheus.CounterVec   // reason
 	binding    *prometheus.CounterVec   // choice
 	queued     *prometheus.CounterVec   // reason
+	protected  *prometheus.CounterVec   // by
 }
 
 func newFlowMetrics(reg prometheus.Registerer) *flowMetrics {
@@ -398,7 +434,10 @@ func newFlowMetrics(reg prometheus.Registerer) *flowMetrics {
 			Name: "kvgate_flow_queued_total", Help: "Requests that waited at the gateway, by reason: saturated (no worker admitted it), prefix_holder (one did, but waiting for the worker holding its prefix was predicted sooner), behind (others were waiting).",
 		}, []string{"reason"}),
 	}
-	reg.MustRegister(m.depth, m.bytes, m.wait, m.dispatched, m.shed, m.binding, m.queued)
+	m.protected = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "kvgate_flow_protected_total", Help: "Requests let through whose placement cache protection (flow_control.protect_cache) narrowed: kept off a worker where their prefill would evict the recent prompt of a class that outranks them, by the rule: priority, tenant.",
+	}, []string{"by"})
+	reg.MustRegister(m.depth, m.bytes, m.wait, m.dispatched, m.shed, m.binding, m.queued, m.protected)
 	return m
 }
 

@@ -25,6 +25,10 @@ const maxFairnessID = 128
 type flowClass struct {
 	priority int
 	tenant   string
+	// named: the tenant is a client key's or the fairness header's (not an agent program's
+	// nor the shared anonymous one); only named tenants' caches are protected from each
+	// other (flow_control.protect_cache).
+	named bool
 }
 
 // classify gives a request its priority and tenant.
@@ -67,6 +71,7 @@ func (s *Server) classify(h http.Header, tn *tenant, program string) (flowClass,
 		fair = h.Get(fc.FairnessHeader)
 		fair = fair[:min(len(fair), maxFairnessID)]
 	}
+	cls.named = keyed || fair != ""
 	switch {
 	case keyed && fair != "":
 		cls.tenant = "key:" + tn.name + "/" + fair

@@ -120,6 +120,7 @@ func (s *Server) proxy(c *gin.Context, p *pool, in *apireq.Request, rreq *router
 			continue
 		}
 		tried[w.URL()] = true
+		ticket.placed(d.Chosen.Target, rreq)
 		scope := retryScope{again: attempt+1 < maxAttempts}
 		scope.other = scope.again && len(candidates(p, rreq.Model, tried)) > 0
 		res, code, e := s.attempt(c, &call{in: in, d: d, life: life, w: w, start: start, scope: scope, flow: ticket})

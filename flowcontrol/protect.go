@@ -1,0 +1,283 @@
+package flowcontrol
+
+import (
+	"math"
+	"slices"
+	"sync"
+	"time"
+)
+
+// Cache protection (flow_control.protect_cache): a request that a higher priority, or a
+// named tenant under its share, outranks is not placed on a target where its prefill would
+// make LRU evict that class's recent prompt (its footprint), while another target is
+// eligible. The queue decides what the router tells it: each target's guards
+// (TargetState.Guards: the outranking footprints there and how many more blocks the
+// target's cache takes before evicting each) and the blocks the request itself would add
+// on each target (Need.New).
+
+// Protection reasons (Placement.Protected, Dispatch.Protected): which rule steered the
+// request off a target.
+const (
+	ProtectedByPriority = "priority"
+	ProtectedByTenant   = "tenant"
+)
+
+// Guard is one class's recent footprint on a target: the prompt it last routed there.
+type Guard struct {
+	Priority int
+	// Tenant is the class's tenant when it is named (a client key or the fairness header):
+	// then it is protected from other named tenants of its priority that are over their
+	// share, not only from lower priorities. "" protects it by priority only.
+	Tenant string
+	// Blocks is the footprint's size in KV blocks.
+	Blocks float64
+	// Slack is how many more blocks the target's cache takes before LRU evicts the
+	// footprint: its capacity less the footprint and the blocks routed there since
+	// (HasSlack). Without it any placement there counts as evicting the footprint.
+	Slack    float64
+	HasSlack bool
+}
+
+// Class is a request's place in the queue: its priority and tenant, and whether the tenant
+// is named by the client (a key or the fairness header; only named tenants protect their
+// footprint from each other).
+type Class struct {
+	Priority int
+	Tenant   string
+	Named    bool
+}
+
+// Need is what a request costs and saves on each target: Gain as Entry.Gain, New the KV
+// blocks its prefill adds there (its prompt less its cached prefix; nil: unknown, then every
+// outranking footprint counts as evicted).
+type Need[T comparable] struct {
+	Gain map[T]float64
+	New  map[T]float64
+}
+
+// shares answers whether a tenant is over its share for protection: its attained service
+// is over ContendedShare times the mean of the tenants active within the window, waiting,
+// or holding a guard. Computed once per Place or Next, under the queue's lock.
+type shares struct {
+	mean float64
+	n    int
+	over map[string]bool
+}
+
+func (q *Queue[T]) sharesAt(states map[T]TargetState, now time.Time) *shares {
+	s := &shares{over: map[string]bool{}}
+	if !q.lim.Protect || q.lim.ContendedShare <= 0 {
+		return s
+	}
+	seen := map[string]bool{}
+	sum := 0.0
+	add := func(t string) {
+		if !seen[t] {
+			seen[t] = true
+			sum += q.serviceOf(t, now)
+			s.n++
+		}
+	}
+	for t, a := range q.service {
+		if a.waiting > 0 || now.Sub(a.seen) <= q.lim.Window {
+			add(t)
+		}
+	}
+	for _, st := range states {
+		for _, g := range st.Guards {
+			if g.Tenant != "" {
+				add(g.Tenant)
+			}
+		}
+	}
+	if s.n > 0 {
+		s.mean = sum / float64(s.n)
+	}
+	return s
+}
+
+// isOver reports whether tenant t is over its share (false with fewer than two tenants).
+func (q *Queue[T]) isOver(s *shares, t string, now time.Time) bool {
+	if v, ok := s.over[t]; ok {
+		return v
+	}
+	v := s.n >= 2 && s.mean > 0 && q.serviceOf(t, now) > q.lim.ContendedShare*s.mean
+	s.over[t] = v
+	return v
+}
+
+// outranks reports whether guard g is protected from a request of class c, and by which rule.
+func (q *Queue[T]) outranks(g Guard, c Class, s *shares, now time.Time) (string, bool) {
+	switch {
+	case g.Priority > c.Priority:
+		return ProtectedByPriority, true
+	case g.Priority == c.Priority && c.Named && g.Tenant != "" && g.Tenant != c.Tenant &&
+		q.isOver(s, c.Tenant, now) && !q.isOver(s, g.Tenant, now):
+		return ProtectedByTenant, true
+	}
+	return "", false
+}
+
+// shield returns the targets among eligible that a request of class c must avoid: those
+// where its prefill (need.New) would evict a footprint that outranks it. When every eligible
+// target has such a footprint, only the ones with the least at risk (in blocks) stay
+// eligible: the request is never left without a target. by names the rule that excluded a
+// target ("" when none was excluded).
+func (q *Queue[T]) shield(c Class, eligible []T, states map[T]TargetState, newBlocks map[T]float64, s *shares, now time.Time) (avoid map[T]bool, by string) {
+	if !q.lim.Protect {
+		return nil, ""
+	}
+	risk := make(map[T]float64, len(eligible))
+	byOf := make(map[T]string, len(eligible))
+	for _, t := range eligible {
+		nb, known := newBlocks[t]
+		for _, g := range states[t].Guards {
+			rule, ok := q.outranks(g, c, s, now)
+			if !ok || (g.HasSlack && known && nb <= g.Slack) {
+				continue
+			}
+			risk[t] += math.Max(g.Blocks, 1)
+			if byOf[t] == "" || rule == ProtectedByPriority {
+				byOf[t] = rule
+			}
+		}
+	}
+	if len(risk) == 0 {
+		return nil, ""
+	}
+	least := math.Inf(1)
+	for _, t := range eligible {
+		least = math.Min(least, risk[t])
+	}
+	for _, t := range eligible {
+		if risk[t] > least {
+			if avoid == nil {
+				avoid = map[T]bool{}
+			}
+			avoid[t] = true
+			if by == "" || byOf[t] == ProtectedByPriority {
+				by = byOf[t]
+			}
+		}
+	}
+	return avoid, by
+}
+
+// Footprints is, per target, each class's last prompt routed there within a window: what
+// cache protection guards (TargetState.Guards). M is the caller's mark of the prompt (the
+// router's key for its age in the target's working set). Bounded: at most maxFootprints
+// classes per target, the oldest forgotten first. Safe for concurrent use; its lock is a leaf.
+type Footprints[T comparable, M any] struct {
+	mu     sync.Mutex
+	window time.Duration
+	at     map[T]map[footKey]*Footprint[M]
+}
+
+type footKey struct {
+	prio   int
+	tenant string
+}
+
+// Footprint is one class's last prompt on a target.
+type Footprint[M any] struct {
+	Priority int
+	Tenant   string // "" for a class protected by priority only
+	Blocks   float64
+	Mark     M
+	At       time.Time
+}
+
+// maxFootprints bounds the classes remembered per target.
+const maxFootprints = 64
+
+// NewFootprints returns an empty record keeping footprints for window after their last use.
+func NewFootprints[T comparable, M any](window time.Duration) *Footprints[T, M] {
+	return &Footprints[T, M]{window: window, at: map[T]map[footKey]*Footprint[M]{}}
+}
+
+// Record notes that a request of priority prio and tenant (named, or "") routed a prompt of
+// blocks marked m to t at now.
+func (f *Footprints[T, M]) Record(t T, prio int, tenant string, blocks float64, m M, now time.Time) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	fs := f.at[t]
+	if fs == nil {
+		fs = map[footKey]*Footprint[M]{}
+		f.at[t] = fs
+	}
+	for tt := range f.at {
+		f.expire(tt, now) // every target: one that left the fleet is forgotten too
+	}
+	if f.at[t] == nil {
+		f.at[t] = fs
+	}
+	k := footKey{prio, tenant}
+	if _, ok := fs[k]; !ok && len(fs) >= maxFootprints {
+		var oldest footKey
+		var at time.Time
+		first := true
+		for kk, fp := range fs {
+			if first || fp.At.Before(at) {
+				oldest, at, first = kk, fp.At, false
+			}
+		}
+		delete(fs, oldest)
+	}
+	fs[k] = &Footprint[M]{Priority: prio, Tenant: tenant, Blocks: blocks, Mark: m, At: now}
+}
+
+// expire drops t's footprints older than the window; the caller holds mu.
+func (f *Footprints[T, M]) expire(t T, now time.Time) {
+	for k, fp := range f.at[t] {
+		if now.Sub(fp.At) > f.window {
+			delete(f.at[t], k)
+		}
+	}
+	if len(f.at[t]) == 0 {
+		delete(f.at, t)
+	}
+}
+
+// Live returns t's footprints within the window, highest priority first.
+func (f *Footprints[T, M]) Live(t T, now time.Time) []Footprint[M] {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.expire(t, now)
+	out := make([]Footprint[M], 0, len(f.at[t]))
+	for _, fp := range f.at[t] {
+		out = append(out, *fp)
+	}
+	slices.SortFunc(out, func(a, b Footprint[M]) int {
+		if a.Priority != b.Priority {
+			return b.Priority - a.Priority
+		}
+		return cmpString(a.Tenant, b.Tenant)
+	})
+	return out
+}
+
+// eligibleOf is the targets of states a request with gain may go to (Entry.Gain).
+func eligibleOf[T comparable](gain map[T]float64, states map[T]TargetState) []T {
+	out := make([]T, 0, len(states))
+	for t := range states {
+		if _, ok := gainOn(gain, t); ok {
+			out = append(out, t)
+		}
+	}
+	return out
+}
+
+// withoutTargets is states less the targets in avoid (states itself when avoid is empty):
+// what a shielded request is priced against.
+func withoutTargets[T comparable](states map[T]TargetState, avoid map[T]bool) map[T]TargetState {
+	if len(avoid) == 0 {
+		return states
+	}
+	out := make(map[T]TargetState, len(states))
+	for t, s := range states {
+		if !avoid[t] {
+			out[t] = s
+		}
+	}
+	return out
+}
