@@ -32,7 +32,7 @@ type Guard struct {
 	// Blocks is the footprint's size in KV blocks.
 	Blocks float64
 	// Slack is how many more blocks the target's cache takes before LRU evicts the
-	// footprint: its capacity less the footprint and the blocks routed there since
+	// footprint: its capacity less the footprint and the distinct blocks routed there since
 	// (HasSlack). Without it any placement there counts as evicting the footprint.
 	Slack    float64
 	HasSlack bool
@@ -48,8 +48,9 @@ type Class struct {
 }
 
 // Need is what a request costs and saves on each target: Gain as Entry.Gain, New the KV
-// blocks its prefill adds there (its prompt less its cached prefix; nil: unknown, then every
-// outranking footprint counts as evicted).
+// blocks it moves ahead of older prompts there in LRU order (router.Retention.Need: its whole
+// prompt, the cached blocks it touches too; nil: unknown, then every outranking footprint
+// counts as evicted).
 type Need[T comparable] struct {
 	Gain map[T]float64
 	New  map[T]float64
@@ -119,10 +120,11 @@ func (q *Queue[T]) outranks(g Guard, c Class, s *shares, now time.Time) (string,
 }
 
 // shield returns the targets among eligible that a request of class c must avoid: those
-// where its prefill (need.New) would evict a footprint that outranks it. When every eligible
-// target has such a footprint, only the ones with the least at risk (in blocks) stay
-// eligible: the request is never left without a target. by names the rule that excluded a
-// target ("" when none was excluded).
+// where its prefill (need.New) would evict a footprint that outranks it, the most at risk (in
+// blocks) first, while at least half of the eligible targets (rounded up) and those with the
+// least at risk stay eligible: the request is never left without a target, and a flood of it
+// keeps a share of the fleet. by names the rule that excluded a target ("" when none was
+// excluded).
 func (q *Queue[T]) shield(c Class, eligible []T, states map[T]TargetState, newBlocks map[T]float64, s *shares, now time.Time) (avoid map[T]bool, by string) {
 	if !q.lim.Protect {
 		return nil, ""
@@ -149,24 +151,39 @@ func (q *Queue[T]) shield(c Class, eligible []T, states map[T]TargetState, newBl
 	for _, t := range eligible {
 		least = math.Min(least, risk[t])
 	}
-	for _, t := range eligible {
-		if risk[t] > least {
-			if avoid == nil {
-				avoid = map[T]bool{}
-			}
-			avoid[t] = true
-			if by == "" || byOf[t] == ProtectedByPriority {
-				by = byOf[t]
-			}
+	// The most at risk first; at least half of the eligible targets stay (the flood keeps a
+	// share of the fleet), and so do those with the least at risk.
+	order := slices.Clone(eligible)
+	slices.SortFunc(order, func(a, b T) int {
+		switch {
+		case risk[a] > risk[b]:
+			return -1
+		case risk[a] < risk[b]:
+			return 1
+		}
+		return cmpString(fmtKey(a), fmtKey(b))
+	})
+	keep := (len(eligible) + 1) / 2
+	for i, t := range order {
+		if risk[t] <= least || len(eligible)-i <= keep {
+			break
+		}
+		if avoid == nil {
+			avoid = map[T]bool{}
+		}
+		avoid[t] = true
+		if by == "" || byOf[t] == ProtectedByPriority {
+			by = byOf[t]
 		}
 	}
 	return avoid, by
 }
 
-// Footprints is, per target, each class's last prompt routed there within a window: what
-// cache protection guards (TargetState.Guards). M is the caller's mark of the prompt (the
-// router's key for its age in the target's working set). Bounded: at most maxFootprints
-// classes per target, the oldest forgotten first. Safe for concurrent use; its lock is a leaf.
+// Footprints is, per target, the last prompt each class's conversation (session) routed there
+// within a window: what cache protection guards (TargetState.Guards). M is the caller's mark
+// of the prompt (the router's key for its age in the target's working set). Bounded: at most
+// maxFootprints per target, the lowest priority's oldest forgotten first. Safe for concurrent
+// use; its lock is a leaf.
 type Footprints[T comparable, M any] struct {
 	mu     sync.Mutex
 	window time.Duration
@@ -174,8 +191,9 @@ type Footprints[T comparable, M any] struct {
 }
 
 type footKey struct {
-	prio   int
-	tenant string
+	prio       int
+	tenant     string
+	session string
 }
 
 // Footprint is one class's last prompt on a target.
@@ -187,17 +205,18 @@ type Footprint[M any] struct {
 	At       time.Time
 }
 
-// maxFootprints bounds the classes remembered per target.
-const maxFootprints = 64
+// maxFootprints bounds the footprints remembered per target.
+const maxFootprints = 256
 
 // NewFootprints returns an empty record keeping footprints for window after their last use.
 func NewFootprints[T comparable, M any](window time.Duration) *Footprints[T, M] {
 	return &Footprints[T, M]{window: window, at: map[T]map[footKey]*Footprint[M]{}}
 }
 
-// Record notes that a request of priority prio and tenant (named, or "") routed a prompt of
-// blocks marked m to t at now.
-func (f *Footprints[T, M]) Record(t T, prio int, tenant string, blocks float64, m M, now time.Time) {
+// Record notes that a request of priority prio and tenant (named, or "") in session (""
+// for none: then one footprint per class) routed a prompt of blocks marked m to t at now;
+// it replaces the session's footprint there.
+func (f *Footprints[T, M]) Record(t T, prio int, tenant, session string, blocks float64, m M, now time.Time) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	fs := f.at[t]
@@ -211,17 +230,17 @@ func (f *Footprints[T, M]) Record(t T, prio int, tenant string, blocks float64, 
 	if f.at[t] == nil {
 		f.at[t] = fs
 	}
-	k := footKey{prio, tenant}
+	k := footKey{prio, tenant, session}
 	if _, ok := fs[k]; !ok && len(fs) >= maxFootprints {
-		var oldest footKey
-		var at time.Time
-		first := true
+		var drop *footKey
+		var worst *Footprint[M]
 		for kk, fp := range fs {
-			if first || fp.At.Before(at) {
-				oldest, at, first = kk, fp.At, false
+			if worst == nil || fp.Priority < worst.Priority || fp.Priority == worst.Priority && fp.At.Before(worst.At) {
+				kk := kk
+				drop, worst = &kk, fp
 			}
 		}
-		delete(fs, oldest)
+		delete(fs, *drop)
 	}
 	fs[k] = &Footprint[M]{Priority: prio, Tenant: tenant, Blocks: blocks, Mark: m, At: now}
 }

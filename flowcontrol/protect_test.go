@@ -62,6 +62,14 @@ func TestPlaceProtected(t *testing.T) {
 		{"every worker guarded: the least at risk", protectLimits, nil,
 			Class{Priority: 0, Tenant: "t"}, map[string]TargetState{"w1": guarded(vip(6000, -1)), "w2": guarded(vip(1000, -1))},
 			nil, []string{"w2"}, false, "", ProtectedByPriority},
+		{"at most half the workers are avoided, the most at risk", protectLimits, nil,
+			Class{Priority: 0, Tenant: "t"}, map[string]TargetState{"w1": guarded(vip(6000, -1)), "w2": guarded(vip(3000, -1)),
+				"w3": guarded(vip(1000, -1)), "w4": free},
+			nil, []string{"w3", "w4"}, false, "", ProtectedByPriority},
+		{"every worker guarded, four: the two most at risk avoided", protectLimits, nil,
+			Class{Priority: 0, Tenant: "t"}, map[string]TargetState{"w1": guarded(vip(6000, -1)), "w2": guarded(vip(3000, -1)),
+				"w3": guarded(vip(1000, -1)), "w4": guarded(vip(500, -1))},
+			nil, []string{"w3", "w4"}, false, "", ProtectedByPriority},
 		{"every worker guarded alike: none avoided (never starved)", protectLimits, nil,
 			Class{Priority: 0, Tenant: "t"}, map[string]TargetState{"w1": guarded(vip(3000, -1)), "w2": guarded(vip(3000, -1))},
 			nil, []string{"w1", "w2"}, true, "", ""},
@@ -192,10 +200,10 @@ func TestNextProtected(t *testing.T) {
 func TestFootprints(t *testing.T) {
 	t0 := time.Unix(1_000_000, 0)
 	f := NewFootprints[string, int](time.Minute)
-	f.Record("w1", 0, "", 100, 1, t0)
-	f.Record("w1", 1, "", 200, 2, t0.Add(10*time.Second))
-	f.Record("w1", 0, "", 300, 3, t0.Add(20*time.Second)) // replaces the first
-	f.Record("w2", 2, "a", 50, 4, t0)
+	f.Record("w1", 0, "", "s1", 100, 1, t0)
+	f.Record("w1", 1, "", "s2", 200, 2, t0.Add(10*time.Second))
+	f.Record("w1", 0, "", "s1", 300, 3, t0.Add(20*time.Second)) // replaces the first
+	f.Record("w2", 2, "a", "s3", 50, 4, t0)
 	got := f.Live("w1", t0.Add(30*time.Second))
 	if len(got) != 2 || got[0].Priority != 1 || got[0].Mark != 2 || got[1].Blocks != 300 || got[1].Mark != 3 {
 		t.Fatalf("Live(w1) = %+v, want priority 1 (mark 2) then priority 0 (300 blocks, mark 3)", got)
@@ -206,19 +214,20 @@ func TestFootprints(t *testing.T) {
 	if got := f.Live("w2", t0.Add(61*time.Second)); len(got) != 0 {
 		t.Fatalf("Live(w2) past the window = %+v, want none", got)
 	}
+	f.Record("w3", 1, "vip", "v", 1, -1, t0) // the oldest, but the highest priority: kept
 	for i := range maxFootprints + 10 {
-		f.Record("w3", 0, fmt.Sprint("tenant", i), 1, i, t0.Add(time.Duration(i)*time.Millisecond))
+		f.Record("w3", 0, "", fmt.Sprint("session", i), 1, i, t0.Add(time.Duration(i+1)*time.Millisecond))
 	}
 	got = f.Live("w3", t0.Add(time.Second))
-	if len(got) != maxFootprints {
-		t.Fatalf("Live(w3) holds %d footprints, want the bound %d", len(got), maxFootprints)
+	if len(got) != maxFootprints || got[0].Mark != -1 {
+		t.Fatalf("Live(w3) holds %d footprints (first %+v), want the bound %d, the priority-1 one first", len(got), got[0], maxFootprints)
 	}
-	for _, fp := range got {
-		if fp.Mark < 10 {
-			t.Fatalf("Live(w3) kept footprint %d, want the oldest 10 forgotten", fp.Mark)
+	for _, fp := range got[1:] {
+		if fp.Mark < 11 {
+			t.Fatalf("Live(w3) kept footprint %d, want the oldest 11 of priority 0 forgotten", fp.Mark)
 		}
 	}
-	f.Record("w4", 0, "", 1, 0, t0.Add(5*time.Minute))
+	f.Record("w4", 0, "", "", 1, 0, t0.Add(5*time.Minute))
 	f.mu.Lock()
 	n := len(f.at)
 	f.mu.Unlock()

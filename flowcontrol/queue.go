@@ -28,8 +28,8 @@ type Entry[T comparable] struct {
 	// there, priced by the time model). A non-nil Gain lists every eligible target (0 for no
 	// gain); a nil Gain makes every target eligible, none with a gain.
 	Gain map[T]float64
-	// New is the KV blocks the request's prefill adds on each target (cache protection,
-	// Need.New; nil: unknown).
+	// New is the KV blocks the request moves ahead of older prompts on each target (cache
+	// protection, Need.New; nil: unknown).
 	New map[T]float64
 	// Named: Tenant is named by the client (Class.Named).
 	Named bool

@@ -21,9 +21,10 @@ type Retention interface {
 	// blocks (its last reported num_gpu_blocks; 0 when unknown). ok is false when m is not in
 	// t's working set: routed elsewhere since, or older than router.approximate.ttl.
 	Retained(t kvkey.Target, m kvkey.BlockHash) (newer, capacity float64, ok bool)
-	// Need is Gains and, for each candidate, the KV blocks the request's prefill adds there:
-	// its prompt blocks less those cached in GPU memory (G1). nil maps when the policy does
-	// not see the cache.
+	// Need is Gains and, for each candidate, the KV blocks the request moves ahead of the
+	// prompts routed there before it in LRU order: every block of its prompt (a cached block
+	// it reuses is touched, so it is no longer evicted before them; an uncached one is
+	// allocated). nil maps when the policy does not see the cache.
 	Need(ctx context.Context, req *Request, cands []Candidate) (gain, newBlocks map[kvkey.Target]float64)
 }
 
@@ -101,7 +102,7 @@ func (e *Dispatcher) Need(ctx context.Context, req *Request, cands []Candidate) 
 		cached = min(cached, float64(req.PromptTokens))
 		th := e.thetaOf(c.Target)
 		gain[c.Target] = th[latency.FTokens]*cached + th[latency.FPairs]*cached*cached/2
-		newBlocks[c.Target] = max(blocks-float64(c.G1Blocks), 0)
+		newBlocks[c.Target] = blocks
 	}
 	return gain, newBlocks
 }

@@ -21,8 +21,8 @@ type footMark struct {
 	ok  bool
 }
 
-// placed records the request's prompt as its class's footprint on t, the target its route
-// chose. Safe on a nil ticket; nothing without cache protection.
+// placed records the request's prompt as its session's footprint on target, the one its
+// route chose. Safe on a nil ticket; nothing without cache protection.
 func (t *flowTicket) placed(target kvkey.Target, rreq *router.Request) {
 	if t == nil || t.g.fp == nil || len(rreq.BlockHashes) == 0 {
 		return
@@ -35,7 +35,7 @@ func (t *flowTicket) placed(target kvkey.Target, rreq *router.Request) {
 	if t.class.named {
 		tenant = t.class.tenant
 	}
-	t.g.fp.Record(target, t.class.priority, tenant, float64(len(rreq.BlockHashes)), m, time.Now())
+	t.g.fp.Record(target, t.class.priority, tenant, rreq.SessionID, float64(len(rreq.BlockHashes)), m, time.Now())
 }
 
 // guards are target's live footprints as the queue reads them: each with its slack (the
