@@ -58,10 +58,11 @@ type Config struct {
 	ContendedShare float64 `yaml:"contended_share"`
 	// ProtectCache keeps a request off a worker where its prefill would make the worker's
 	// KV cache (LRU) evict the recent prompt of a class that outranks it: a higher
-	// priority's, or, between tenants named by a client key or the fairness header, a
-	// tenant's under contended_share from one's over it. It applies while another worker is
-	// eligible; when every worker holds such a prompt, the ones with the least at risk stay
-	// eligible (default false). The outranking class itself is routed as without it.
+	// priority's, or, between tenants named by a client key or the fairness header, that of a
+	// tenant which attained less than 1/contended_share of its own tenant's service. The most
+	// at risk workers are avoided first, and at least half of the eligible workers (rounded
+	// up), those with the least at risk among them, stay eligible (default false). The
+	// outranking class itself is routed as without it.
 	ProtectCache bool `yaml:"protect_cache"`
 	// ProtectWindow is how long a class's prompt on a worker stays protected after the
 	// class last routed there (default 60s: longer than the longest think time of the

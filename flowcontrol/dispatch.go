@@ -227,14 +227,17 @@ func (q *Queue[T]) Place(c Class, states map[T]TargetState, need func() Need[T])
 		}
 		return *nd
 	}
+	guarded := q.lim.Protect && hasGuards(states)
+	if guarded {
+		needOf() // before the lock: need calls out (the router's scoring)
+	}
 	q.mu.Lock()
 	now := q.now()
 	b := q.boundOf(q.contentionAt(now), c.Priority, c.Tenant, now)
 	var avoid map[T]bool
 	var by string
-	if q.lim.Protect && hasGuards(states) {
-		n := needOf()
-		avoid, by = q.shield(c, eligibleOf(n.Gain, states), states, n.New, q.sharesAt(states, now), now)
+	if guarded {
+		avoid, by = q.shield(c, eligibleOf(nd.Gain, states), states, nd.New, newShares(), now)
 	}
 	q.mu.Unlock()
 	var free []T

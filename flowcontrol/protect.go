@@ -8,9 +8,9 @@ import (
 )
 
 // Cache protection (flow_control.protect_cache): a request that a higher priority, or a
-// named tenant under its share, outranks is not placed on a target where its prefill would
-// make LRU evict that class's recent prompt (its footprint), while another target is
-// eligible. The queue decides what the router tells it: each target's guards
+// named tenant with less than 1/ContendedShare of its own tenant's service, outranks is not
+// placed on a target where its prefill would make LRU evict that class's recent prompt (its
+// footprint), while enough other targets are eligible (shield). The queue decides what the router tells it: each target's guards
 // (TargetState.Guards: the outranking footprints there and how many more blocks the
 // target's cache takes before evicting each) and the blocks the request itself would add
 // on each target (Need.New).
@@ -26,8 +26,9 @@ const (
 type Guard struct {
 	Priority int
 	// Tenant is the class's tenant when it is named (a client key or the fairness header):
-	// then it is protected from other named tenants of its priority that are over their
-	// share, not only from lower priorities. "" protects it by priority only.
+	// then it is protected from other named tenants of its priority with more than
+	// ContendedShare times its service, not only from lower priorities. "" protects it by
+	// priority only.
 	Tenant string
 	// Blocks is the footprint's size in KV blocks.
 	Blocks float64
@@ -56,64 +57,32 @@ type Need[T comparable] struct {
 	New  map[T]float64
 }
 
-// shares answers whether a tenant is over its share for protection: its attained service
-// is over ContendedShare times the mean of the tenants active within the window, waiting,
-// or holding a guard. Computed once per Place or Next, under the queue's lock.
+// shares caches the tenants' attained service for one Place or Next (under the queue's lock).
 type shares struct {
-	mean float64
-	n    int
-	over map[string]bool
+	svc map[string]float64
 }
 
-func (q *Queue[T]) sharesAt(states map[T]TargetState, now time.Time) *shares {
-	s := &shares{over: map[string]bool{}}
-	if !q.lim.Protect || q.lim.ContendedShare <= 0 {
-		return s
-	}
-	seen := map[string]bool{}
-	sum := 0.0
-	add := func(t string) {
-		if !seen[t] {
-			seen[t] = true
-			sum += q.serviceOf(t, now)
-			s.n++
-		}
-	}
-	for t, a := range q.service {
-		if a.waiting > 0 || now.Sub(a.seen) <= q.lim.Window {
-			add(t)
-		}
-	}
-	for _, st := range states {
-		for _, g := range st.Guards {
-			if g.Tenant != "" {
-				add(g.Tenant)
-			}
-		}
-	}
-	if s.n > 0 {
-		s.mean = sum / float64(s.n)
-	}
-	return s
-}
+func newShares() *shares { return &shares{svc: map[string]float64{}} }
 
-// isOver reports whether tenant t is over its share (false with fewer than two tenants).
-func (q *Queue[T]) isOver(s *shares, t string, now time.Time) bool {
-	if v, ok := s.over[t]; ok {
-		return v
+// serviceIn is t's attained service now, cached in s.
+func (q *Queue[T]) serviceIn(s *shares, t string, now time.Time) float64 {
+	v, ok := s.svc[t]
+	if !ok {
+		v = q.serviceOf(t, now)
+		s.svc[t] = v
 	}
-	v := s.n >= 2 && s.mean > 0 && q.serviceOf(t, now) > q.lim.ContendedShare*s.mean
-	s.over[t] = v
 	return v
 }
 
-// outranks reports whether guard g is protected from a request of class c, and by which rule.
+// outranks reports whether guard g is protected from a request of class c, and by which
+// rule: a higher priority's, or, within a priority, a named tenant's from a named tenant that
+// attained more than ContendedShare times its service (0: tenants never outrank).
 func (q *Queue[T]) outranks(g Guard, c Class, s *shares, now time.Time) (string, bool) {
 	switch {
 	case g.Priority > c.Priority:
 		return ProtectedByPriority, true
-	case g.Priority == c.Priority && c.Named && g.Tenant != "" && g.Tenant != c.Tenant &&
-		q.isOver(s, c.Tenant, now) && !q.isOver(s, g.Tenant, now):
+	case g.Priority == c.Priority && c.Named && g.Tenant != "" && g.Tenant != c.Tenant && q.lim.ContendedShare > 0 &&
+		q.serviceIn(s, c.Tenant, now) > q.lim.ContendedShare*q.serviceIn(s, g.Tenant, now):
 		return ProtectedByTenant, true
 	}
 	return "", false
@@ -191,8 +160,8 @@ type Footprints[T comparable, M any] struct {
 }
 
 type footKey struct {
-	prio       int
-	tenant     string
+	prio    int
+	tenant  string
 	session string
 }
 

@@ -76,16 +76,16 @@ func TestPlaceProtected(t *testing.T) {
 		{"only the guarded worker admits it: it waits", protectLimits, nil,
 			Class{Priority: 0, Tenant: "t"}, map[string]TargetState{"w1": guarded(vip(6000, -1)), "w2": {Saturated: true}},
 			nil, nil, false, "protected", ProtectedByPriority},
-		{"a named tenant over its share avoids a named tenant's under it", protectLimits, heavyOver,
+		{"a named tenant with 1.5x more service avoids the other named tenant's worker", protectLimits, heavyOver,
 			Class{Priority: 0, Tenant: "heavy", Named: true}, map[string]TargetState{"w1": guarded(light), "w2": free},
 			nil, []string{"w2"}, false, "", ProtectedByTenant},
-		{"the tenant under its share goes anywhere", protectLimits, heavyOver,
+		{"the tenant with less service goes anywhere", protectLimits, heavyOver,
 			Class{Priority: 0, Tenant: "light", Named: true}, map[string]TargetState{"w1": free, "w2": guarded(Guard{Tenant: "heavy", Blocks: 9000})},
 			nil, []string{"w1", "w2"}, true, "", ""},
 		{"an unnamed tenant (an agent program) is not steered by tenants", protectLimits, heavyOver,
 			Class{Priority: 0, Tenant: "heavy"}, map[string]TargetState{"w1": guarded(light), "w2": free},
 			nil, []string{"w1", "w2"}, true, "", ""},
-		{"tenants within their shares do not protect from each other", protectLimits, func(q *Queue[string]) {
+		{"tenants within 1.5x of each other do not protect from each other", protectLimits, func(q *Queue[string]) {
 			q.Arrive(0, "heavy")
 			q.Arrive(0, "light")
 			q.Charge("heavy", 120)
@@ -123,11 +123,11 @@ func TestPlaceProtected(t *testing.T) {
 // outranking class still takes its own.
 func TestNextProtected(t *testing.T) {
 	type dispatch struct {
-		states   map[string]TargetState
-		want     string // Value dispatched, "" none
-		wantT    string
-		by       string
-		wait     time.Duration
+		states map[string]TargetState
+		want   string // Value dispatched, "" none
+		wantT  string
+		by     string
+		wait   time.Duration
 	}
 	sat := TargetState{Saturated: true}
 	free := TargetState{WaitMs: 0, HasWait: true}

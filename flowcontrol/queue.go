@@ -271,7 +271,7 @@ func (q *Queue[T]) Next(states map[T]TargetState) (e *Entry[T], d Dispatch[T], o
 	defer q.mu.Unlock()
 	now := q.now()
 	c := q.contentionAt(now)
-	sh := q.sharesAt(states, now)
+	sh := newShares()
 	weigh := q.lim.RecomputeWeight
 	for _, p := range q.prios { // unlink may drop a band: we return right after
 		b := q.bands[p]

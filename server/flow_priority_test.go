@@ -2,6 +2,7 @@ package server
 
 import (
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -59,6 +60,11 @@ func TestClassify(t *testing.T) {
 		}
 		if cls.priority != tc.wantPrio || cls.tenant != tc.wantTenant {
 			t.Errorf("%s: got priority %d tenant %q, want %d %q", tc.name, cls.priority, cls.tenant, tc.wantPrio, tc.wantTenant)
+		}
+		// Named (cache protection between tenants): a key's or the fairness header's tenant,
+		// never an agent program nor the anonymous one.
+		if wantNamed := strings.HasPrefix(tc.wantTenant, "key:") || strings.HasPrefix(tc.wantTenant, "fair:"); cls.named != wantNamed {
+			t.Errorf("%s: named %v, want %v", tc.name, cls.named, wantNamed)
 		}
 	}
 }
