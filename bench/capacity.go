@@ -24,10 +24,11 @@ func newPooledLRU(capacity int) *pooledLRU {
 	return &pooledLRU{capacity: capacity, order: list.New(), where: map[blockKey]*list.Element{}}
 }
 
-// touch returns the request's leading blocks the cache holds, then makes all of them resident.
-// The prompt's first blocks end most recent, as vLLM frees a finished request's blocks tail first
+// touch returns the request's leading blocks the cache holds, then makes all of them resident,
+// and returns the blocks it added (those it did not hold). The prompt's first blocks end most
+// recent, as vLLM frees a finished request's blocks tail first
 // (vllm/v1/core/single_type_kv_cache_manager.py, SingleTypeKVCacheManager.free).
-func (c *pooledLRU) touch(ns string, ids []int64) (hit int) {
+func (c *pooledLRU) touch(ns string, ids []int64) (hit int, added []int64) {
 	for hit < len(ids) {
 		if _, ok := c.where[blockKey{ns, ids[hit]}]; !ok {
 			break
@@ -41,11 +42,24 @@ func (c *pooledLRU) touch(ns string, ids []int64) (hit int) {
 			continue
 		}
 		c.where[k] = c.order.PushFront(k)
+		added = append(added, ids[i])
 	}
 	for c.order.Len() > c.capacity {
 		e := c.order.Back()
 		delete(c.where, e.Value.(blockKey))
 		c.order.Remove(e)
 	}
-	return hit
+	return hit, added
+}
+
+// forget drops blocks a request added that no worker computed (runner.unsee). What they
+// evicted stays evicted: the reference errs towards a smaller hit.
+func (c *pooledLRU) forget(ns string, ids []int64) {
+	for _, id := range ids {
+		k := blockKey{ns, id}
+		if e, ok := c.where[k]; ok {
+			delete(c.where, k)
+			c.order.Remove(e)
+		}
+	}
 }

@@ -92,8 +92,10 @@ type runner struct {
 	mu      sync.Mutex
 	records []Record
 	resets  int
-	seen    map[string]map[int64]struct{} // namespace -> hash_ids seen (theoretical prefix hit)
-	pooled  *pooledLRU                    // nil without ReplayOptions.CapacityBlocks
+	// seen counts, per namespace and hash_id, the requests sent with that block and not failed
+	// before any content (theoretical prefix hit).
+	seen   map[string]map[int64]int
+	pooled *pooledLRU // nil without ReplayOptions.CapacityBlocks
 }
 
 // Replay sends the trace's requests to the endpoint and records their timings.
@@ -133,7 +135,7 @@ func Replay(ctx context.Context, tr *Trace, synth *Synth, opts ReplayOptions) (*
 		}
 		opts.Model = m
 	}
-	r := &runner{opts: opts, synth: synth, seen: map[string]map[int64]struct{}{},
+	r := &runner{opts: opts, synth: synth, seen: map[string]map[int64]int{},
 		snd: &sender{client: client, url: base + api.path(), api: api, apiKey: opts.APIKey, headers: opts.Headers}}
 	if opts.CapacityBlocks > 0 {
 		r.pooled = newPooledLRU(opts.CapacityBlocks)
@@ -309,7 +311,8 @@ func (r *runner) send(ctx context.Context, s *Session, k int, corr, parentCorr s
 	}
 	raw, err := json.Marshal(body)
 	rec := Record{RequestID: newUUID(), CorrelationID: corr, ParentCorrID: parentCorr, ConversationID: s.ID, TurnIndex: k}
-	rec.TheoreticalHit, rec.TraceBlocks, rec.CapacityHit = r.theoretical(s, t)
+	var added []int64
+	rec.TheoreticalHit, rec.TraceBlocks, rec.CapacityHit, added = r.theoretical(s, t)
 	hdr := http.Header{}
 	hdr.Set("X-Request-ID", rec.RequestID)
 	hdr.Set("X-Correlation-ID", corr)
@@ -342,6 +345,9 @@ func (r *runner) send(ctx context.Context, s *Session, k int, corr, parentCorr s
 			rec.Latency = time.Since(r.t0) - rec.StartOffset
 		}
 	}
+	if !rec.OK() && rec.Chunks == 0 {
+		r.unsee(s, t, added)
+	}
 	if !rec.OK() {
 		r.opts.Logger.Debug("request failed", "session", s.ID, "turn", k, "kind", rec.ErrorKind, "error", rec.Error)
 	}
@@ -358,31 +364,49 @@ func (r *runner) send(ctx context.Context, s *Session, k int, corr, parentCorr s
 
 // theoretical counts the request's leading blocks already seen in its namespace (aiperf's
 // "Theoretical Prefix Cache Hit") and, with a capacity, those the pooled LRU still holds;
-// incremental sessions are not counted (their hash_ids are deltas).
-func (r *runner) theoretical(s *Session, t *Turn) (hit, total, capacityHit int) {
+// incremental sessions are not counted (their hash_ids are deltas). added are the blocks the
+// request brought into the pooled LRU (unsee takes them out again).
+func (r *runner) theoretical(s *Session, t *Turn) (hit, total, capacityHit int, added []int64) {
 	if s.Mode == ContextDeltas || len(t.HashIDs) == 0 {
-		return 0, 0, 0
+		return 0, 0, 0, nil
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.pooled != nil {
-		capacityHit = r.pooled.touch(s.Namespace, t.HashIDs)
+		capacityHit, added = r.pooled.touch(s.Namespace, t.HashIDs)
 	}
 	seen := r.seen[s.Namespace]
 	if seen == nil {
-		seen = map[int64]struct{}{}
+		seen = map[int64]int{}
 		r.seen[s.Namespace] = seen
 	}
-	for hit < len(t.HashIDs) {
-		if _, ok := seen[t.HashIDs[hit]]; !ok {
-			break
-		}
+	for hit < len(t.HashIDs) && seen[t.HashIDs[hit]] > 0 {
 		hit++
 	}
 	for _, id := range t.HashIDs {
-		seen[id] = struct{}{}
+		seen[id]++
 	}
-	return hit, len(t.HashIDs), capacityHit
+	return hit, len(t.HashIDs), capacityHit, added
+}
+
+// unsee takes back what theoretical counted for a request that failed before any content (a
+// gateway's 429 or 503, a refused connection, a timeout before the first token): no worker
+// finished its prefill, so its blocks are no cached prefix for the requests after it.
+func (r *runner) unsee(s *Session, t *Turn, added []int64) {
+	if s.Mode == ContextDeltas || len(t.HashIDs) == 0 {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	seen := r.seen[s.Namespace]
+	for _, id := range t.HashIDs {
+		if seen[id]--; seen[id] <= 0 {
+			delete(seen, id)
+		}
+	}
+	if r.pooled != nil {
+		r.pooled.forget(s.Namespace, added)
+	}
 }
 
 // sleepUntil waits for the deadline; false if ctx ended first.

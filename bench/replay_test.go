@@ -316,3 +316,56 @@ func TestNvextSession(t *testing.T) {
 		}
 	}
 }
+
+// TestTheoreticalSkipsUnservedRequests: a turn answered 503 before any content was never
+// prefilled, so the next turn's theoretical and pooled-LRU hits count only the blocks of the
+// turns served before it; a turn cut mid-stream was prefilled, and its blocks count.
+func TestTheoreticalSkipsUnservedRequests(t *testing.T) {
+	srv := &scriptedServer{ttft: time.Millisecond, gap: time.Millisecond, chunks: 3}
+	ts := httptest.NewServer(srv)
+	defer ts.Close()
+	session := func(id, failing string) *Session {
+		return &Session{ID: id, Namespace: id, Mode: ContextStandalone, JoinBefore: -1, Turns: []Turn{
+			{Text: "first", HashIDs: []int64{1, 2}},
+			{Text: failing, HashIDs: []int64{1, 2, 3, 4}},
+			{Text: "third", HashIDs: []int64{1, 2, 3, 4, 5}},
+		}}
+	}
+	cases := []struct {
+		failing    string
+		wantHit    int // the third turn's theoretical and pooled-LRU hit
+		wantFailed bool
+	}{
+		{"FAIL503", 2, true},
+		{"MIDSTREAM", 4, true},
+		{"second", 4, false},
+	}
+	synth, _ := NewSynth(nil, 16)
+	for _, tc := range cases {
+		t.Run(tc.failing, func(t *testing.T) {
+			tr := &Trace{Sessions: []*Session{session("s-"+tc.failing, tc.failing)}}
+			res, err := Replay(context.Background(), tr, synth, ReplayOptions{URL: ts.URL, Model: "m", CapacityBlocks: 100})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var second, third *Record
+			for i := range res.Records {
+				switch res.Records[i].TurnIndex {
+				case 1:
+					second = &res.Records[i]
+				case 2:
+					third = &res.Records[i]
+				}
+			}
+			if second == nil || third == nil {
+				t.Fatalf("records %+v", res.Records)
+			}
+			if second.OK() == tc.wantFailed || second.TheoreticalHit != 2 {
+				t.Errorf("second turn: ok %v, hit %d; want ok %v, hit 2", second.OK(), second.TheoreticalHit, !tc.wantFailed)
+			}
+			if third.TheoreticalHit != tc.wantHit || third.CapacityHit != tc.wantHit {
+				t.Errorf("third turn: theoretical hit %d, pooled LRU %d; want %d", third.TheoreticalHit, third.CapacityHit, tc.wantHit)
+			}
+		})
+	}
+}
