@@ -111,6 +111,20 @@ func (s *Server) correctLimits(c *gin.Context, uc *usageCapture) {
 	}
 }
 
+// refundLimits returns an admitted request's whole token charge when it never reached a worker
+// (the gateway queue answered it 429 or 503, or its client left while it waited): it used
+// nothing. Its in-flight slot returns with admitLimits' release, as on every outcome; the
+// request itself stays counted against requests_per_minute (each attempt of a client retrying
+// after Retry-After is a request).
+func (s *Server) refundLimits(c *gin.Context) {
+	v, ok := c.Get(ctxLimitTicket)
+	if !ok {
+		return
+	}
+	s.limits.Correct(v.(keylimits.Ticket), 0, time.Now())
+	c.Set(ctxLimitTicket, keylimits.Ticket{}) // refunded once: a zero ticket corrects nothing
+}
+
 // limitHeaders puts a limited key's x-ratelimit headers on every response (refreshed by
 // admitLimits on the routes it guards).
 func (s *Server) limitHeaders(c *gin.Context) {

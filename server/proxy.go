@@ -44,6 +44,9 @@ const (
 func (s *Server) proxy(c *gin.Context, p *pool, in *apireq.Request, rreq *router.Request, start time.Time, orNext bool) int {
 	ctx := c.Request.Context()
 	ticket, err := s.admitFlow(c, p, in, rreq)
+	if err != nil {
+		s.refundLimits(c) // answered by the queue: no worker saw it
+	}
 	if errors.Is(err, errFlowClientGone) {
 		s.m.disconnects.WithLabelValues(string(in.Endpoint)).Inc()
 		return codeClientGone
