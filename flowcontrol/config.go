@@ -56,13 +56,14 @@ type Config struct {
 	// tenants active within contention_window is held to contended_predicted_wait (default
 	// 1.5; 0: tenants never contend, only priorities).
 	ContendedShare float64 `yaml:"contended_share"`
-	// ProtectCache keeps a request off a worker where its prefill would make the worker's
-	// KV cache (LRU) evict the recent prompt of a class that outranks it: a higher
-	// priority's, or, between tenants named by a client key or the fairness header, that of a
-	// tenant which attained less than 1/contended_share of its own tenant's service. The most
-	// at risk workers are avoided first, and at least half of the eligible workers (rounded
-	// up), those with the least at risk among them, stay eligible (default false). The
-	// outranking class itself is routed as without it.
+	// ProtectCache keeps a request off a worker that holds the recent prompt of a class that
+	// outranks it, while the router's working sets count that prompt as still cached there:
+	// a higher priority's, or, between tenants named by a client key or the fairness header,
+	// that of a tenant which attained less than 1/contended_share of the request's tenant's
+	// service. Its prefills then neither evict that prompt nor queue ahead of the class's
+	// next request. The workers with the most such blocks are avoided first, and at least
+	// half of the eligible workers (rounded up) stay eligible (default false). The outranking
+	// class itself is routed as without it.
 	ProtectCache bool `yaml:"protect_cache"`
 	// ProtectWindow is how long a class's prompt on a worker stays protected after the
 	// class last routed there (default 60s: longer than the longest think time of the

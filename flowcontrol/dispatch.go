@@ -205,7 +205,7 @@ type Placement[T comparable] struct {
 	All bool
 	// Reason says why none qualified: "saturated" (none admits it), "prefix_holder" (one
 	// does, but waiting for a better-cached one is predicted sooner), "protected" (only
-	// targets where it would evict an outranking footprint admit it).
+	// targets holding an outranking footprint admit it).
 	Reason string
 	// Protected names the rule that kept it off a target (Dispatch.Protected).
 	Protected string
@@ -216,20 +216,20 @@ type Placement[T comparable] struct {
 // protection does not keep the request off it (shield), it admits the request's class (its
 // predicted wait under the request's bound, see boundOf) and, by the time model, the
 // request's prefill there would end no later than by waiting for its best other target
-// (usually the holder of its prefix) to admit it. need is called only when some target does
-// not admit the request or some target has a guard.
-func (q *Queue[T]) Place(c Class, states map[T]TargetState, need func() Need[T]) Placement[T] {
-	var nd *Need[T]
-	needOf := func() Need[T] {
-		if nd == nil {
-			n := need()
-			nd = &n
+// (usually the holder of its prefix) to admit it. gains (Entry.Gain) is called only when some
+// target does not admit the request or some target has a guard.
+func (q *Queue[T]) Place(c Class, states map[T]TargetState, gains func() map[T]float64) Placement[T] {
+	var gain map[T]float64
+	asked := false
+	gainOf := func() map[T]float64 {
+		if !asked {
+			gain, asked = gains(), true
 		}
-		return *nd
+		return gain
 	}
 	guarded := q.lim.Protect && hasGuards(states)
 	if guarded {
-		needOf() // before the lock: need calls out (the router's scoring)
+		gainOf() // before the lock: gains calls out (the router's scoring)
 	}
 	q.mu.Lock()
 	now := q.now()
@@ -237,7 +237,7 @@ func (q *Queue[T]) Place(c Class, states map[T]TargetState, need func() Need[T])
 	var avoid map[T]bool
 	var by string
 	if guarded {
-		avoid, by = q.shield(c, eligibleOf(nd.Gain, states), states, nd.New, newShares(), now)
+		avoid, by = q.shield(c, eligibleOf(gain, states), states, newShares(), now)
 	}
 	q.mu.Unlock()
 	var free []T
@@ -258,7 +258,7 @@ func (q *Queue[T]) Place(c Class, states map[T]TargetState, need func() Need[T])
 	if len(free) == len(states) {
 		return Placement[T]{Allowed: free, All: true}
 	}
-	gain := needOf().Gain
+	gain = gainOf()
 	priceOn := withoutTargets(states, avoid)
 	var allowed []T
 	for _, f := range free {

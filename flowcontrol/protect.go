@@ -8,12 +8,12 @@ import (
 )
 
 // Cache protection (flow_control.protect_cache): a request that a higher priority, or a
-// named tenant with less than 1/ContendedShare of its own tenant's service, outranks is not
-// placed on a target where its prefill would make LRU evict that class's recent prompt (its
-// footprint), while enough other targets are eligible (shield). The queue decides what the router tells it: each target's guards
-// (TargetState.Guards: the outranking footprints there and how many more blocks the
-// target's cache takes before evicting each) and the blocks the request itself would add
-// on each target (Need.New).
+// named tenant with less than 1/ContendedShare of its own tenant's service, outranks is kept
+// off the targets that hold that class's recent prompt (its footprint), so its prefills
+// neither make their LRU caches evict the footprint nor queue ahead of the class's next
+// request there; at least half of its eligible targets stay (shield). The caller tells the
+// queue each target's live footprints (TargetState.Guards): those the router's working sets
+// still count as cached there (server/flow_protect.go).
 
 // Protection reasons (Placement.Protected, Dispatch.Protected): which rule steered the
 // request off a target.
@@ -32,11 +32,6 @@ type Guard struct {
 	Tenant string
 	// Blocks is the footprint's size in KV blocks.
 	Blocks float64
-	// Slack is how many more blocks the target's cache takes before LRU evicts the
-	// footprint: its capacity less the footprint and the distinct blocks routed there since
-	// (HasSlack). Without it any placement there counts as evicting the footprint.
-	Slack    float64
-	HasSlack bool
 }
 
 // Class is a request's place in the queue: its priority and tenant, and whether the tenant
@@ -46,15 +41,6 @@ type Class struct {
 	Priority int
 	Tenant   string
 	Named    bool
-}
-
-// Need is what a request costs and saves on each target: Gain as Entry.Gain, New the KV
-// blocks it moves ahead of older prompts there in LRU order (router.Retention.Need: its whole
-// prompt, the cached blocks it touches too; nil: unknown, then every outranking footprint
-// counts as evicted).
-type Need[T comparable] struct {
-	Gain map[T]float64
-	New  map[T]float64
 }
 
 // shares caches the tenants' attained service for one Place or Next (under the queue's lock).
@@ -89,22 +75,20 @@ func (q *Queue[T]) outranks(g Guard, c Class, s *shares, now time.Time) (string,
 }
 
 // shield returns the targets among eligible that a request of class c must avoid: those
-// where its prefill (need.New) would evict a footprint that outranks it, the most at risk (in
-// blocks) first, while at least half of the eligible targets (rounded up) and those with the
+// holding a footprint that outranks it, the most at risk (outranking blocks there) first, while at least half of the eligible targets (rounded up) and those with the
 // least at risk stay eligible: the request is never left without a target, and a flood of it
 // keeps a share of the fleet. by names the rule that excluded a target ("" when none was
 // excluded).
-func (q *Queue[T]) shield(c Class, eligible []T, states map[T]TargetState, newBlocks map[T]float64, s *shares, now time.Time) (avoid map[T]bool, by string) {
+func (q *Queue[T]) shield(c Class, eligible []T, states map[T]TargetState, s *shares, now time.Time) (avoid map[T]bool, by string) {
 	if !q.lim.Protect {
 		return nil, ""
 	}
 	risk := make(map[T]float64, len(eligible))
 	byOf := make(map[T]string, len(eligible))
 	for _, t := range eligible {
-		nb, known := newBlocks[t]
 		for _, g := range states[t].Guards {
 			rule, ok := q.outranks(g, c, s, now)
-			if !ok || (g.HasSlack && known && nb <= g.Slack) {
+			if !ok {
 				continue
 			}
 			risk[t] += math.Max(g.Blocks, 1)

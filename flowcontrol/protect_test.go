@@ -13,10 +13,8 @@ var protectLimits = func() Limits { l := pricedLimits; l.Protect = true; return 
 // guarded is a free target (predicted wait 0) holding guards.
 func guarded(gs ...Guard) TargetState { return TargetState{WaitMs: 0, HasWait: true, Guards: gs} }
 
-// vip is a priority-1 footprint of blocks, with slack when slack >= 0.
-func vip(blocks, slack float64) Guard {
-	return Guard{Priority: 1, Blocks: blocks, Slack: max(slack, 0), HasSlack: slack >= 0}
-}
+// vip is a priority-1 footprint of blocks.
+func vip(blocks float64) Guard { return Guard{Priority: 1, Blocks: blocks} }
 
 // TestPlaceProtected: a request that finds nobody waiting is kept off the targets where it
 // would evict an outranking footprint while another qualifies, and never left without one.
@@ -35,66 +33,59 @@ func TestPlaceProtected(t *testing.T) {
 		setup   func(*Queue[string])
 		class   Class
 		states  map[string]TargetState
-		newB    map[string]float64
 		want    []string
 		wantAll bool
 		reason  string
 		by      string
 	}{
 		{"a lower priority avoids the worker holding a higher priority's prompt", protectLimits, nil,
-			Class{Priority: 0, Tenant: "t"}, map[string]TargetState{"w1": guarded(vip(6000, -1)), "w2": free},
-			nil, []string{"w2"}, false, "", ProtectedByPriority},
+			Class{Priority: 0, Tenant: "t"}, map[string]TargetState{"w1": guarded(vip(6000)), "w2": free},
+			[]string{"w2"}, false, "", ProtectedByPriority},
 		{"protection off: every worker", pricedLimits, nil,
-			Class{Priority: 0, Tenant: "t"}, map[string]TargetState{"w1": guarded(vip(6000, -1)), "w2": free},
-			nil, []string{"w1", "w2"}, true, "", ""},
-		{"its prefill fits in the slack: not evicting, every worker", protectLimits, nil,
-			Class{Priority: 0, Tenant: "t"}, map[string]TargetState{"w1": guarded(vip(6000, 4000)), "w2": free},
-			map[string]float64{"w1": 3000, "w2": 6000}, []string{"w1", "w2"}, true, "", ""},
-		{"its prefill passes the slack: avoided", protectLimits, nil,
-			Class{Priority: 0, Tenant: "t"}, map[string]TargetState{"w1": guarded(vip(6000, 4000)), "w2": free},
-			map[string]float64{"w1": 5000, "w2": 6000}, []string{"w2"}, false, "", ProtectedByPriority},
+			Class{Priority: 0, Tenant: "t"}, map[string]TargetState{"w1": guarded(vip(6000)), "w2": free},
+			[]string{"w1", "w2"}, true, "", ""},
 		{"the higher priority itself goes anywhere", protectLimits, nil,
-			Class{Priority: 1, Tenant: "t"}, map[string]TargetState{"w1": guarded(vip(6000, -1)), "w2": free},
-			nil, []string{"w1", "w2"}, true, "", ""},
+			Class{Priority: 1, Tenant: "t"}, map[string]TargetState{"w1": guarded(vip(6000)), "w2": free},
+			[]string{"w1", "w2"}, true, "", ""},
 		{"a same-priority footprint without a named tenant protects nothing", protectLimits, nil,
-			Class{Priority: 1, Tenant: "t"}, map[string]TargetState{"w1": guarded(vip(6000, -1)), "w2": free},
-			nil, []string{"w1", "w2"}, true, "", ""},
+			Class{Priority: 1, Tenant: "t"}, map[string]TargetState{"w1": guarded(vip(6000)), "w2": free},
+			[]string{"w1", "w2"}, true, "", ""},
 		{"every worker guarded: the least at risk", protectLimits, nil,
-			Class{Priority: 0, Tenant: "t"}, map[string]TargetState{"w1": guarded(vip(6000, -1)), "w2": guarded(vip(1000, -1))},
-			nil, []string{"w2"}, false, "", ProtectedByPriority},
+			Class{Priority: 0, Tenant: "t"}, map[string]TargetState{"w1": guarded(vip(6000)), "w2": guarded(vip(1000))},
+			[]string{"w2"}, false, "", ProtectedByPriority},
 		{"at most half the workers are avoided, the most at risk", protectLimits, nil,
-			Class{Priority: 0, Tenant: "t"}, map[string]TargetState{"w1": guarded(vip(6000, -1)), "w2": guarded(vip(3000, -1)),
-				"w3": guarded(vip(1000, -1)), "w4": free},
-			nil, []string{"w3", "w4"}, false, "", ProtectedByPriority},
+			Class{Priority: 0, Tenant: "t"}, map[string]TargetState{"w1": guarded(vip(6000)), "w2": guarded(vip(3000)),
+				"w3": guarded(vip(1000)), "w4": free},
+			[]string{"w3", "w4"}, false, "", ProtectedByPriority},
 		{"every worker guarded, four: the two most at risk avoided", protectLimits, nil,
-			Class{Priority: 0, Tenant: "t"}, map[string]TargetState{"w1": guarded(vip(6000, -1)), "w2": guarded(vip(3000, -1)),
-				"w3": guarded(vip(1000, -1)), "w4": guarded(vip(500, -1))},
-			nil, []string{"w3", "w4"}, false, "", ProtectedByPriority},
+			Class{Priority: 0, Tenant: "t"}, map[string]TargetState{"w1": guarded(vip(6000)), "w2": guarded(vip(3000)),
+				"w3": guarded(vip(1000)), "w4": guarded(vip(500))},
+			[]string{"w3", "w4"}, false, "", ProtectedByPriority},
 		{"every worker guarded alike: none avoided (never starved)", protectLimits, nil,
-			Class{Priority: 0, Tenant: "t"}, map[string]TargetState{"w1": guarded(vip(3000, -1)), "w2": guarded(vip(3000, -1))},
-			nil, []string{"w1", "w2"}, true, "", ""},
+			Class{Priority: 0, Tenant: "t"}, map[string]TargetState{"w1": guarded(vip(3000)), "w2": guarded(vip(3000))},
+			[]string{"w1", "w2"}, true, "", ""},
 		{"only the guarded worker admits it: it waits", protectLimits, nil,
-			Class{Priority: 0, Tenant: "t"}, map[string]TargetState{"w1": guarded(vip(6000, -1)), "w2": {Saturated: true}},
-			nil, nil, false, "protected", ProtectedByPriority},
+			Class{Priority: 0, Tenant: "t"}, map[string]TargetState{"w1": guarded(vip(6000)), "w2": {Saturated: true}},
+			nil, false, "protected", ProtectedByPriority},
 		{"a named tenant with 1.5x more service avoids the other named tenant's worker", protectLimits, heavyOver,
 			Class{Priority: 0, Tenant: "heavy", Named: true}, map[string]TargetState{"w1": guarded(light), "w2": free},
-			nil, []string{"w2"}, false, "", ProtectedByTenant},
+			[]string{"w2"}, false, "", ProtectedByTenant},
 		{"the tenant with less service goes anywhere", protectLimits, heavyOver,
 			Class{Priority: 0, Tenant: "light", Named: true}, map[string]TargetState{"w1": free, "w2": guarded(Guard{Tenant: "heavy", Blocks: 9000})},
-			nil, []string{"w1", "w2"}, true, "", ""},
+			[]string{"w1", "w2"}, true, "", ""},
 		{"an unnamed tenant (an agent program) is not steered by tenants", protectLimits, heavyOver,
 			Class{Priority: 0, Tenant: "heavy"}, map[string]TargetState{"w1": guarded(light), "w2": free},
-			nil, []string{"w1", "w2"}, true, "", ""},
+			[]string{"w1", "w2"}, true, "", ""},
 		{"tenants within 1.5x of each other do not protect from each other", protectLimits, func(q *Queue[string]) {
 			q.Arrive(0, "heavy")
 			q.Arrive(0, "light")
 			q.Charge("heavy", 120)
 			q.Charge("light", 100)
 		}, Class{Priority: 0, Tenant: "heavy", Named: true}, map[string]TargetState{"w1": guarded(light), "w2": free},
-			nil, []string{"w1", "w2"}, true, "", ""},
+			[]string{"w1", "w2"}, true, "", ""},
 		{"the prefix holder guarded: the price of waiting for it is not counted", protectLimits, nil,
-			Class{Priority: 0, Tenant: "t"}, map[string]TargetState{"w1": {WaitMs: 700, HasWait: true, Guards: []Guard{vip(6000, -1)}}, "w2": free, "w3": {WaitMs: 800, HasWait: true}},
-			nil, []string{"w2"}, false, "", ProtectedByPriority},
+			Class{Priority: 0, Tenant: "t"}, map[string]TargetState{"w1": {WaitMs: 700, HasWait: true, Guards: []Guard{vip(6000)}}, "w2": free, "w3": {WaitMs: 800, HasWait: true}},
+			[]string{"w2"}, false, "", ProtectedByPriority},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -109,7 +100,7 @@ func TestPlaceProtected(t *testing.T) {
 			if _, ok := tc.states["w3"]; ok {
 				gain["w1"] = 2000 // its prefix holder is w1
 			}
-			pl := q.Place(tc.class, tc.states, func() Need[string] { return Need[string]{Gain: gain, New: tc.newB} })
+			pl := q.Place(tc.class, tc.states, func() map[string]float64 { return gain })
 			slices.Sort(pl.Allowed)
 			if !slices.Equal(pl.Allowed, tc.want) || pl.All != tc.wantAll || pl.Reason != tc.reason || pl.Protected != tc.by {
 				t.Errorf("Place = %+v, want %v all %v %q protected %q", pl, tc.want, tc.wantAll, tc.reason, tc.by)
@@ -142,35 +133,31 @@ func TestNextProtected(t *testing.T) {
 	}{
 		{"waits for the unguarded worker, then takes it", protectLimits,
 			[]*Entry[string]{low("a", map[string]float64{"w1": 0, "w2": 0})}, []dispatch{
-				{states: map[string]TargetState{"w1": guarded(vip(6000, -1)), "w2": sat}, want: ""},
-				{wait: 40 * time.Second, states: map[string]TargetState{"w1": guarded(vip(6000, -1)), "w2": sat}, want: ""},
-				{states: map[string]TargetState{"w1": guarded(vip(6000, -1)), "w2": free}, want: "a", wantT: "w2", by: ProtectedByPriority},
+				{states: map[string]TargetState{"w1": guarded(vip(6000)), "w2": sat}, want: ""},
+				{wait: 40 * time.Second, states: map[string]TargetState{"w1": guarded(vip(6000)), "w2": sat}, want: ""},
+				{states: map[string]TargetState{"w1": guarded(vip(6000)), "w2": free}, want: "a", wantT: "w2", by: ProtectedByPriority},
 			}},
 		{"without protection it takes the guarded worker at once", pricedLimits,
 			[]*Entry[string]{low("a", map[string]float64{"w1": 0, "w2": 0})}, []dispatch{
-				{states: map[string]TargetState{"w1": guarded(vip(6000, -1)), "w2": sat}, want: "a", wantT: "w1"},
-			}},
-		{"its prefill fits in the slack: takes the guarded worker", protectLimits,
-			[]*Entry[string]{{Value: "a", Tenant: "flood", Gain: map[string]float64{"w1": 0, "w2": 0}, New: map[string]float64{"w1": 100, "w2": 100}}}, []dispatch{
-				{states: map[string]TargetState{"w1": guarded(vip(6000, 500)), "w2": sat}, want: "a", wantT: "w1"},
+				{states: map[string]TargetState{"w1": guarded(vip(6000)), "w2": sat}, want: "a", wantT: "w1"},
 			}},
 		{"every worker guarded: the least at risk takes it", protectLimits,
 			[]*Entry[string]{low("a", map[string]float64{"w1": 0, "w2": 0})}, []dispatch{
-				{states: map[string]TargetState{"w1": guarded(vip(6000, -1)), "w2": guarded(vip(100, -1))}, want: "a", wantT: "w2", by: ProtectedByPriority},
+				{states: map[string]TargetState{"w1": guarded(vip(6000)), "w2": guarded(vip(100))}, want: "a", wantT: "w2", by: ProtectedByPriority},
 			}},
 		{"the outranking class takes its own worker; the flood waits for another", protectLimits,
 			[]*Entry[string]{low("a", map[string]float64{"w1": 0, "w2": 0}),
 				{Value: "vip", Priority: 1, Tenant: "v", Cost: 10, Gain: map[string]float64{"w1": 0, "w2": 0}}}, []dispatch{
-				{states: map[string]TargetState{"w1": guarded(vip(6000, -1)), "w2": sat}, want: "vip", wantT: "w1"},
-				{states: map[string]TargetState{"w1": guarded(vip(6000, -1)), "w2": sat}, want: ""},
+				{states: map[string]TargetState{"w1": guarded(vip(6000)), "w2": sat}, want: "vip", wantT: "w1"},
+				{states: map[string]TargetState{"w1": guarded(vip(6000)), "w2": sat}, want: ""},
 			}},
 		{"its prefix holder guarded: it goes to the free worker rather than wait for the holder", protectLimits,
 			[]*Entry[string]{low("a", map[string]float64{"w1": 2000, "w2": 0})}, []dispatch{
-				{states: map[string]TargetState{"w1": {WaitMs: 400, HasWait: true, Guards: []Guard{vip(6000, -1)}}, "w2": free}, want: "a", wantT: "w2", by: ProtectedByPriority},
+				{states: map[string]TargetState{"w1": {WaitMs: 400, HasWait: true, Guards: []Guard{vip(6000)}}, "w2": free}, want: "a", wantT: "w2", by: ProtectedByPriority},
 			}},
 		{"without protection it takes its prefix holder", pricedLimits,
 			[]*Entry[string]{low("a", map[string]float64{"w1": 2000, "w2": 0})}, []dispatch{
-				{states: map[string]TargetState{"w1": {WaitMs: 400, HasWait: true, Guards: []Guard{vip(6000, -1)}}, "w2": free}, want: "a", wantT: "w1"},
+				{states: map[string]TargetState{"w1": {WaitMs: 400, HasWait: true, Guards: []Guard{vip(6000)}}, "w2": free}, want: "a", wantT: "w1"},
 			}},
 	}
 	for _, tc := range cases {

@@ -28,9 +28,6 @@ type Entry[T comparable] struct {
 	// there, priced by the time model). A non-nil Gain lists every eligible target (0 for no
 	// gain); a nil Gain makes every target eligible, none with a gain.
 	Gain map[T]float64
-	// New is the KV blocks the request moves ahead of older prompts on each target (cache
-	// protection, Need.New; nil: unknown).
-	New map[T]float64
 	// Named: Tenant is named by the client (Class.Named).
 	Named bool
 	// Value is the caller's own; the queue never reads it.
@@ -72,8 +69,8 @@ type Limits struct {
 	// is contended (0: never).
 	Window         time.Duration
 	ContendedShare float64
-	// Protect turns cache protection on (protect.go): a request is kept off targets where it
-	// would evict the footprint of a class that outranks it, while another is eligible.
+	// Protect turns cache protection on (protect.go): a request is kept off targets holding
+	// the footprint of a class that outranks it, while enough others are eligible.
 	Protect bool
 }
 
@@ -343,7 +340,7 @@ func (q *Queue[T]) best(b *band[T], tenants []string, states map[T]TargetState, 
 		for _, e := range b.tenants[t] {
 			age := q.lim.AgeWeight * float64(now.Sub(e.enqueued)) / float64(time.Millisecond)
 			top, second, topAt := topGains(e.Gain)
-			avoid, by := q.shield(Class{e.Priority, e.Tenant, e.Named}, eligibleOf(e.Gain, states), states, e.New, sh, now)
+			avoid, by := q.shield(Class{e.Priority, e.Tenant, e.Named}, eligibleOf(e.Gain, states), states, sh, now)
 			priceOn := withoutTargets(states, avoid)
 			for f := range states {
 				g, eligible := gainOn(e.Gain, f)

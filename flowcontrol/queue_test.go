@@ -473,7 +473,7 @@ func TestPlace(t *testing.T) {
 				q.Arrive(a.Priority, a.Tenant)
 			}
 			asked := false
-			pl := q.Place(Class{Priority: tc.prio, Tenant: "t"}, tc.states, func() Need[string] { asked = true; return Need[string]{Gain: tc.gain} })
+			pl := q.Place(Class{Priority: tc.prio, Tenant: "t"}, tc.states, func() map[string]float64 { asked = true; return tc.gain })
 			got, all, reason := pl.Allowed, pl.All, pl.Reason
 			slices.Sort(got)
 			if !slices.Equal(got, tc.want) || all != tc.wantAll || reason != tc.reason || asked != tc.wantGains {

@@ -127,8 +127,23 @@ func (p *KVPolicy) predictedWaitMs(t kvkey.Target, pv LoadVector, snap TargetLoa
 // Gains implements Capacity for the KV-aware policies: the policy's own read-only scoring
 // gives each candidate's cached blocks (G1, and G2/G3 at their credits).
 func (e *Dispatcher) Gains(ctx context.Context, req *Request, cands []Candidate) map[kvkey.Target]float64 {
-	gain, _ := e.Need(ctx, req, cands)
-	return gain
+	if e.kv == nil || len(cands) == 0 {
+		return nil
+	}
+	d, err := e.kv.Pick(ctx, req, cands)
+	if err != nil {
+		return nil
+	}
+	cfg := e.kv.Config()
+	bs := float64(blockSizeOf(req))
+	out := make(map[kvkey.Target]float64, len(d.Candidates))
+	for _, c := range d.Candidates {
+		cached := (float64(c.G1Blocks) + cfg.G2Credit*float64(c.G2Blocks) + cfg.G3Credit*float64(c.G3Blocks)) * bs
+		cached = min(cached, float64(req.PromptTokens))
+		th := e.thetaOf(c.Target)
+		out[c.Target] = th[latency.FTokens]*cached + th[latency.FPairs]*cached*cached/2
+	}
+	return out
 }
 
 // thetaOf is the time model's coefficients for t (its fit once ready, else the prior).

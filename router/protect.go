@@ -1,17 +1,14 @@
 package router
 
 import (
-	"context"
-
 	"github.com/kvgate/kvgate/kvkey"
-	"github.com/kvgate/kvgate/router/latency"
 )
 
-// Retention is what the gateway's cache protection (flow_control.protect_cache, server/flow.go)
-// reads of the routing side: how far LRU eviction on a target has come toward a prompt routed
-// there, and what a request's prefill adds on each target. *Dispatcher implements it under
-// the kv policy with its working sets on (router.latency's evict, overflow or queue-loss
-// weight); ok is false otherwise.
+// Retention is what the gateway's cache protection (flow_control.protect_cache,
+// server/flow_protect.go) reads of the routing side: how far LRU eviction on a target has
+// come toward a prompt routed there. *Dispatcher implements it under the kv policy with its
+// working sets on (router.latency's evict, overflow or queue-loss weight); ok is false
+// otherwise.
 type Retention interface {
 	// PromptMark is the key under which a target's working set ages a prompt of hashes (its
 	// deepest sampled key).
@@ -21,11 +18,6 @@ type Retention interface {
 	// blocks (its last reported num_gpu_blocks; 0 when unknown). ok is false when m is not in
 	// t's working set: routed elsewhere since, or older than router.approximate.ttl.
 	Retained(t kvkey.Target, m kvkey.BlockHash) (newer, capacity float64, ok bool)
-	// Need is Gains and, for each candidate, the KV blocks the request moves ahead of the
-	// prompts routed there before it in LRU order: every block of its prompt (a cached block
-	// it reuses is touched, so it is no longer evicted before them; an uncached one is
-	// allocated). nil maps when the policy does not see the cache.
-	Need(ctx context.Context, req *Request, cands []Candidate) (gain, newBlocks map[kvkey.Target]float64)
 }
 
 var _ Retention = (*Dispatcher)(nil)
@@ -80,29 +72,4 @@ func (e *Dispatcher) Retained(t kvkey.Target, m kvkey.BlockHash) (newer, capacit
 		}
 	}
 	return newer, capacity, true
-}
-
-// Need implements Retention: one read-only scoring gives both the gains (as Gains) and the
-// cached blocks.
-func (e *Dispatcher) Need(ctx context.Context, req *Request, cands []Candidate) (gain, newBlocks map[kvkey.Target]float64) {
-	if e.kv == nil || len(cands) == 0 {
-		return nil, nil
-	}
-	d, err := e.kv.Pick(ctx, req, cands)
-	if err != nil {
-		return nil, nil
-	}
-	cfg := e.kv.Config()
-	bs := float64(blockSizeOf(req))
-	blocks := float64(len(req.BlockHashes))
-	gain = make(map[kvkey.Target]float64, len(d.Candidates))
-	newBlocks = make(map[kvkey.Target]float64, len(d.Candidates))
-	for _, c := range d.Candidates {
-		cached := (float64(c.G1Blocks) + cfg.G2Credit*float64(c.G2Blocks) + cfg.G3Credit*float64(c.G3Blocks)) * bs
-		cached = min(cached, float64(req.PromptTokens))
-		th := e.thetaOf(c.Target)
-		gain[c.Target] = th[latency.FTokens]*cached + th[latency.FPairs]*cached*cached/2
-		newBlocks[c.Target] = blocks
-	}
-	return gain, newBlocks
 }

@@ -40,8 +40,8 @@ type flowGate struct {
 	p    *pool
 	capa router.Capacity
 	// ret and fp are cache protection's (flow_control.protect_cache; nil when off): ret
-	// the router's working sets, nil when it keeps none (then every outranking footprint
-	// counts as at risk), fp each class's last prompt per target.
+	// the router's working sets, nil when it keeps none (then every footprint within
+	// protect_window counts as cached), fp each session's last prompt per target.
 	ret  router.Retention
 	fp   *flowcontrol.Footprints[kvkey.Target, footMark]
 	m    *flowMetrics
@@ -176,18 +176,17 @@ func (g *flowGate) admit(ctx context.Context, in *apireq.Request, rreq *router.R
 	cost := g.cfg.InputWeight*float64(rreq.PromptTokens) + g.cfg.OutputWeight*float64(max(in.MaxTokens, 0))
 	t := &flowTicket{g: g, class: cls, cost: cost}
 	g.q.Arrive(cls.priority, cls.tenant)
-	var nd *flowcontrol.Need[kvkey.Target]
-	need := func() flowcontrol.Need[kvkey.Target] {
-		if nd == nil {
-			n := g.need(ctx, rreq, cands)
-			nd = &n
+	var gain map[kvkey.Target]float64
+	gains := func() map[kvkey.Target]float64 {
+		if gain == nil {
+			gain = g.gains(ctx, rreq, cands)
 		}
-		return *nd
+		return gain
 	}
 	fc := flowcontrol.Class{Priority: cls.priority, Tenant: cls.tenant, Named: cls.named}
 	reason := queuedBehind
 	if g.q.Len() == 0 {
-		pl := g.q.Place(fc, g.states(cands), need)
+		pl := g.q.Place(fc, g.states(cands), gains)
 		if len(pl.Allowed) > 0 {
 			g.q.Charge(cls.tenant, cost)
 			g.m.dispatched.WithLabelValues(dispatchDirect).Inc()
@@ -204,9 +203,8 @@ func (g *flowGate) admit(ctx context.Context, in *apireq.Request, rreq *router.R
 	}
 	g.m.queued.WithLabelValues(reason).Inc()
 	w := &flowWaiter{done: make(chan flowResult, 1)}
-	n := need()
 	e := &flowcontrol.Entry[kvkey.Target]{Priority: cls.priority, Tenant: cls.tenant, Named: cls.named, Bytes: int64(bytes), Cost: cost,
-		Gain: n.Gain, New: n.New, Value: w}
+		Gain: gains(), Value: w}
 	prio := flowcontrol.PriorityLabel(cls.priority)
 	evicted, err := g.q.Push(e)
 	if err != nil {
@@ -272,21 +270,10 @@ func (g *flowGate) admit(ctx context.Context, in *apireq.Request, rreq *router.R
 	return t, nil
 }
 
-// need is the request's cache gain on each candidate by the time model (0 where it has
-// none; exactly the candidates are eligible: an adapter's workers) and, under cache
-// protection, the blocks its prefill adds on each.
-func (g *flowGate) need(ctx context.Context, rreq *router.Request, cands []router.Candidate) flowcontrol.Need[kvkey.Target] {
-	var gain, fresh map[kvkey.Target]float64
-	if g.ret != nil {
-		gain, fresh = g.ret.Need(ctx, rreq, cands)
-	} else {
-		gain = g.capa.Gains(ctx, rreq, cands)
-	}
-	return flowcontrol.Need[kvkey.Target]{Gain: g.eligible(gain, cands), New: fresh}
-}
-
-// eligible is gain over exactly the candidates (0 where it has none).
-func (g *flowGate) eligible(gain map[kvkey.Target]float64, cands []router.Candidate) map[kvkey.Target]float64 {
+// gains is the request's cache gain on each candidate by the time model (0 where it has
+// none); exactly the candidates are eligible (an adapter's workers).
+func (g *flowGate) gains(ctx context.Context, rreq *router.Request, cands []router.Candidate) map[kvkey.Target]float64 {
+	gain := g.capa.Gains(ctx, rreq, cands)
 	if gain == nil {
 		gain = make(map[kvkey.Target]float64, len(cands))
 	}
@@ -435,7 +422,7 @@ func newFlowMetrics(reg prometheus.Registerer) *flowMetrics {
 		}, []string{"reason"}),
 	}
 	m.protected = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "kvgate_flow_protected_total", Help: "Requests let through whose placement cache protection (flow_control.protect_cache) narrowed: kept off a worker where their prefill would evict the recent prompt of a class that outranks them, by the rule: priority, tenant.",
+		Name: "kvgate_flow_protected_total", Help: "Requests let through whose placement cache protection (flow_control.protect_cache) narrowed: kept off a worker holding the recent prompt of a class that outranks them, by the rule: priority, tenant.",
 	}, []string{"by"})
 	reg.MustRegister(m.depth, m.bytes, m.wait, m.dispatched, m.shed, m.binding, m.queued, m.protected)
 	return m

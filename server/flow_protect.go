@@ -9,11 +9,10 @@ import (
 )
 
 // Cache protection (flow_control.protect_cache): the gate remembers, per target, each
-// class's last prompt routed there (flowcontrol.Footprints) and tells the queue, with every
-// target's state, how many more blocks that target's KV cache takes before LRU evicts each
-// of those prompts (flowcontrol.Guard, from the router's working sets: router.Retention).
-// The queue then keeps the requests such a class outranks off the targets where their
-// prefill would pass that slack (flowcontrol/protect.go).
+// session's last prompt routed there with its class (flowcontrol.Footprints) and tells the
+// queue, with every target's state, the footprints the router's working sets still count as
+// cached there (flowcontrol.Guard; router.Retention). The queue keeps the requests such a
+// class outranks off those targets (flowcontrol/protect.go).
 
 // footMark is a footprint's key in the router's working set (ok false: none known).
 type footMark struct {
@@ -38,31 +37,24 @@ func (t *flowTicket) placed(target kvkey.Target, rreq *router.Request) {
 	t.g.fp.Record(target, t.class.priority, tenant, rreq.SessionID, float64(len(rreq.BlockHashes)), m, time.Now())
 }
 
-// guards are target's live footprints as the queue reads them: each with its slack (the
-// target's capacity less the footprint and the blocks routed there since it was) when the
-// router knows it. A footprint the router no longer sees there (routed elsewhere since, or
-// aged out of the working set) or whose slack is already spent (LRU has evicted it, by that
-// estimate) is no longer guarded.
+// guards are target's footprints within protect_window that LRU has not evicted by the
+// router's estimate: still in target's working set (not routed elsewhere since, nor older
+// than router.approximate.ttl), and the distinct blocks routed there since, with the
+// footprint itself, within the target's num_gpu_blocks (once scraped). Without the working
+// sets every footprint within the window counts.
 func (g *flowGate) guards(target kvkey.Target) []flowcontrol.Guard {
 	if g.fp == nil {
 		return nil
 	}
 	var out []flowcontrol.Guard
 	for _, f := range g.fp.Live(target, time.Now()) {
-		gd := flowcontrol.Guard{Priority: f.Priority, Tenant: f.Tenant, Blocks: f.Blocks}
 		if g.ret != nil && f.Mark.ok {
 			newer, capacity, ok := g.ret.Retained(target, f.Mark.key)
-			if !ok {
+			if !ok || capacity > 0 && newer+f.Blocks > capacity {
 				continue
 			}
-			if capacity > 0 {
-				gd.Slack, gd.HasSlack = capacity-f.Blocks-newer, true
-				if gd.Slack < 0 {
-					continue
-				}
-			}
 		}
-		out = append(out, gd)
+		out = append(out, flowcontrol.Guard{Priority: f.Priority, Tenant: f.Tenant, Blocks: f.Blocks})
 	}
 	return out
 }
