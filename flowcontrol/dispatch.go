@@ -165,7 +165,7 @@ func gainOn[T comparable](gain map[T]float64, t T) (float64, bool) {
 // price is the request's cost of going to f now against its best other eligible target,
 // by the time model: the predicted wait before its prefill starts, less what its cached
 // prefix saves there, that saving counted (1+weigh) times, weigh being the recompute weight
-// (Limits.RecomputeWeight). Against its best-cached target a target holding less costs the
+// (Limits.RecomputeWeight) times the fleet's loaded share (loadedShare). Against its best-cached target a target holding less costs the
 // request the difference in prefill once, and the fleet weigh times that: the recomputed
 // prefill delays every request queued behind it there and pushes other prompts' cached
 // blocks out of that worker, as router.latency.recompute_weight prices a move away from the
@@ -192,6 +192,46 @@ func price[T comparable](gain map[T]float64, f T, states map[T]TargetState, weig
 		elsewhere = math.Min(elsewhere, so.WaitMs-(1+weigh)*go_)
 	}
 	return here, elsewhere, !math.IsInf(elsewhere, 1)
+}
+
+// loadedShare is how much of the recompute weight a request pays for going to f instead of
+// its best other target (the one price compares f with): the share of the remaining
+// targets that are saturated, 1 when there are none. The GPU time a recompute takes is what
+// the next requests wait behind only when the fleet is loaded; beside idle workers it delays
+// nobody (as the router prices its sibling hold), and the request should not wait for its
+// prefix holder for the fleet's sake.
+func loadedShare[T comparable](gain map[T]float64, f T, states map[T]TargetState, weigh float64) float64 {
+	var alt T
+	found, best := false, math.Inf(1)
+	for o, so := range states {
+		if o == f || !so.HasWait {
+			continue
+		}
+		g, ok := gainOn(gain, o)
+		if !ok {
+			continue
+		}
+		if p := so.WaitMs - (1+weigh)*g; p < best {
+			alt, best, found = o, p, true
+		}
+	}
+	others, loaded := 0, 0
+	for o, so := range states {
+		if o == f || (found && o == alt) {
+			continue
+		}
+		if _, ok := gainOn(gain, o); !ok {
+			continue
+		}
+		others++
+		if so.Saturated {
+			loaded++
+		}
+	}
+	if others == 0 {
+		return 1
+	}
+	return float64(loaded) / float64(others)
 }
 
 // Placement is Place's answer.
@@ -265,7 +305,7 @@ func (q *Queue[T]) Place(c Class, states map[T]TargetState, gains func() map[T]f
 		if _, ok := gainOn(gain, f); !ok {
 			continue
 		}
-		if here, elsewhere, priced := price(gain, f, priceOn, q.lim.RecomputeWeight); !priced || here <= elsewhere {
+		if here, elsewhere, priced := price(gain, f, priceOn, q.lim.RecomputeWeight*loadedShare(gain, f, priceOn, q.lim.RecomputeWeight)); !priced || here <= elsewhere {
 			allowed = append(allowed, f)
 		}
 	}

@@ -72,7 +72,8 @@ func postKid(url string, body any, h map[string]string) (worker string, prompt, 
 //     fleet, and those elsewhere re-prefill everything (0 cached). Under kv's predicted-time cost
 //     the cached system prompt alone may keep them together when the root's worker is not
 //     loaded, which is the point of that cost, so kv cannot show what the hint adds;
-//   - on, with the root's worker saturated (busy threshold): they spread, the hint being soft.
+//   - on, with the root's worker saturated (busy threshold): they spread, the hint being soft
+//     (with the gateway queue off: with it on the queue binds them, see the last case).
 func TestSubagentPlacement(t *testing.T) {
 	tok := needModel(t)
 	system := "You are the lead agent of a code-review crew. " + longText(4242, 150) // ≈2,600 tokens
@@ -105,7 +106,7 @@ func TestSubagentPlacement(t *testing.T) {
 					t.Errorf("without parent-aware placement the subagents stayed together on %v; want them scattered by load", where)
 				}
 			}},
-		{"parent saturated", []string{"--sessions-parent-blocks", "1024", "--router-busy-prefill-tokens", "1"},
+		{"parent saturated", []string{"--sessions-parent-blocks", "1024", "--router-busy-prefill-tokens", "1", "--flow-control-enabled=false"},
 			func(t *testing.T, rootW string, kids []kidResult, sysTokens int) {
 				where := map[string]int{}
 				for _, k := range kids {
@@ -113,6 +114,21 @@ func TestSubagentPlacement(t *testing.T) {
 				}
 				if where[rootW] == len(kids) || len(where) < 3 {
 					t.Errorf("with the root's worker busy the subagents should spread; got %v (root on %s)", where, rootW)
+				}
+			}},
+		// With the gateway queue on (the default) a subagent that finds every holder of the
+		// system prompt busy waits at the gateway, and the queue binds it late: to a holder
+		// that frees (the root's worker, or a worker a sibling has since filled) when that is
+		// predicted sooner than recomputing on an idle one, else to an idle one. The hint stays
+		// soft: the root's worker does not take them all.
+		{"parent saturated, queue on", []string{"--sessions-parent-blocks", "1024", "--router-busy-prefill-tokens", "1"},
+			func(t *testing.T, rootW string, kids []kidResult, sysTokens int) {
+				where := map[string]int{}
+				for _, k := range kids {
+					where[k.worker]++
+				}
+				if where[rootW] == len(kids) {
+					t.Errorf("with the root's worker busy the subagents should not all wait for it; got %v (root on %s)", where, rootW)
 				}
 			}},
 	}
