@@ -196,11 +196,14 @@ func price[T comparable](gain map[T]float64, f T, states map[T]TargetState, weig
 
 // loadedShare is how much of the recompute weight a request pays for going to f instead of
 // its best other target (the one price compares f with): the share of the remaining
-// targets that are saturated, 1 when there are none. The GPU time a recompute takes is what
+// targets that are loaded, 1 when there are none. A target is loaded when it takes no
+// request now: saturated, or its predicted wait at or over full (max_predicted_wait, 0:
+// none), which is how an overloaded fleet with the queue on looks (the workers' own queues
+// stay short of the busy thresholds). The GPU time a recompute takes is what
 // the next requests wait behind only when the fleet is loaded; beside idle workers it delays
 // nobody (as the router prices its sibling hold), and the request should not wait for its
 // prefix holder for the fleet's sake.
-func loadedShare[T comparable](gain map[T]float64, f T, states map[T]TargetState, weigh float64) float64 {
+func loadedShare[T comparable](gain map[T]float64, f T, states map[T]TargetState, weigh, full float64) float64 {
 	var alt T
 	found, best := false, math.Inf(1)
 	for o, so := range states {
@@ -224,7 +227,7 @@ func loadedShare[T comparable](gain map[T]float64, f T, states map[T]TargetState
 			continue
 		}
 		others++
-		if so.Saturated {
+		if !admits(so, full) {
 			loaded++
 		}
 	}
@@ -305,7 +308,7 @@ func (q *Queue[T]) Place(c Class, states map[T]TargetState, gains func() map[T]f
 		if _, ok := gainOn(gain, f); !ok {
 			continue
 		}
-		if here, elsewhere, priced := price(gain, f, priceOn, q.lim.RecomputeWeight*loadedShare(gain, f, priceOn, q.lim.RecomputeWeight)); !priced || here <= elsewhere {
+		if here, elsewhere, priced := price(gain, f, priceOn, q.lim.RecomputeWeight*loadedShare(gain, f, priceOn, q.lim.RecomputeWeight, q.lim.MaxWaitMs)); !priced || here <= elsewhere {
 			allowed = append(allowed, f)
 		}
 	}

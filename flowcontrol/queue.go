@@ -348,7 +348,7 @@ func (q *Queue[T]) best(b *band[T], tenants []string, states map[T]TargetState, 
 					continue
 				}
 				choice := ChoiceUnpriced
-				here, elsewhere, priced := price(e.Gain, f, priceOn, weigh*loadedShare(e.Gain, f, priceOn, weigh))
+				here, elsewhere, priced := price(e.Gain, f, priceOn, weigh*loadedShare(e.Gain, f, priceOn, weigh, q.lim.MaxWaitMs))
 				var score float64
 				if priced {
 					adv := elsewhere - here
