@@ -108,9 +108,10 @@ type Config struct {
 	// router.latency.recompute_weight): the queue moves a request to another worker only when
 	// the holder's predicted wait exceeds (1 + this) times the prefill the move recomputes,
 	// since that prefill delays every request behind it there and evicts other prompts'
-	// cached blocks (0: the request's own time only). It is paid in proportion to the share of
-	// the other workers that take no request now (saturated, or at max_predicted_wait): beside
-	// idle workers the recompute delays nobody.
+	// cached blocks (0: the request's own time only). A request that finds nobody waiting pays
+	// it in proportion to the share of the other workers that take no request now (saturated,
+	// or at max_predicted_wait): beside idle workers the recompute delays nobody. A waiting
+	// request pays all of it: it waits only because the fleet is loaded.
 	RecomputeWeight float64 `yaml:"recompute_weight"`
 	// PollInterval is how often the waiting requests are matched against the workers' load
 	// besides every load change the gateway sees (default 50ms): a safety net for capacity

@@ -165,7 +165,8 @@ func gainOn[T comparable](gain map[T]float64, t T) (float64, bool) {
 // price is the request's cost of going to f now against its best other eligible target,
 // by the time model: the predicted wait before its prefill starts, less what its cached
 // prefix saves there, that saving counted (1+weigh) times, weigh being the recompute weight
-// (Limits.RecomputeWeight) times the fleet's loaded share (loadedShare). Against its best-cached target a target holding less costs the
+// (Limits.RecomputeWeight; Place scales it by the fleet's loaded share, loadedShare). Against
+// its best-cached target a target holding less costs the
 // request the difference in prefill once, and the fleet weigh times that: the recomputed
 // prefill delays every request queued behind it there and pushes other prompts' cached
 // blocks out of that worker, as router.latency.recompute_weight prices a move away from the

@@ -348,7 +348,9 @@ func (q *Queue[T]) best(b *band[T], tenants []string, states map[T]TargetState, 
 					continue
 				}
 				choice := ChoiceUnpriced
-				here, elsewhere, priced := price(e.Gain, f, priceOn, weigh*loadedShare(e.Gain, f, priceOn, weigh, q.lim.MaxWaitMs))
+				// The whole recompute weight: a request waits here only because the fleet
+				// is loaded (Place pays it in proportion to the loaded share instead).
+				here, elsewhere, priced := price(e.Gain, f, priceOn, weigh)
 				var score float64
 				if priced {
 					adv := elsewhere - here

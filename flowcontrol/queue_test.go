@@ -182,6 +182,12 @@ func TestQueueOrder(t *testing.T) {
 			{states: map[string]TargetState{"w1": {WaitMs: 400, HasWait: true}, "w2": {WaitMs: 100, HasWait: true}},
 				want: "cached-on-w1", wantT: "w1", choice: ChoiceHolder},
 		}},
+		{"a waiting request pays the whole recompute weight even beside another free worker", recomputeLimits, []step{
+			{push: e("cached-on-w1", 0, "t", map[string]float64{"w1": 1000, "w2": 0, "w3": 0})},
+			// w2 and w3 free: w1's 2500 - 3 × 1000 = -500 is still sooner than 100 (a weight
+			// scaled by the loaded share, 0 here, would move it: 2500 - 1000 = 1500).
+			{states: map[string]TargetState{"w1": {WaitMs: 2500, HasWait: true}, "w2": {WaitMs: 100, HasWait: true}, "w3": {WaitMs: 100, HasWait: true}}, want: ""},
+		}},
 		{"a holder's queue over three times the recompute: the freed worker", recomputeLimits, []step{
 			{push: e("cached-on-w1", 0, "t", map[string]float64{"w1": 1000, "w2": 0})},
 			{states: map[string]TargetState{"w1": {WaitMs: 3200, HasWait: true}, "w2": {WaitMs: 100, HasWait: true}},
