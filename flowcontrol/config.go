@@ -62,8 +62,9 @@ type Config struct {
 	// that of a tenant which attained less than 1/contended_share of the request's tenant's
 	// service. Its prefills then neither evict that prompt nor queue ahead of the class's
 	// next request. The workers with the most such blocks are avoided first, and at least
-	// half of the eligible workers (rounded up) stay eligible (default false). The outranking
-	// class itself is routed as without it.
+	// half of the eligible workers (rounded up) stay eligible (default true, from the
+	// measurements in docs/benchmarks/2026-12-05-cache-protection.md). The outranking class
+	// itself is routed as without it.
 	ProtectCache bool `yaml:"protect_cache"`
 	// ProtectWindow is how long a class's prompt on a worker stays protected after the
 	// class last routed there (default 60s: longer than the longest think time of the
@@ -130,6 +131,7 @@ func Default() Config {
 		ContendedPredictedWait: confval.Duration(200 * time.Millisecond),
 		ContentionWindow:       confval.Duration(10 * time.Second),
 		ContendedShare:         1.5,
+		ProtectCache:           true,
 		ProtectWindow:          confval.Duration(time.Minute),
 		RetryAfter:             confval.Duration(time.Second),
 		FairnessHeader:         "x-gateway-inference-fairness-id",

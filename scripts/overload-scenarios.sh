@@ -20,7 +20,9 @@
 #   TIME_SCALE      kvbench --time-scale [0.05]
 #   VARIANTS        gateway variants, each LABEL=FLAGS with FLAGS comma-separated kvgate serve
 #                   flags ["kv+queue=--flow-control-enabled"]; e.g. add
-#                   "kv=--flow-control-enabled=false" for kv without the queue (on by default). A flag written sim:FLAG goes to that variant's vllm-sim fleet
+#                   "kv=--flow-control-enabled=false" for kv without the queue (on by default), or
+#                   "kv+queue-unprotected=--flow-control-protect-cache=false" for the queue without
+#                   cache protection (on by default). A flag written sim:FLAG goes to that variant's vllm-sim fleet
 #                   instead, e.g. vLLM's priority scheduling on the workers with the priority
 #                   forwarded to them: "kv+queue+vllmprio=--flow-control-enabled,
 #                   --proxy-forward-priority,sim:--scheduling-policy=priority" (no spaces)

@@ -25,7 +25,7 @@ func TestFlowControlProtectsCacheE2E(t *testing.T) {
 		toOther bool // the priority-0 request goes to the worker without the priority-1 prompt
 	}{
 		{"protected", []string{"--flow-control-protect-cache"}, true},
-		{"unprotected", nil, false},
+		{"unprotected", []string{"--flow-control-protect-cache=false"}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			tok := needModel(t)
