@@ -181,32 +181,15 @@ func price[T comparable](gain map[T]float64, f T, states map[T]TargetState, weig
 	}
 	g, _ := gainOn(gain, f)
 	here = sf.WaitMs - (1+weigh)*g
-	elsewhere = math.Inf(1)
-	for o, so := range states {
-		if o == f || !so.HasWait {
-			continue
-		}
-		go_, ok := gainOn(gain, o)
-		if !ok {
-			continue
-		}
-		elsewhere = math.Min(elsewhere, so.WaitMs-(1+weigh)*go_)
-	}
-	return here, elsewhere, !math.IsInf(elsewhere, 1)
+	_, elsewhere, priced = bestOther(gain, f, states, weigh)
+	return here, elsewhere, priced
 }
 
-// loadedShare is how much of the recompute weight a request pays for going to f instead of
-// its best other target (the one price compares f with): the share of the remaining
-// targets that are loaded, 1 when there are none. A target is loaded when it takes no
-// request now: saturated, or its predicted wait at or over full (max_predicted_wait, 0:
-// none), which is how an overloaded fleet with the queue on looks (the workers' own queues
-// stay short of the busy thresholds). The GPU time a recompute takes is what
-// the next requests wait behind only when the fleet is loaded; beside idle workers it delays
-// nobody (as the router prices its sibling hold), and the request should not wait for its
-// prefix holder for the fleet's sake.
-func loadedShare[T comparable](gain map[T]float64, f T, states map[T]TargetState, weigh, full float64) float64 {
-	var alt T
-	found, best := false, math.Inf(1)
+// bestOther is the eligible target other than f with a prediction whose price (predicted
+// wait less the cache gain counted 1+weigh times) is lowest, and that price; found is false
+// when there is none (price +Inf).
+func bestOther[T comparable](gain map[T]float64, f T, states map[T]TargetState, weigh float64) (alt T, best float64, found bool) {
+	best = math.Inf(1)
 	for o, so := range states {
 		if o == f || !so.HasWait {
 			continue
@@ -219,6 +202,20 @@ func loadedShare[T comparable](gain map[T]float64, f T, states map[T]TargetState
 			alt, best, found = o, p, true
 		}
 	}
+	return alt, best, found
+}
+
+// loadedShare is how much of the recompute weight a request pays for going to f instead of
+// its best other target (the one price compares f with): the share of the remaining
+// targets that are loaded, 1 when there are none. A target is loaded when it takes no
+// request now: saturated, or its predicted wait at or over full (max_predicted_wait, 0:
+// none), which is how an overloaded fleet with the queue on looks (the workers' own queues
+// stay short of the busy thresholds). The GPU time a recompute takes is what
+// the next requests wait behind only when the fleet is loaded; beside idle workers it delays
+// nobody (as the router prices its sibling hold), and the request should not wait for its
+// prefix holder for the fleet's sake.
+func loadedShare[T comparable](gain map[T]float64, f T, states map[T]TargetState, weigh, full float64) float64 {
+	alt, _, found := bestOther(gain, f, states, weigh)
 	others, loaded := 0, 0
 	for o, so := range states {
 		if o == f || (found && o == alt) {

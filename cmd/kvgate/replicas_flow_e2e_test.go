@@ -20,14 +20,7 @@ func TestReplicasQueueOnSharedLoadE2E(t *testing.T) {
 		append([]string{"--cluster-replica-id", "a", "--cluster-embedded-nats-listen", natsAddr, "--cluster-embedded-nats-store-dir", t.TempDir()}, flow...),
 		append([]string{"--cluster-replica-id", "b", "--cluster-nats-url", "nats://" + natsAddr}, flow...))
 	a, b := rs[0], rs[1]
-	for end := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-		if _, peers := b.peerRequests(); len(peers) == 1 && peers[0] == "a" {
-			break
-		}
-		if time.Now().After(end) {
-			t.Fatal("b never heard of a")
-		}
-	}
+	b.awaitOnlyPeer("a")
 
 	aCall := a.flowSend(context.Background(), "a", "/v1/chat/completions", chatRequest("You are replica a.", longText(3, 100)), nil)
 	for end := time.Now().Add(1200 * time.Millisecond); ; time.Sleep(5 * time.Millisecond) {

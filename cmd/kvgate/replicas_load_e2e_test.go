@@ -60,6 +60,19 @@ func (r *fleet) peerRequests() (requests int, replicas []string) {
 	return requests, replicas
 }
 
+// awaitOnlyPeer waits (up to 5 s) until r's view of its peers is the one replica id.
+func (r *fleet) awaitOnlyPeer(id string) {
+	r.t.Helper()
+	for end := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if _, peers := r.peerRequests(); len(peers) == 1 && peers[0] == id {
+			return
+		}
+		if time.Now().After(end) {
+			r.t.Fatalf("never heard of replica %s", id)
+		}
+	}
+}
+
 // TestReplicasShareLoadE2E: two gateways on one NATS (A's embedded server). A request in
 // flight through A shows in B's /debug/workers as the peers' share of its worker's load and
 // leaves it when it ends; the prompt A routed (approximate mode) is predicted on the same
@@ -74,14 +87,7 @@ func TestReplicasShareLoadE2E(t *testing.T) {
 		[]string{"--cluster-replica-id", "a", "--cluster-embedded-nats-listen", natsAddr, "--cluster-embedded-nats-store-dir", t.TempDir()},
 		[]string{"--cluster-replica-id", "b", "--cluster-nats-url", "nats://" + natsAddr})
 	a, b := rs[0], rs[1]
-	for end := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-		if _, peers := b.peerRequests(); len(peers) == 1 && peers[0] == "a" {
-			break
-		}
-		if time.Now().After(end) {
-			t.Fatal("b never heard of a")
-		}
-	}
+	b.awaitOnlyPeer("a")
 
 	req := chatRequest("You are a replica test.", longText(3, 200))
 	type result struct {
