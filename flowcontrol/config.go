@@ -112,7 +112,10 @@ type Config struct {
 	// cached blocks (0: the request's own time only). A request that finds nobody waiting pays
 	// it in proportion to the share of the other workers that take no request now (saturated,
 	// or at max_predicted_wait): beside idle workers the recompute delays nobody. A waiting
-	// request pays all of it: it waits only because the fleet is loaded.
+	// request pays it in proportion to the share of the waiting requests that the idle workers
+	// (no prefill queued) cannot take at once: all of it while many wait and every worker has
+	// a queue (overload), none while idle workers are enough for every waiting request (a
+	// subagent fan-out beside idle workers).
 	RecomputeWeight float64 `yaml:"recompute_weight"`
 	// PollInterval is how often the waiting requests are matched against the workers' load
 	// besides every load change the gateway sees (default 50ms): a safety net for capacity

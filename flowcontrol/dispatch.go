@@ -165,12 +165,13 @@ func gainOn[T comparable](gain map[T]float64, t T) (float64, bool) {
 // price is the request's cost of going to f now against its best other eligible target,
 // by the time model: the predicted wait before its prefill starts, less what its cached
 // prefix saves there, that saving counted (1+weigh) times, weigh being the recompute weight
-// (Limits.RecomputeWeight; Place scales it by the fleet's loaded share, loadedShare). Against
-// its best-cached target a target holding less costs the
-// request the difference in prefill once, and the fleet weigh times that: the recomputed
-// prefill delays every request queued behind it there and pushes other prompts' cached
-// blocks out of that worker, as router.latency.recompute_weight prices a move away from the
-// cache for routing (the price of each target differs from that sum by the same constant).
+// (Limits.RecomputeWeight; Place scales it by the fleet's loaded share, loadedShare, Next by
+// the queue's backlog, backlogShare). Against its best-cached target a target holding less
+// costs the request the difference in prefill once, and the fleet weigh times that: the
+// recomputed prefill delays every request queued behind it there and pushes other prompts'
+// cached blocks out of that worker, as router.latency.recompute_weight prices a move away
+// from the cache for routing (the price of each target differs from that sum by the same
+// constant).
 // A saturated alternative is priced at its predicted wait now, which is when its queue will
 // have drained to take the request. priced is false when f or every alternative has no
 // prediction.
@@ -233,6 +234,40 @@ func loadedShare[T comparable](gain map[T]float64, f T, states map[T]TargetState
 		return 1
 	}
 	return float64(loaded) / float64(others)
+}
+
+// idleWaitMs is the predicted wait up to which a target counts as idle (backlogShare): the
+// time model predicts 0 where no prefill is queued (running decodes alone add nothing
+// before a new prefill starts); the millisecond absorbs rounding.
+const idleWaitMs = 1.0
+
+// idle reports whether a target in state s is idle: not saturated (a target handed to a
+// request not yet routed is) and no prefill queued there (its predicted wait, when known,
+// at most idleWaitMs).
+func idle(s TargetState) bool {
+	return !s.Saturated && (!s.HasWait || s.WaitMs <= idleWaitMs)
+}
+
+// backlogShare is how much of the recompute weight a waiting request pays (Next): the share
+// of the waiting requests (waiting, itself included) that the idle targets eligible for it
+// cannot take at once, max(0, waiting − idle) / waiting. A request waits only because the
+// fleet was loaded, and at 2x capacity every worker keeps a queue under max_predicted_wait
+// while many requests wait: the whole weight, as the GPU time a recompute takes is what the
+// backlog waits behind (loadedShare would count those workers as unloaded and let waiting
+// requests leave their holders). When the idle targets are enough for every waiting request
+// (a subagent fan-out beside idle workers), a recompute delays nobody: it pays none of it,
+// and does not wait for a busy holder for the fleet's sake.
+func backlogShare[T comparable](gain map[T]float64, states map[T]TargetState, waiting int) float64 {
+	if waiting <= 0 {
+		return 1
+	}
+	n := 0
+	for t, s := range states {
+		if _, ok := gainOn(gain, t); ok && idle(s) {
+			n++
+		}
+	}
+	return float64(max(0, waiting-n)) / float64(waiting)
 }
 
 // Placement is Place's answer.

@@ -252,8 +252,9 @@ func (q *Queue[T]) unlink(e *Entry[T], to entryState) {
 // wait is under the entry's bound (MaxWaitMs, or ContendedWaitMs for a contended entry). An
 // entry takes a free target only when, by the time model, its prefill ends there no later
 // than by waiting for its best other target (price: predicted wait less the weighed cache
-// gain), less its wait credit (AgeWeight × ms waited): late binding, priced. Otherwise it
-// keeps waiting and others may take the target.
+// gain, the recompute weight paid in proportion to the backlog the idle targets cannot take,
+// backlogShare), less its wait credit (AgeWeight × ms waited): late binding, priced.
+// Otherwise it keeps waiting and others may take the target.
 //
 // The highest priority with an entry that takes a free target goes first; within it the
 // tenants in order of least attained service; within a tenant the entry with the highest
@@ -342,15 +343,16 @@ func (q *Queue[T]) best(b *band[T], tenants []string, states map[T]TargetState, 
 			top, second, topAt := topGains(e.Gain)
 			avoid, by := q.shield(Class{e.Priority, e.Tenant, e.Named}, eligibleOf(e.Gain, states), states, sh, now)
 			priceOn := withoutTargets(states, avoid)
+			// The recompute weight in proportion to the backlog: all of it while more
+			// requests wait than idle targets can take (2x), none beside enough idle ones.
+			weighE := weigh * backlogShare(e.Gain, priceOn, q.n)
 			for f := range states {
 				g, eligible := gainOn(e.Gain, f)
 				if !eligible || avoid[f] || !takes(bd, states, f) {
 					continue
 				}
 				choice := ChoiceUnpriced
-				// The whole recompute weight: a request waits here only because the fleet
-				// is loaded (Place pays it in proportion to the loaded share instead).
-				here, elsewhere, priced := price(e.Gain, f, priceOn, weigh)
+				here, elsewhere, priced := price(e.Gain, f, priceOn, weighE)
 				var score float64
 				if priced {
 					adv := elsewhere - here

@@ -182,11 +182,44 @@ func TestQueueOrder(t *testing.T) {
 			{states: map[string]TargetState{"w1": {WaitMs: 400, HasWait: true}, "w2": {WaitMs: 100, HasWait: true}},
 				want: "cached-on-w1", wantT: "w1", choice: ChoiceHolder},
 		}},
-		{"a waiting request pays the whole recompute weight even beside another free worker", recomputeLimits, []step{
+		{"a waiting request pays the whole recompute weight beside free workers with a queue (2x)", recomputeLimits, []step{
 			{push: e("cached-on-w1", 0, "t", map[string]float64{"w1": 1000, "w2": 0, "w3": 0})},
-			// w2 and w3 free: w1's 2500 - 3 × 1000 = -500 is still sooner than 100 (a weight
-			// scaled by the loaded share, 0 here, would move it: 2500 - 1000 = 1500).
+			// w2 and w3 admit it but are not idle: w1's 2500 - 3 × 1000 = -500 is still sooner
+			// than 100 (Place's share, 0 here, would move it: 2500 - 1000 = 1500).
 			{states: map[string]TargetState{"w1": {WaitMs: 2500, HasWait: true}, "w2": {WaitMs: 100, HasWait: true}, "w3": {WaitMs: 100, HasWait: true}}, want: ""},
+		}},
+		{"2x: more requests wait than idle workers can take: the weight by the backlog", recomputeLimits, []step{
+			{push: e("cached-on-w1", 0, "t", map[string]float64{"w1": 1000, "w2": 0, "w3": 0, "w4": 0})},
+			{push: e("cached-on-w4", 0, "t", map[string]float64{"w1": 0, "w2": 0, "w3": 0, "w4": 1000})},
+			{push: e("cached-on-w4-too", 0, "t", map[string]float64{"w1": 0, "w2": 0, "w3": 0, "w4": 1000})},
+			// Three wait, one idle worker (w2; w3 has a queue): 2/3 of the weight, 2200 - (1 +
+			// 4/3) × 1000 on the holders is sooner than 0 on w2 (Place's share, 1/2 on w2 with
+			// w3 under max_predicted_wait, would move them: 2200 - 2000).
+			{states: map[string]TargetState{"w1": {Saturated: true, WaitMs: 2200, HasWait: true}, "w2": {HasWait: true},
+				"w3": {WaitMs: 400, HasWait: true}, "w4": {Saturated: true, WaitMs: 2200, HasWait: true}}, want: ""},
+			// Once it waits alone, the idle w2 can take it: no weight, 0 against 2200 - 1000.
+			{remove: "cached-on-w4"}, {remove: "cached-on-w4-too"},
+			{states: map[string]TargetState{"w1": {Saturated: true, WaitMs: 2200, HasWait: true}, "w2": {HasWait: true},
+				"w3": {WaitMs: 400, HasWait: true}, "w4": {Saturated: true, WaitMs: 2200, HasWait: true}},
+				want: "cached-on-w1", wantT: "w2", choice: ChoiceFaster},
+		}},
+		{"beside idle workers a waiting request does not wait for its busy holder", recomputeLimits, []step{
+			{push: e("cached-on-w1", 0, "t", map[string]float64{"w1": 1000, "w2": 0, "w3": 0})},
+			// w2 and w3 idle (no prefill queued): the recompute delays nobody, no weight:
+			// 0 against w1's 1500 - 1000 (with the whole weight, 1500 - 3000: it would wait).
+			{states: map[string]TargetState{"w1": {Saturated: true, WaitMs: 1500, HasWait: true}, "w2": {HasWait: true}, "w3": {WaitMs: 0.5, HasWait: true}},
+				want: "cached-on-w1", wantT: "w2", choice: ChoiceFaster},
+		}},
+		{"a fan-out beside as many idle workers: each sibling leaves the busy holder", recomputeLimits, []step{
+			{push: e("sub-1", 0, "t", map[string]float64{"w1": 1000, "w2": 0, "w3": 0, "w4": 0})},
+			{push: e("sub-2", 0, "t", map[string]float64{"w1": 1000, "w2": 0, "w3": 0, "w4": 0})},
+			{push: e("sub-3", 0, "t", map[string]float64{"w1": 1000, "w2": 0, "w3": 0, "w4": 0})},
+			{states: map[string]TargetState{"w1": {Saturated: true, WaitMs: 1500, HasWait: true}, "w2": {HasWait: true},
+				"w3": {HasWait: true}, "w4": {HasWait: true}}, want: "sub-1", wantT: "w2", choice: ChoiceFaster},
+			{states: map[string]TargetState{"w1": {Saturated: true, WaitMs: 1500, HasWait: true}, "w2": {Saturated: true, HasWait: true},
+				"w3": {HasWait: true}, "w4": {HasWait: true}}, want: "sub-2", wantT: "w3", choice: ChoiceFaster},
+			{states: map[string]TargetState{"w1": {Saturated: true, WaitMs: 1500, HasWait: true}, "w2": {Saturated: true, HasWait: true},
+				"w3": {WaitMs: 300, HasWait: true}, "w4": {HasWait: true}}, want: "sub-3", wantT: "w4", choice: ChoiceFaster},
 		}},
 		{"a holder's queue over three times the recompute: the freed worker", recomputeLimits, []step{
 			{push: e("cached-on-w1", 0, "t", map[string]float64{"w1": 1000, "w2": 0})},
@@ -493,6 +526,36 @@ func TestPlace(t *testing.T) {
 			slices.Sort(got)
 			if !slices.Equal(got, tc.want) || all != tc.wantAll || reason != tc.reason || asked != tc.wantGains {
 				t.Errorf("Place = %v all %v %q (gains asked %v), want %v all %v %q (%v)", got, all, reason, asked, tc.want, tc.wantAll, tc.reason, tc.wantGains)
+			}
+		})
+	}
+}
+
+// backlogShare: the share of the waiting requests the idle targets eligible for one cannot
+// take at once (Next's recompute weight).
+func TestBacklogShare(t *testing.T) {
+	idleSt := TargetState{HasWait: true}
+	cases := []struct {
+		name    string
+		states  map[string]TargetState
+		gain    map[string]float64
+		waiting int
+		want    float64
+	}{
+		{"as many idle targets as waiting requests: none", map[string]TargetState{"w1": {Saturated: true}, "w2": idleSt, "w3": idleSt}, nil, 2, 0},
+		{"more idle targets than waiting: none", map[string]TargetState{"w1": idleSt, "w2": idleSt}, nil, 1, 0},
+		{"no idle target: all", map[string]TargetState{"w1": {WaitMs: 100, HasWait: true}, "w2": {Saturated: true}}, nil, 1, 1},
+		{"three waiting, one idle: two thirds", map[string]TargetState{"w1": idleSt, "w2": {WaitMs: 400, HasWait: true}}, nil, 3, 2.0 / 3},
+		{"a wait under a millisecond is idle, over it is not", map[string]TargetState{"w1": {WaitMs: 1, HasWait: true}, "w2": {WaitMs: 1.5, HasWait: true}}, nil, 2, 0.5},
+		{"saturated (or reserved) is not idle, whatever its wait", map[string]TargetState{"w1": {Saturated: true, HasWait: true}}, nil, 1, 1},
+		{"without a time model a free target is idle", map[string]TargetState{"w1": {}}, nil, 1, 0},
+		{"an idle target the request may not use does not count", map[string]TargetState{"w1": idleSt, "w2": idleSt}, map[string]float64{"w1": 0}, 2, 0.5},
+		{"nobody waiting: all", map[string]TargetState{"w1": idleSt}, nil, 0, 1},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := backlogShare(tc.gain, tc.states, tc.waiting); math.Abs(got-tc.want) > 1e-12 {
+				t.Errorf("backlogShare = %v, want %v", got, tc.want)
 			}
 		})
 	}
