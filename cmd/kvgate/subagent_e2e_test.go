@@ -117,18 +117,19 @@ func TestSubagentPlacement(t *testing.T) {
 				}
 			}},
 		// With the gateway queue on (the default) a subagent that finds every holder of the
-		// system prompt busy waits at the gateway, and the queue binds it late: to a holder
-		// that frees (the root's worker, or a worker a sibling has since filled) when that is
-		// predicted sooner than recomputing on an idle one, else to an idle one. The hint stays
-		// soft: the root's worker does not take them all.
+		// system prompt busy waits at the gateway, and the queue binds it late. Beside as many
+		// idle workers as requests waiting, the recompute on an idle one delays nobody, so the
+		// fleet's recompute weight is not paid (flowcontrol backlogShare): each leaves for an
+		// idle worker once waiting for the holder is not predicted sooner for itself. Paying
+		// the whole weight there serialized three of the four on the root's worker.
 		{"parent saturated, queue on", []string{"--sessions-parent-blocks", "1024", "--router-busy-prefill-tokens", "1"},
 			func(t *testing.T, rootW string, kids []kidResult, sysTokens int) {
 				where := map[string]int{}
 				for _, k := range kids {
 					where[k.worker]++
 				}
-				if where[rootW] == len(kids) {
-					t.Errorf("with the root's worker busy the subagents should not all wait for it; got %v (root on %s)", where, rootW)
+				if where[rootW] > 2 || len(where) < 3 {
+					t.Errorf("with the root's worker busy and three idle, the subagents should spread (at most 2 on the root's worker, 3 workers or more); got %v (root on %s)", where, rootW)
 				}
 			}},
 	}
