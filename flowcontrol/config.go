@@ -32,8 +32,12 @@ type Config struct {
 	// MaxBytes bounds the request bodies waiting per model pool, in bytes (default 64 MiB);
 	// a request that would pass it is answered 429 with Retry-After.
 	MaxBytes confval.ByteSize `yaml:"max_bytes"`
-	// QueueTimeout is the longest a request waits at the gateway (default 30s); past it the
-	// request is answered 503 with Retry-After.
+	// QueueTimeout bounds a waiting request's time to its first token, counted from its
+	// arrival at the gateway (default 30s): it is answered 503 with Retry-After once the
+	// timeout passed, or earlier, as soon as the kv time model predicts that no worker can
+	// give it its first token in time any more (its own prefill after the worker's wait); it
+	// is never sent where its first token is predicted later, and cache protection yields
+	// when only the workers it keeps the request off can still make it.
 	QueueTimeout confval.Duration `yaml:"queue_timeout"`
 	// MaxPredictedWait marks a worker saturated when the kv policy's time model predicts that
 	// a request sent there now would wait longer than this before its own prefill starts: the

@@ -30,6 +30,13 @@ type Entry[T comparable] struct {
 	Gain map[T]float64
 	// Named: Tenant is named by the client (Class.Named).
 	Named bool
+	// Deadline is when the request's first token is due (its arrival plus queue_timeout;
+	// zero: none), and Prefill its own prefill in ms on each target with its cache there (the
+	// time model's; nil: none predicted). A target where the predicted wait plus Prefill
+	// passes Deadline is not taken (deadline.go), and Late sheds the entry once every
+	// eligible target is such.
+	Deadline time.Time
+	Prefill  map[T]float64
 	// Value is the caller's own; the queue never reads it.
 	Value any
 
@@ -342,13 +349,19 @@ func (q *Queue[T]) best(b *band[T], tenants []string, states map[T]TargetState, 
 			age := q.lim.AgeWeight * float64(now.Sub(e.enqueued)) / float64(time.Millisecond)
 			top, second, topAt := topGains(e.Gain)
 			avoid, by := q.shield(Class{e.Priority, e.Tenant, e.Named}, eligibleOf(e.Gain, states), states, sh, now)
-			priceOn := withoutTargets(states, avoid)
+			late := e.lateTargets(states, now)
+			lifted := liftFor(e, states, avoid, late)
+			if lifted {
+				avoid, by = nil, "" // protection yields to its deadline (deadline.go)
+			}
 			// The recompute weight in proportion to the backlog: all of it while more
 			// requests wait than idle targets can take (2x), none beside enough idle ones.
-			weighE := weigh * backlogShare(e.Gain, priceOn, q.n)
+			weighE := weigh * backlogShare(e.Gain, withoutTargets(states, avoid), q.n)
+			// A target where it would be late is no alternative worth waiting for.
+			priceOn := withoutTargets(states, union(avoid, late))
 			for f := range states {
 				g, eligible := gainOn(e.Gain, f)
-				if !eligible || avoid[f] || !takes(bd, states, f) {
+				if !eligible || avoid[f] || late[f] || !takes(bd, states, f) {
 					continue
 				}
 				choice := ChoiceUnpriced
@@ -377,7 +390,7 @@ func (q *Queue[T]) best(b *band[T], tenants []string, states map[T]TargetState, 
 				}
 				if !ok || score > bestScore || (score == bestScore && (e.seq < best.seq || e == best && less(f, d.Target))) {
 					best, bestScore, ok = e, score, true
-					d = Dispatch[T]{Target: f, Choice: choice, HereMs: here, ElseMs: elsewhere, Contended: bd.contended, Protected: by}
+					d = Dispatch[T]{Target: f, Choice: choice, HereMs: here, ElseMs: elsewhere, Contended: bd.contended, Protected: by, Lifted: lifted}
 				}
 			}
 		}

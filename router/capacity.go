@@ -22,8 +22,10 @@ type Capacity interface {
 	OnLoadChange(f func())
 	// Gains returns, for each candidate, the time in ms the request saves there by the time
 	// model: its cached prefix's prefill (tokens and attention pairs) at that target's
-	// coefficients. Nil when the policy does not see the cache (every target then gains 0).
-	Gains(ctx context.Context, req *Request, cands []Candidate) map[kvkey.Target]float64
+	// coefficients, and own, its remaining prefill there (the uncached suffix after the
+	// cached prefix, with no queue ahead). Both nil when the policy does not see the cache
+	// (every target then gains 0, and no prefill is predicted).
+	Gains(ctx context.Context, req *Request, cands []Candidate) (saved, own map[kvkey.Target]float64)
 	// Program names the agent program req belongs to: the root session of its session's
 	// lineage (a subagent's parent's root), "" for a request without a session.
 	Program(req *Request) string
@@ -126,24 +128,27 @@ func (p *KVPolicy) predictedWaitMs(t kvkey.Target, pv LoadVector, snap TargetLoa
 
 // Gains implements Capacity for the KV-aware policies: the policy's own read-only scoring
 // gives each candidate's cached blocks (G1, and G2/G3 at their credits).
-func (e *Dispatcher) Gains(ctx context.Context, req *Request, cands []Candidate) map[kvkey.Target]float64 {
+func (e *Dispatcher) Gains(ctx context.Context, req *Request, cands []Candidate) (saved, own map[kvkey.Target]float64) {
 	if e.kv == nil || len(cands) == 0 {
-		return nil
+		return nil, nil
 	}
 	d, err := e.kv.Pick(ctx, req, cands)
 	if err != nil {
-		return nil
+		return nil, nil
 	}
 	cfg := e.kv.Config()
 	bs := float64(blockSizeOf(req))
-	out := make(map[kvkey.Target]float64, len(d.Candidates))
+	prompt := float64(req.PromptTokens)
+	saved = make(map[kvkey.Target]float64, len(d.Candidates))
+	own = make(map[kvkey.Target]float64, len(d.Candidates))
 	for _, c := range d.Candidates {
 		cached := (float64(c.G1Blocks) + cfg.G2Credit*float64(c.G2Blocks) + cfg.G3Credit*float64(c.G3Blocks)) * bs
-		cached = min(cached, float64(req.PromptTokens))
+		cached = min(cached, prompt)
 		th := e.thetaOf(c.Target)
-		out[c.Target] = th[latency.FTokens]*cached + th[latency.FPairs]*cached*cached/2
+		saved[c.Target] = latency.PrefillMs(th, cached, 0)
+		own[c.Target] = latency.PrefillMs(th, prompt-cached, cached)
 	}
-	return out
+	return saved, own
 }
 
 // thetaOf is the time model's coefficients for t (its fit once ready, else the prior).

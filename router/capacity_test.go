@@ -2,11 +2,15 @@ package router
 
 import (
 	"context"
+	"math"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/kvgate/kvgate/indexers"
 	"github.com/kvgate/kvgate/kvkey"
+	"github.com/kvgate/kvgate/router/latency"
+	"github.com/kvgate/kvgate/tokenize"
 )
 
 // Saturation reads the gateway's own load, the worker's scraped waiting count moved forward by
@@ -105,4 +109,38 @@ func TestSaturationPredictedWait(t *testing.T) {
 		t.Fatalf("after its first token the wait is %v ms", sat.WaitMs)
 	}
 	life.Done()
+}
+
+// Gains prices each candidate's cached prefix (saved) and the prefill left there (own) by the
+// time model: saved plus own is the whole prompt's prefill on every candidate.
+func TestGains(t *testing.T) {
+	ix := indexers.NewIndex(indexers.Options{BlockSize: 16})
+	tokens := promptTokens(7, 64*16)
+	hashes := tokenize.BlockHashes(tokens, 16, tokenize.HashOptions{})
+	ext := func(target int) func(int) uint64 { return func(b int) uint64 { return uint64(target)<<32 | uint64(b) } }
+	cands := kvCands(3)
+	for _, c := range cands {
+		if err := ix.AddTarget(c.Target); err != nil {
+			t.Fatal(err)
+		}
+	}
+	storeBlocks(t, ix, tgt(0), indexers.MediumGPU, tokens, 0, 40, ext(0))
+	storeBlocks(t, ix, tgt(1), indexers.MediumGPU, tokens, 0, 10, ext(1))
+	p := newTestKV(t, PolicyKV, DefaultKVConfig(), KVDeps{Matcher: ix}, nil)
+	e, err := NewDispatcher(DispatcherOptions{KV: p})
+	if err != nil {
+		t.Fatal(err)
+	}
+	saved, own := e.Gains(context.Background(), request(hashes), cands)
+	th := e.thetaOf(tgt(0))
+	whole := latency.PrefillMs(th, 64*16, 0)
+	for i, cached := range []float64{40 * 16, 10 * 16, 0} {
+		tg := tgt(i)
+		if want := latency.PrefillMs(th, cached, 0); math.Abs(saved[tg]-want) > 1e-9 {
+			t.Errorf("target %d: saved %v ms, want %v (%v cached tokens)", i, saved[tg], want, cached)
+		}
+		if want := latency.PrefillMs(th, 64*16-cached, cached); math.Abs(own[tg]-want) > 1e-9 || math.Abs(saved[tg]+own[tg]-whole) > 1e-6 {
+			t.Errorf("target %d: own %v ms, want %v (and with saved %v the whole prompt's %v)", i, own[tg], want, saved[tg], whole)
+		}
+	}
 }

@@ -22,6 +22,7 @@ type accessInfo struct {
 	flow                   string        // flow control's choice: direct, or the queue's binding (best, aged, unpriced)
 	flowWait               time.Duration // waited at the gateway
 	flowProtected          string        // the cache-protection rule that narrowed its placement
+	flowShed               string        // why the gateway's queue answered it without a worker
 }
 
 type accessKey struct{}
@@ -53,6 +54,14 @@ func (a *accessInfo) noteFlow(t *flowTicket) {
 	}
 }
 
+// noteShed records why the gateway's queue answered the request itself (server/flow.go shed
+// reasons).
+func (a *accessInfo) noteShed(reason string) {
+	if a != nil {
+		a.flowShed = reason
+	}
+}
+
 // noteFirstToken records the time to the first token: the first body byte, or an Anthropic
 // stream's first content_block_delta.
 func (a *accessInfo) noteFirstToken(d time.Duration) {
@@ -78,7 +87,7 @@ func (s *Server) accessLog(c *gin.Context) {
 	start := time.Now()
 	method := c.Request.Method
 	defer func() {
-		attrs := make([]slog.Attr, 0, 13)
+		attrs := make([]slog.Attr, 0, 14)
 		attrs = append(attrs, slog.String("method", method), slog.String("path", path),
 			slog.Int("status", c.Writer.Status()), slog.Float64("latency_ms", ms(time.Since(start))))
 		if info.hasTTFT {
@@ -92,6 +101,9 @@ func (s *Server) accessLog(c *gin.Context) {
 			if info.flowProtected != "" {
 				attrs = append(attrs, slog.String("flow_protected", info.flowProtected))
 			}
+		}
+		if info.flowShed != "" {
+			attrs = append(attrs, slog.String("flow_shed", info.flowShed))
 		}
 		if info.promptTokens > 0 {
 			attrs = append(attrs, slog.Int("prompt_tokens", info.promptTokens))

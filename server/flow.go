@@ -64,6 +64,7 @@ type flowResult struct {
 	d        flowcontrol.Dispatch[kvkey.Target]
 	noWorker bool // no routable worker is left: answer 503
 	evicted  bool // a higher priority took its place in a full queue: answer 429
+	late     bool // no worker can give it its first token by its deadline: answer 503
 }
 
 // flowTicket is a request the gate let through. A dispatched one names its target and holds
@@ -143,6 +144,9 @@ const (
 	shedClientGone = "client_gone"
 	shedNoWorker   = "no_worker"
 	shedEvicted    = "evicted"
+	// shedDeadline: by the time model no worker could give it its first token within
+	// queue_timeout of its arrival any more (flowcontrol.Queue.Late).
+	shedDeadline = "deadline"
 
 	dispatchDirect = "direct" // a candidate had room and nobody waited: not queued
 	dispatchFreed  = "freed"  // waited, then a freed target took it
@@ -162,10 +166,11 @@ const (
 // (flowcontrol.Queue.Place: under its class's predicted-wait bound and, priced by the time
 // model, no slower than waiting for its prefix holder; the route is then narrowed to such
 // candidates), and otherwise queues it until a target takes it (a bound ticket), the queue
-// is full (429), a higher priority evicts it (429), it waited flow_control.queue_timeout
-// (503), no worker is left (503), or the client left (errFlowClientGone). A nil ticket and
-// error: route as without flow control.
-func (g *flowGate) admit(ctx context.Context, in *apireq.Request, rreq *router.Request, bytes int, cls flowClass) (*flowTicket, error) {
+// is full (429), a higher priority evicts it (429), flow_control.queue_timeout passed since
+// its arrival at start (503 timeout), the time model predicts that no worker can give it its
+// first token before then any more (503 deadline), no worker is left (503), or the client
+// left (errFlowClientGone). A nil ticket and error: route as without flow control.
+func (g *flowGate) admit(ctx context.Context, in *apireq.Request, rreq *router.Request, bytes int, cls flowClass, start time.Time) (*flowTicket, error) {
 	if g == nil || rreq.PinResponseID != "" {
 		return nil, nil // a pinned request can go to one worker only: nothing to bind late
 	}
@@ -176,10 +181,10 @@ func (g *flowGate) admit(ctx context.Context, in *apireq.Request, rreq *router.R
 	cost := g.cfg.InputWeight*float64(rreq.PromptTokens) + g.cfg.OutputWeight*float64(max(in.MaxTokens, 0))
 	t := &flowTicket{g: g, class: cls, cost: cost}
 	g.q.Arrive(cls.priority, cls.tenant)
-	var gain map[kvkey.Target]float64
+	var gain, own map[kvkey.Target]float64
 	gains := func() map[kvkey.Target]float64 {
 		if gain == nil {
-			gain = g.gains(ctx, rreq, cands)
+			gain, own = g.gains(ctx, rreq, cands)
 		}
 		return gain
 	}
@@ -203,12 +208,14 @@ func (g *flowGate) admit(ctx context.Context, in *apireq.Request, rreq *router.R
 	}
 	g.m.queued.WithLabelValues(reason).Inc()
 	w := &flowWaiter{done: make(chan flowResult, 1)}
+	deadline := start.Add(g.cfg.QueueTimeout.D())
 	e := &flowcontrol.Entry[kvkey.Target]{Priority: cls.priority, Tenant: cls.tenant, Named: cls.named, Bytes: int64(bytes), Cost: cost,
-		Gain: gains(), Value: w}
+		Gain: gains(), Prefill: own, Deadline: deadline, Value: w}
 	prio := flowcontrol.PriorityLabel(cls.priority)
 	evicted, err := g.q.Push(e)
 	if err != nil {
 		g.m.shed.WithLabelValues(shedFull).Inc()
+		accessFrom(ctx).noteShed(shedFull)
 		return nil, &apiError{Status: http.StatusTooManyRequests, RetryAfter: g.cfg.RetryAfterSeconds(), Message: err.Error()}
 	}
 	for _, x := range evicted {
@@ -221,7 +228,7 @@ func (g *flowGate) admit(ctx context.Context, in *apireq.Request, rreq *router.R
 		g.m.bytes.WithLabelValues(prio).Sub(float64(bytes))
 	}
 	g.start()
-	timer := time.NewTimer(g.cfg.QueueTimeout.D())
+	timer := time.NewTimer(time.Until(deadline))
 	defer timer.Stop()
 	var r flowResult
 	select {
@@ -229,35 +236,39 @@ func (g *flowGate) admit(ctx context.Context, in *apireq.Request, rreq *router.R
 	case <-timer.C:
 		if g.q.Remove(e) {
 			left()
-			g.shed(shedTimeout, e)
+			g.shed(ctx, shedTimeout, e)
 			return nil, &apiError{Status: http.StatusServiceUnavailable, RetryAfter: g.cfg.RetryAfterSeconds(),
-				Message: fmt.Sprintf("every worker stayed busy for %s, the gateway's longest queue wait (flow_control.queue_timeout)", g.cfg.QueueTimeout.D())}
+				Message: fmt.Sprintf("every worker stayed busy for %s, the gateway's longest wait for a first token (flow_control.queue_timeout)", g.cfg.QueueTimeout.D())}
 		}
 		r = <-w.done // dispatched (or evicted) as the timer fired: take it
 	case <-ctx.Done():
 		if g.q.Remove(e) {
 			left()
-			g.shed(shedClientGone, e)
+			g.shed(ctx, shedClientGone, e)
 			return nil, errFlowClientGone
 		}
 		r = <-w.done
 		left()
-		if !r.noWorker && !r.evicted {
+		if !r.noWorker && !r.evicted && !r.late {
 			g.release(r.target)
 		}
-		g.shed(shedClientGone, e)
+		g.shed(ctx, shedClientGone, e)
 		return nil, errFlowClientGone
 	}
 	left()
 	switch {
 	case r.noWorker:
-		g.shed(shedNoWorker, e)
+		g.shed(ctx, shedNoWorker, e)
 		return nil, &apiError{Status: http.StatusServiceUnavailable, RetryAfter: g.cfg.RetryAfterSeconds(),
 			Message: fmt.Sprintf("no healthy worker of model %s is left for the requests waiting at the gateway", g.p.Model)}
 	case r.evicted:
-		g.shed(shedEvicted, e)
+		g.shed(ctx, shedEvicted, e)
 		return nil, &apiError{Status: http.StatusTooManyRequests, RetryAfter: g.cfg.RetryAfterSeconds(),
 			Message: "the gateway's queue is full: a request of a higher priority took this one's place (flow_control.max_requests, max_bytes)"}
+	case r.late:
+		g.shed(ctx, shedDeadline, e)
+		return nil, &apiError{Status: http.StatusServiceUnavailable, RetryAfter: g.cfg.RetryAfterSeconds(),
+			Message: fmt.Sprintf("every worker stays too busy to start this request's first token within %s of its arrival (flow_control.queue_timeout)", g.cfg.QueueTimeout.D())}
 	}
 	waited := time.Since(e.Enqueued())
 	g.m.wait.WithLabelValues(dispatchFreed).Observe(waited.Seconds())
@@ -266,14 +277,18 @@ func (g *flowGate) admit(ctx context.Context, in *apireq.Request, rreq *router.R
 	if r.d.Protected != "" {
 		g.m.protected.WithLabelValues(r.d.Protected).Inc()
 	}
+	if r.d.Lifted {
+		g.m.lifted.Inc()
+	}
 	t.target, t.bound, t.choice, t.waited, t.protected = r.target, true, r.d.Choice, waited, r.d.Protected
 	return t, nil
 }
 
 // gains is the request's cache gain on each candidate by the time model (0 where it has
-// none); exactly the candidates are eligible (an adapter's workers).
-func (g *flowGate) gains(ctx context.Context, rreq *router.Request, cands []router.Candidate) map[kvkey.Target]float64 {
-	gain := g.capa.Gains(ctx, rreq, cands)
+// none; exactly the candidates are eligible: an adapter's workers), and own its remaining
+// prefill there (nil without a time model).
+func (g *flowGate) gains(ctx context.Context, rreq *router.Request, cands []router.Candidate) (gain, own map[kvkey.Target]float64) {
+	gain, own = g.capa.Gains(ctx, rreq, cands)
 	if gain == nil {
 		gain = make(map[kvkey.Target]float64, len(cands))
 	}
@@ -285,11 +300,18 @@ func (g *flowGate) gains(ctx context.Context, rreq *router.Request, cands []rout
 			delete(gain, k)
 		}
 	}
-	return gain
+	for k := range own {
+		if !isCandidate(cands, k) {
+			delete(own, k)
+		}
+	}
+	return gain, own
 }
 
-// shed counts a request that left the queue without being dispatched.
-func (g *flowGate) shed(reason string, e *flowcontrol.Entry[kvkey.Target]) {
+// shed counts a request that left the queue without being dispatched, and notes the reason
+// for its access log line.
+func (g *flowGate) shed(ctx context.Context, reason string, e *flowcontrol.Entry[kvkey.Target]) {
+	accessFrom(ctx).noteShed(reason)
 	g.m.shed.WithLabelValues(reason).Inc()
 	g.m.wait.WithLabelValues(reason).Observe(time.Since(e.Enqueued()).Seconds())
 }
@@ -370,7 +392,12 @@ func (g *flowGate) pump() {
 			}
 			return
 		}
-		e, d, ok := g.q.Next(g.states(cands))
+		states := g.states(cands)
+		// Within a poll of its deadline a request is left to its own timer.
+		for _, e := range g.q.Late(states, g.cfg.PollInterval.D()) {
+			e.Value.(*flowWaiter).done <- flowResult{late: true}
+		}
+		e, d, ok := g.q.Next(states)
 		if !ok {
 			return
 		}
@@ -378,7 +405,7 @@ func (g *flowGate) pump() {
 		g.reserved[d.Target]++
 		g.mu.Unlock()
 		g.log.Debug("flow dispatch", "target", d.Target.String(), "choice", d.Choice, "here_ms", d.HereMs,
-			"elsewhere_ms", d.ElseMs, "contended", d.Contended, "protected", d.Protected, "priority", e.Priority,
+			"elsewhere_ms", d.ElseMs, "contended", d.Contended, "protected", d.Protected, "lifted", d.Lifted, "priority", e.Priority,
 			"waited_ms", ms(time.Since(e.Enqueued())))
 		e.Value.(*flowWaiter).done <- flowResult{target: d.Target, d: d}
 	}
@@ -394,6 +421,7 @@ type flowMetrics struct {
 	binding    *prometheus.CounterVec   // choice
 	queued     *prometheus.CounterVec   // reason
 	protected  *prometheus.CounterVec   // by
+	lifted     prometheus.Counter
 }
 
 func newFlowMetrics(reg prometheus.Registerer) *flowMetrics {
@@ -405,14 +433,14 @@ func newFlowMetrics(reg prometheus.Registerer) *flowMetrics {
 			Name: "kvgate_flow_queue_bytes", Help: "Request body bytes waiting at the gateway (flow_control), by priority.",
 		}, []string{"priority"}),
 		wait: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name: "kvgate_flow_wait_seconds", Help: "Time requests waited at the gateway, by outcome: freed (dispatched), timeout, client_gone, no_worker.",
+			Name: "kvgate_flow_wait_seconds", Help: "Time requests waited at the gateway, by outcome: freed (dispatched), timeout, deadline, client_gone, no_worker, evicted.",
 			Buckets: prometheus.ExponentialBuckets(0.005, 2, 14),
 		}, []string{"outcome"}),
 		dispatched: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvgate_flow_dispatched_total", Help: "Requests flow control let through, by reason: direct (a candidate had room, nobody waited), freed (waited, then a freed worker took it).",
 		}, []string{"reason"}),
 		shed: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "kvgate_flow_shed_total", Help: "Requests that left the gateway's queue undispatched, by reason: queue_full (429), evicted (429: a higher priority took its place), timeout (503), client_gone, no_worker (503).",
+			Name: "kvgate_flow_shed_total", Help: "Requests that left the gateway's queue undispatched, by reason: queue_full (429), evicted (429: a higher priority took its place), timeout (503: queue_timeout since its arrival), deadline (503: by the time model no worker could give it its first token within queue_timeout of its arrival any more), client_gone, no_worker (503).",
 		}, []string{"reason"}),
 		binding: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvgate_flow_binding_total", Help: "Waiting requests dispatched to a freed worker, by the priced choice: holder (its soonest prefill end by the time model, on the worker holding most of its prefix), faster (its soonest, though another worker holds more of its prefix), aged (its wait credit outweighed a sooner one elsewhere), unpriced (no time model).",
@@ -424,7 +452,10 @@ func newFlowMetrics(reg prometheus.Registerer) *flowMetrics {
 	m.protected = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "kvgate_flow_protected_total", Help: "Requests let through whose placement cache protection (flow_control.protect_cache) narrowed: kept off a worker holding the recent prompt of a class that outranks them, by the rule: priority, tenant.",
 	}, []string{"by"})
-	reg.MustRegister(m.depth, m.bytes, m.wait, m.dispatched, m.shed, m.binding, m.queued, m.protected)
+	m.lifted = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "kvgate_flow_protection_lifted_total", Help: "Waiting requests dispatched to a worker cache protection keeps them off, because only such workers could still give them their first token within flow_control.queue_timeout of their arrival.",
+	})
+	reg.MustRegister(m.depth, m.bytes, m.wait, m.dispatched, m.shed, m.binding, m.queued, m.protected, m.lifted)
 	return m
 }
 
@@ -457,7 +488,7 @@ func onlyTarget(cands []router.Candidate, t kvkey.Target) []router.Candidate {
 
 // admitFlow runs the request through its pool's flow gate (nothing without one): see
 // flowGate.admit. The error is errFlowClientGone or an *apiError to answer.
-func (s *Server) admitFlow(c *gin.Context, p *pool, in *apireq.Request, rreq *router.Request) (*flowTicket, error) {
+func (s *Server) admitFlow(c *gin.Context, p *pool, in *apireq.Request, rreq *router.Request, start time.Time) (*flowTicket, error) {
 	if p.flow == nil {
 		return nil, nil
 	}
@@ -465,7 +496,7 @@ func (s *Server) admitFlow(c *gin.Context, p *pool, in *apireq.Request, rreq *ro
 	if e != nil {
 		return nil, e
 	}
-	t, err := p.flow.admit(c.Request.Context(), in, rreq, len(in.Body), cls)
+	t, err := p.flow.admit(c.Request.Context(), in, rreq, len(in.Body), cls, start)
 	if err != nil {
 		return nil, err
 	}

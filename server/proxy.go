@@ -43,7 +43,7 @@ const (
 // unanswered and proxy returns errPinElsewhere (another pool may hold the pin).
 func (s *Server) proxy(c *gin.Context, p *pool, in *apireq.Request, rreq *router.Request, start time.Time, orNext bool) int {
 	ctx := c.Request.Context()
-	ticket, err := s.admitFlow(c, p, in, rreq)
+	ticket, err := s.admitFlow(c, p, in, rreq, start)
 	if err != nil {
 		s.refundLimits(c) // answered by the queue: no worker saw it
 	}

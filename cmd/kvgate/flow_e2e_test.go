@@ -293,22 +293,40 @@ func TestFlowControlQueueE2E(t *testing.T) {
 }
 
 // A worker busy longer than flow_control.queue_timeout: the waiting request is answered 503
-// with Retry-After, in OpenAI's shape.
+// with Retry-After, in OpenAI's shape, once the timeout passed since its arrival (timeout), or
+// at once when the time model predicts that its own prefill alone would end past it
+// (deadline: a 1 ms/token prior, so ~2,000 prompt tokens take ~2 s against a 1 s timeout).
 func TestFlowControlTimeoutE2E(t *testing.T) {
+	cases := []struct {
+		name        string
+		prompt      string
+		reason      string
+		atLeast     time.Duration // answered no sooner
+		before      time.Duration // and sooner than this
+		wantMessage string
+	}{
+		{"a short request waits the whole timeout", "hello", "timeout", time.Second, 10 * time.Second, "queue_timeout"},
+		{"a request that cannot prefill in time is shed at once", longText(7, 300), "deadline", 0, 900 * time.Millisecond, "first token within 1s"},
+	}
 	f, gate := gatedFleet(t, 1, false, "--router-policy", "kv", "--router-busy-prefill-tokens", "1",
-		"--flow-control-queue-timeout", "300ms")
+		"--flow-control-queue-timeout", "1s", "--router-latency-prefill-ms-per-token", "1")
 	b := f.occupy(gate, "blocker", f.urls[0], chatRequest("occupy", longText(1, 20)), nil)
-	start := time.Now()
-	code, h, body := f.post("/v1/chat/completions", chatRequest("late", "hello"), nil)
-	waited := time.Since(start)
-	if code != http.StatusServiceUnavailable || h.Get("Retry-After") != "1" || !bytes.Contains(body, []byte("queue_timeout")) {
-		t.Errorf("%d Retry-After %q %s", code, h.Get("Retry-After"), body)
-	}
-	if waited < 300*time.Millisecond {
-		t.Errorf("answered after %s, before the 300ms queue timeout", waited)
-	}
-	if got := f.metric("kvgate_flow_shed_total", map[string]string{"reason": "timeout"}); got != 1 {
-		t.Errorf("shed timeout = %v, want 1", got)
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			before := f.metric("kvgate_flow_shed_total", map[string]string{"reason": tc.reason})
+			start := time.Now()
+			code, h, body := f.post("/v1/chat/completions", chatRequest(tc.prompt, "question"), nil)
+			waited := time.Since(start)
+			if code != http.StatusServiceUnavailable || h.Get("Retry-After") != "1" || !bytes.Contains(body, []byte(tc.wantMessage)) {
+				t.Errorf("%d Retry-After %q %s", code, h.Get("Retry-After"), body)
+			}
+			if waited < tc.atLeast || waited >= tc.before {
+				t.Errorf("answered after %s, want from %s and before %s", waited, tc.atLeast, tc.before)
+			}
+			if got := f.metric("kvgate_flow_shed_total", map[string]string{"reason": tc.reason}); got != before+1 {
+				t.Errorf("shed %s = %v, want %v", tc.reason, got, before+1)
+			}
+		})
 	}
 	gate.release("blocker")
 	b.ok(t)

@@ -1,0 +1,142 @@
+package flowcontrol
+
+import (
+	"cmp"
+	"slices"
+	"time"
+)
+
+// The deadline (flow_control.queue_timeout, counted from the request's arrival): the queue
+// bounds a request's time to its first token, not only its wait at the gateway. A request
+// whose first token, by the time model (the predicted wait on a target plus its own prefill
+// there, Entry.Prefill), can no longer come before its deadline on any target is taken out
+// of the queue at once (Late) and answered like a timeout, instead of waiting out the
+// timeout or being sent where it would still prefill past it. While it can make it, a target
+// where it would be late is neither taken nor priced as the alternative worth waiting for,
+// and cache protection yields to the deadline: when only targets it is kept off can still
+// give it its first token in time, it may take them (Dispatch.Lifted).
+
+// firstTokenAt is when e's first token is predicted if e went to t (state s) at now; ok is
+// false without a prediction (no time model, or no prefill predicted there).
+func (e *Entry[T]) firstTokenAt(t T, s TargetState, now time.Time) (at time.Time, ok bool) {
+	own, ok := e.Prefill[t]
+	if !ok || !s.HasWait {
+		return time.Time{}, false
+	}
+	return now.Add(time.Duration((s.WaitMs + own) * float64(time.Millisecond))), true
+}
+
+// lateOn reports whether e, sent to t now, is predicted to have its first token after its
+// deadline (false without a deadline or a prediction).
+func (e *Entry[T]) lateOn(t T, s TargetState, now time.Time) bool {
+	if e.Deadline.IsZero() {
+		return false
+	}
+	at, ok := e.firstTokenAt(t, s, now)
+	return ok && at.After(e.Deadline)
+}
+
+// lateTargets is the eligible targets of states where e is predicted late (nil when none).
+func (e *Entry[T]) lateTargets(states map[T]TargetState, now time.Time) map[T]bool {
+	if e.Deadline.IsZero() || e.Prefill == nil {
+		return nil
+	}
+	var late map[T]bool
+	for t, s := range states {
+		if _, ok := gainOn(e.Gain, t); ok && e.lateOn(t, s, now) {
+			if late == nil {
+				late = map[T]bool{}
+			}
+			late[t] = true
+		}
+	}
+	return late
+}
+
+// hopeless reports whether e can no longer have its first token by its deadline on any
+// eligible target of states (at least one): on a target that admits it now (full, the
+// uncontended bound) its predicted wait plus its own prefill ends past the deadline; on one
+// that does not, its own prefill alone does. A busy target's predicted wait counts the
+// prefill in flight there whole, however far along it is, so it would shed too early; once
+// such a target admits someone, its wait is under the bound.
+func (e *Entry[T]) hopeless(states map[T]TargetState, now time.Time, full float64) bool {
+	if e.Deadline.IsZero() || e.Prefill == nil {
+		return false
+	}
+	n := 0
+	for t, s := range states {
+		if _, ok := gainOn(e.Gain, t); !ok {
+			continue
+		}
+		if !admits(s, full) {
+			s.WaitMs = 0
+		}
+		if !e.lateOn(t, s, now) {
+			return false
+		}
+		n++
+	}
+	return n > 0
+}
+
+// liftFor reports whether cache protection yields to e's deadline: some target it is kept
+// off (avoid) can still give it its first token in time, and none of its other eligible
+// targets can. late is e.lateTargets.
+func liftFor[T comparable](e *Entry[T], states map[T]TargetState, avoid, late map[T]bool) bool {
+	if len(avoid) == 0 || len(late) == 0 {
+		return false
+	}
+	inTime := false
+	for t := range states {
+		if _, ok := gainOn(e.Gain, t); !ok || late[t] {
+			continue
+		}
+		if !avoid[t] {
+			return false // an unprotected target can still make it
+		}
+		inTime = true
+	}
+	return inTime
+}
+
+// Late removes and returns, oldest first, the waiting entries that can no longer have their
+// first token by their deadline (Entry.Deadline) on any eligible target of states, by the
+// time model (hopeless: its own prefill, Entry.Prefill, after the predicted wait of a target
+// that takes requests now), and whose deadline is more than margin away (the caller's timer
+// answers the others). An entry with an eligible target without a prediction stays (its
+// deadline still bounds it). The caller answers them as shed.
+func (q *Queue[T]) Late(states map[T]TargetState, margin time.Duration) []*Entry[T] {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	now := q.now()
+	var out []*Entry[T]
+	for _, p := range q.prios {
+		for _, es := range q.bands[p].tenants {
+			for _, e := range es {
+				if e.Deadline.Sub(now) > margin && e.hopeless(states, now, q.lim.MaxWaitMs) {
+					out = append(out, e)
+				}
+			}
+		}
+	}
+	slices.SortFunc(out, func(x, y *Entry[T]) int { return cmp.Compare(x.seq, y.seq) })
+	for _, e := range out {
+		q.unlink(e, stateRemoved)
+	}
+	return out
+}
+
+// union is a's and b's keys (a itself when b is empty).
+func union[T comparable](a, b map[T]bool) map[T]bool {
+	if len(b) == 0 {
+		return a
+	}
+	out := make(map[T]bool, len(a)+len(b))
+	for t := range a {
+		out[t] = true
+	}
+	for t := range b {
+		out[t] = true
+	}
+	return out
+}

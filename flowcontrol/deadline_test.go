@@ -1,0 +1,120 @@
+package flowcontrol
+
+import (
+	"slices"
+	"testing"
+	"time"
+)
+
+// TestDeadline: a waiting request is never sent where its first token is predicted past its
+// deadline, is shed (Late) once that holds on every eligible target, takes a later-priced
+// target that still makes it rather than wait for one that would not, and cache protection
+// yields when only a guarded target can still make it.
+func TestDeadline(t *testing.T) {
+	type step struct {
+		wait   time.Duration
+		states map[string]TargetState
+		late   []string // Values Late sheds
+		want   string   // Value Next dispatches ("" none)
+		wantT  string
+		lifted bool
+	}
+	at := func(wait float64) TargetState { return TargetState{WaitMs: wait, HasWait: true} }
+	sat := func(wait float64) TargetState { return TargetState{Saturated: true, WaitMs: wait, HasWait: true} }
+	// An entry of the flood tenant pushed at the clock's start with a 30 s deadline and a
+	// 5 s prefill on every target (none cached), or the given prefills and gains.
+	flood := func(name string, prefill, gain map[string]float64) *Entry[string] {
+		return &Entry[string]{Value: name, Tenant: "flood", Named: true, Cost: 10, Gain: gain, Prefill: prefill}
+	}
+	even := map[string]float64{"w1": 5000, "w2": 5000}
+	none := map[string]float64{"w1": 0, "w2": 0}
+	cases := []struct {
+		name     string
+		lim      Limits
+		deadline time.Duration // after the push; 0: none
+		push     []*Entry[string]
+		steps    []step
+	}{
+		{"time enough: dispatched as before", pricedLimits, 30 * time.Second,
+			[]*Entry[string]{flood("a", even, none)}, []step{
+				{states: map[string]TargetState{"w1": at(100), "w2": sat(2000)}, want: "a", wantT: "w1"},
+			}},
+		{"a free target where the first token would be late is not taken; shed once every one is", pricedLimits, 30 * time.Second,
+			[]*Entry[string]{flood("a", map[string]float64{"w1": 9000, "w2": 5000}, none)}, []step{
+				{wait: 22 * time.Second, states: map[string]TargetState{"w1": at(100), "w2": sat(2000)}, want: ""},
+				// 24 s in: w2's 5 s prefill alone still ends in time, were w2 to free now.
+				{wait: 2 * time.Second, states: map[string]TargetState{"w1": at(100), "w2": sat(2000)}, want: ""},
+				{wait: 1500 * time.Millisecond, states: map[string]TargetState{"w1": at(100), "w2": sat(2000)}, late: []string{"a"}},
+			}},
+		{"no deadline: the same request is sent late", pricedLimits, 0,
+			[]*Entry[string]{flood("a", map[string]float64{"w1": 9000, "w2": 5000}, none)}, []step{
+				{wait: 24 * time.Second, states: map[string]TargetState{"w1": at(100), "w2": sat(2000)}, want: "a", wantT: "w1"},
+			}},
+		{"no prediction: never shed early", pricedLimits, 30 * time.Second,
+			[]*Entry[string]{flood("a", nil, none)}, []step{
+				{wait: 29 * time.Second, states: map[string]TargetState{"w1": sat(9000), "w2": sat(9000)}, want: ""},
+			}},
+		{"waiting for the prefix holder would be late: the free target still in time takes it", recomputeLimits, 30 * time.Second,
+			[]*Entry[string]{flood("a", map[string]float64{"w1": 1000, "w2": 6000}, map[string]float64{"w1": 5000, "w2": 0})}, []step{
+				// The holder w1 is priced far better: the request waits for it.
+				{wait: 10 * time.Second, states: map[string]TargetState{"w1": sat(3000), "w2": at(0)}, want: ""},
+				// 23 s in, w1 (wait 7 s + 1 s) would pass 30 s; w2 (6 s) still makes it.
+				{wait: 13 * time.Second, states: map[string]TargetState{"w1": sat(7000), "w2": at(0)}, want: "a", wantT: "w2"},
+			}},
+		{"protection yields when only the guarded target makes the deadline", protectLimits, 30 * time.Second,
+			[]*Entry[string]{flood("a", map[string]float64{"w1": 4000, "w2": 4000}, none)}, []step{
+				{wait: 10 * time.Second, states: map[string]TargetState{"w1": guarded(vip(6000)), "w2": sat(3000)}, want: ""},
+				{wait: 14 * time.Second, states: map[string]TargetState{"w1": guarded(vip(6000)), "w2": sat(3000)}, want: "a", wantT: "w1", lifted: true},
+			}},
+		{"protection holds while the unguarded target still makes it", protectLimits, 30 * time.Second,
+			[]*Entry[string]{flood("a", map[string]float64{"w1": 4000, "w2": 4000}, none)}, []step{
+				{wait: 20 * time.Second, states: map[string]TargetState{"w1": guarded(vip(6000)), "w2": sat(3000)}, want: ""},
+				{states: map[string]TargetState{"w1": guarded(vip(6000)), "w2": at(0)}, want: "a", wantT: "w2"},
+			}},
+		{"within the margin of its deadline it is left to its timer", pricedLimits, 30 * time.Second,
+			[]*Entry[string]{flood("a", even, none)}, []step{
+				{wait: 29950 * time.Millisecond, states: map[string]TargetState{"w1": sat(3000), "w2": sat(3000)}, want: ""},
+			}},
+		{"only the late one of two is shed", pricedLimits, 30 * time.Second,
+			[]*Entry[string]{flood("big", map[string]float64{"w1": 26000, "w2": 26000}, none), flood("small", even, none)}, []step{
+				{wait: 5 * time.Second, states: map[string]TargetState{"w1": sat(6000), "w2": sat(6000)}, late: []string{"big"}, want: ""},
+			}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			q, clk := newTestQueue(tc.lim)
+			for _, e := range tc.push {
+				if tc.deadline > 0 {
+					e.Deadline = clk.now().Add(tc.deadline)
+				}
+				if _, err := q.Push(e); err != nil {
+					t.Fatal(err)
+				}
+			}
+			done := 0
+			for i, s := range tc.steps {
+				clk.advance(s.wait)
+				var late []string
+				for _, e := range q.Late(s.states, 100*time.Millisecond) {
+					late = append(late, e.Value.(string))
+				}
+				done += len(late)
+				if !slices.Equal(late, s.late) {
+					t.Fatalf("step %d: Late = %v, want %v", i, late, s.late)
+				}
+				e, d, ok := q.Next(s.states)
+				got := ""
+				if ok {
+					got = e.Value.(string)
+					done++
+				}
+				if got != s.want || (ok && (d.Target != s.wantT || d.Lifted != s.lifted)) {
+					t.Fatalf("step %d: Next = %q on %q lifted %v, want %q on %q lifted %v", i, got, d.Target, d.Lifted, s.want, s.wantT, s.lifted)
+				}
+			}
+			if n := q.Len(); n != len(tc.push)-done {
+				t.Fatalf("%d entries still wait, want %d", n, len(tc.push)-done)
+			}
+		})
+	}
+}
