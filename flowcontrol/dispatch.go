@@ -58,14 +58,19 @@ type Dispatch[T comparable] struct {
 	Lifted bool
 }
 
-// Arrive notes that a request of prio and tenant arrived: both count as active for
-// Limits.Window (contention). Call it for every request, queued or not.
-func (q *Queue[T]) Arrive(prio int, tenant string) {
+// Arrive notes that a request of prio and tenant asking for cost (Entry.Cost) arrived: both
+// count as active for Limits.Window (contention), and cost adds to the service the tenant
+// asked for, which cache protection compares between tenants (protect.go). Call it for every
+// request, queued or not.
+func (q *Queue[T]) Arrive(prio int, tenant string, cost float64) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	now := q.now()
 	q.seen[prio] = now
-	q.tenant(tenant).seen = now
+	a := q.tenant(tenant)
+	a.seen = now
+	a.decay(now, q.lim.HalfLife)
+	a.asked += cost
 	q.prune()
 }
 

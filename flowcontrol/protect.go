@@ -8,7 +8,8 @@ import (
 )
 
 // Cache protection (flow_control.protect_cache): a request that a higher priority, or a
-// named tenant with less than 1/ContendedShare of its own tenant's service, outranks is kept
+// named tenant that asked for less than 1/ContendedShare of the service its own tenant asked
+// for, outranks is kept
 // off the targets that hold that class's recent prompt (its footprint), so its prefills
 // neither make their LRU caches evict the footprint nor queue ahead of the class's next
 // request there; at least half of its eligible targets stay (shield). The caller tells the
@@ -43,32 +44,37 @@ type Class struct {
 	Named    bool
 }
 
-// shares caches the tenants' attained service for one Place or Next (under the queue's lock).
+// shares caches the service the tenants asked for, for one Place or Next (under the queue's
+// lock).
 type shares struct {
-	svc map[string]float64
+	asked map[string]float64
 }
 
-func newShares() *shares { return &shares{svc: map[string]float64{}} }
+func newShares() *shares { return &shares{asked: map[string]float64{}} }
 
-// serviceIn is t's attained service now, cached in s.
-func (q *Queue[T]) serviceIn(s *shares, t string, now time.Time) float64 {
-	v, ok := s.svc[t]
+// askedIn is the service t asked for, decayed to now, cached in s.
+func (q *Queue[T]) askedIn(s *shares, t string, now time.Time) float64 {
+	v, ok := s.asked[t]
 	if !ok {
-		v = q.serviceOf(t, now)
-		s.svc[t] = v
+		v = q.askedOf(t, now)
+		s.asked[t] = v
 	}
 	return v
 }
 
 // outranks reports whether guard g is protected from a request of class c, and by which
 // rule: a higher priority's, or, within a priority, a named tenant's from a named tenant that
-// attained more than ContendedShare times its service (0: tenants never outrank).
+// asked for more than ContendedShare times its service (0: tenants never outrank). Asked,
+// not attained: between a flood and a light tenant on a saturated fleet, fair sharing gives
+// both about the same attained service (the flood gets what the light one leaves), so the
+// attained ratio hovers around any threshold and protection would come and go; what the
+// flood asks for stays a multiple of the light tenant's.
 func (q *Queue[T]) outranks(g Guard, c Class, s *shares, now time.Time) (string, bool) {
 	switch {
 	case g.Priority > c.Priority:
 		return ProtectedByPriority, true
 	case g.Priority == c.Priority && c.Named && g.Tenant != "" && g.Tenant != c.Tenant && q.lim.ContendedShare > 0 &&
-		q.serviceIn(s, c.Tenant, now) > q.lim.ContendedShare*q.serviceIn(s, g.Tenant, now):
+		q.askedIn(s, c.Tenant, now) > q.lim.ContendedShare*q.askedIn(s, g.Tenant, now):
 		return ProtectedByTenant, true
 	}
 	return "", false

@@ -20,11 +20,9 @@ func vip(blocks float64) Guard { return Guard{Priority: 1, Blocks: blocks} }
 // would evict an outranking footprint while another qualifies, and never left without one.
 func TestPlaceProtected(t *testing.T) {
 	free := TargetState{WaitMs: 0, HasWait: true}
-	heavyOver := func(q *Queue[string]) { // heavy attained 50x light: over its share
-		q.Arrive(0, "heavy")
-		q.Arrive(0, "light")
-		q.Charge("heavy", 5000)
-		q.Charge("light", 100)
+	heavyOver := func(q *Queue[string]) { // heavy asked for 50x light: over its share
+		q.Arrive(0, "heavy", 5000)
+		q.Arrive(0, "light", 100)
 	}
 	light := Guard{Priority: 0, Tenant: "light", Blocks: 5000}
 	cases := []struct {
@@ -67,7 +65,7 @@ func TestPlaceProtected(t *testing.T) {
 		{"only the guarded worker admits it: it waits", protectLimits, nil,
 			Class{Priority: 0, Tenant: "t"}, map[string]TargetState{"w1": guarded(vip(6000)), "w2": {Saturated: true}},
 			nil, false, "protected", ProtectedByPriority},
-		{"a named tenant with 1.5x more service avoids the other named tenant's worker", protectLimits, heavyOver,
+		{"a named tenant that asked for over 1.5x the service avoids the other named tenant's worker", protectLimits, heavyOver,
 			Class{Priority: 0, Tenant: "heavy", Named: true}, map[string]TargetState{"w1": guarded(light), "w2": free},
 			[]string{"w2"}, false, "", ProtectedByTenant},
 		{"the tenant with less service goes anywhere", protectLimits, heavyOver,
@@ -76,13 +74,20 @@ func TestPlaceProtected(t *testing.T) {
 		{"an unnamed tenant (an agent program) is not steered by tenants", protectLimits, heavyOver,
 			Class{Priority: 0, Tenant: "heavy"}, map[string]TargetState{"w1": guarded(light), "w2": free},
 			[]string{"w1", "w2"}, true, "", ""},
-		{"tenants within 1.5x of each other do not protect from each other", protectLimits, func(q *Queue[string]) {
-			q.Arrive(0, "heavy")
-			q.Arrive(0, "light")
-			q.Charge("heavy", 120)
+		{"tenants that asked within 1.5x of each other do not protect from each other", protectLimits, func(q *Queue[string]) {
+			q.Arrive(0, "heavy", 120)
+			q.Arrive(0, "light", 100)
+			q.Charge("heavy", 5000) // attained service does not decide
 			q.Charge("light", 100)
 		}, Class{Priority: 0, Tenant: "heavy", Named: true}, map[string]TargetState{"w1": guarded(light), "w2": free},
 			[]string{"w1", "w2"}, true, "", ""},
+		{"a flood that attained only as much as the light tenant but asked for 5x is kept off its worker", protectLimits, func(q *Queue[string]) {
+			q.Arrive(0, "heavy", 500)
+			q.Arrive(0, "light", 100)
+			q.Charge("heavy", 100) // a saturated fleet shared fairly: equal attained service
+			q.Charge("light", 100)
+		}, Class{Priority: 0, Tenant: "heavy", Named: true}, map[string]TargetState{"w1": guarded(light), "w2": free},
+			[]string{"w2"}, false, "", ProtectedByTenant},
 		{"the prefix holder guarded: the price of waiting for it is not counted", protectLimits, nil,
 			Class{Priority: 0, Tenant: "t"}, map[string]TargetState{"w1": {WaitMs: 700, HasWait: true, Guards: []Guard{vip(6000)}}, "w2": free, "w3": {WaitMs: 800, HasWait: true}},
 			[]string{"w2"}, false, "", ProtectedByPriority},

@@ -112,9 +112,11 @@ type band[T comparable] struct {
 	bytes   int64
 }
 
-// attained is a tenant's decaying attained service and its waiting requests.
+// attained is a tenant's decaying attained service, the decaying service its requests asked
+// for on arrival (served, waiting or shed alike), and its waiting requests.
 type attained struct {
 	v       float64
+	asked   float64
 	at      time.Time
 	waiting int
 	seen    time.Time // the tenant's last arrival (Arrive)
@@ -193,9 +195,21 @@ func (q *Queue[T]) serviceOf(t string, now time.Time) float64 {
 
 func (a *attained) decay(now time.Time, halfLife time.Duration) {
 	if dt := now.Sub(a.at); dt > 0 && halfLife > 0 {
-		a.v *= math.Exp2(-float64(dt) / float64(halfLife))
+		f := math.Exp2(-float64(dt) / float64(halfLife))
+		a.v *= f
+		a.asked *= f
 		a.at = now
 	}
+}
+
+// askedOf is the service t's requests asked for on arrival, decayed to now.
+func (q *Queue[T]) askedOf(t string, now time.Time) float64 {
+	a := q.service[t]
+	if a == nil {
+		return 0
+	}
+	a.decay(now, q.lim.HalfLife)
+	return a.asked
 }
 
 // prune forgets idle tenants whose service decayed below one token once there are many.
@@ -205,7 +219,7 @@ func (q *Queue[T]) prune() {
 	}
 	now := q.now()
 	for t, a := range q.service {
-		if a.decay(now, q.lim.HalfLife); a.waiting == 0 && a.v < 1 && now.Sub(a.seen) > q.lim.Window {
+		if a.decay(now, q.lim.HalfLife); a.waiting == 0 && a.v < 1 && a.asked < 1 && now.Sub(a.seen) > q.lim.Window {
 			delete(q.service, t)
 		}
 	}

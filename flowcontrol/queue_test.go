@@ -41,7 +41,7 @@ type step struct {
 	remove  string
 	free    []string               // targets free, unpriced (no time model)
 	states  map[string]TargetState // or every target's load (priced)
-	arrive  *Entry[string]         // Arrive(its priority, its tenant)
+	arrive  *Entry[string]         // Arrive(its priority, its tenant, its cost)
 	want    string                 // the Value Next should dispatch ("" = none)
 	wantT   string                 // and to which target
 	choice  string                 // and its Dispatch.Choice, when set
@@ -313,7 +313,7 @@ func TestQueueOrder(t *testing.T) {
 			for i, s := range tc.steps {
 				switch {
 				case s.arrive != nil:
-					q.Arrive(s.arrive.Priority, s.arrive.Tenant)
+					q.Arrive(s.arrive.Priority, s.arrive.Tenant, s.arrive.Cost)
 				case s.push != nil:
 					ev, err := q.Push(s.push)
 					if !errors.Is(err, s.wantErr) || (err != nil) != (s.wantErr != nil) {
@@ -518,7 +518,7 @@ func TestPlace(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			q, _ := newTestQueue(recomputeLimits)
 			for _, a := range tc.arrive {
-				q.Arrive(a.Priority, a.Tenant)
+				q.Arrive(a.Priority, a.Tenant, a.Cost)
 			}
 			asked := false
 			pl := q.Place(Class{Priority: tc.prio, Tenant: "t"}, tc.states, func() map[string]float64 { asked = true; return tc.gain })

@@ -7,7 +7,8 @@
 # Usage: scripts/overload-scenarios.sh tenants|priority
 #   tenants   two tenants of equal weight named by x-gateway-inference-fairness-id (light,
 #             heavy); the light one's p99 TTFT with the flood against alone, and every request's
-#             age (TTFT, or time to its 429/503) against flow_control.queue_timeout
+#             age (TTFT, or time to its 429/503) against flow_control.queue_timeout; the report
+#             also counts the flood phase's requests the gateway answered itself, by reason
 #   priority  the heavy client at priority 0, the light one asks x-kvgate-priority: 1; the light
 #             one's p90 TTFT on the saturated fleet against on the idle one
 #
@@ -180,9 +181,17 @@ fi
 # The report: per variant and run, the light client's percentile alone and in the flood, their
 # ratio, goodput, and the oldest request of each client against the queue timeout.
 sum() { jq -r "$2" "$1/$SUMMARY_FILE"; }
+# shed DIR: the flood phase's requests the gateway's queue answered itself, by reason
+# (kvgate_flow_shed_total), and those cache protection let onto a protected worker for their
+# deadline (kvgate_flow_protection_lifted_total).
+shed() {
+  awk '/^kvgate_flow_shed_total\{/ { match($0, /reason="[^"]*"/); r = substr($0, RSTART + 8, RLENGTH - 9); out = out sep r " " $2; sep = ", " }
+       /^kvgate_flow_protection_lifted_total / { lifted = $2 }
+       END { printf "%s | %s", (out == "" ? "none" : out), (lifted == "" ? "-" : lifted) }' "$1/kvgate-metrics.txt" 2>/dev/null || printf -- "- | -"
+}
 {
-  echo "| variant | run | light $PCT TTFT alone (ms) | light $PCT TTFT in the flood (ms) | ratio | light ok / failed (flood) | heavy ok / failed | heavy goodput (req/s) | oldest request, light / heavy (ms) | queue timeout |"
-  echo "|---|---|---|---|---|---|---|---|---|---|"
+  echo "| variant | run | light $PCT TTFT alone (ms) | light $PCT TTFT in the flood (ms) | ratio | light ok / failed (flood) | heavy ok / failed | heavy goodput (req/s) | oldest request, light / heavy (ms) | queue timeout | shed at the gateway (flood) | protection lifted |"
+  echo "|---|---|---|---|---|---|---|---|---|---|---|---|"
   for v in $VARIANTS; do
     label="${v%%=*}"
     for rep in $(seq 1 "$REPEATS"); do
@@ -192,7 +201,8 @@ sum() { jq -r "$2" "$1/$SUMMARY_FILE"; }
       echo "| $label | $rep | $(printf %.0f "$a") | $(printf %.0f "$f") | $(awk -v a="$a" -v f="$f" 'BEGIN { printf "%.2f", (a > 0 ? f / a : 0) }') |" \
         "$(sum "$d/flood/light" '"\(.request_count) / \(.error_count)"') | $(sum "$d/flood/heavy" '"\(.request_count) / \(.error_count) \(.error_summary)"') |" \
         "$(sum "$d/flood/heavy" '.goodput * 1000 | round / 1000') |" \
-        "$(sum "$d/flood/light" '.oldest_request_age_ms | round') / $(sum "$d/flood/heavy" '.oldest_request_age_ms | round') | $QUEUE_TIMEOUT |"
+        "$(sum "$d/flood/light" '.oldest_request_age_ms | round') / $(sum "$d/flood/heavy" '.oldest_request_age_ms | round') | $QUEUE_TIMEOUT |" \
+        "$(shed "$d/flood") |"
     done
   done
 } | tee "$OUT/report.md"

@@ -180,7 +180,7 @@ func (g *flowGate) admit(ctx context.Context, in *apireq.Request, rreq *router.R
 	}
 	cost := g.cfg.InputWeight*float64(rreq.PromptTokens) + g.cfg.OutputWeight*float64(max(in.MaxTokens, 0))
 	t := &flowTicket{g: g, class: cls, cost: cost}
-	g.q.Arrive(cls.priority, cls.tenant)
+	g.q.Arrive(cls.priority, cls.tenant, cost)
 	var gain, own map[kvkey.Target]float64
 	gains := func() map[kvkey.Target]float64 {
 		if gain == nil {
