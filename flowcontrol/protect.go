@@ -63,21 +63,47 @@ func (q *Queue[T]) askedIn(s *shares, t string, now time.Time) float64 {
 }
 
 // outranks reports whether guard g is protected from a request of class c, and by which
-// rule: a higher priority's, or, within a priority, a named tenant's from a named tenant that
-// asked for more than ContendedShare times its service (0: tenants never outrank). Asked,
-// not attained: between a flood and a light tenant on a saturated fleet, fair sharing gives
-// both about the same attained service (the flood gets what the light one leaves), so the
-// attained ratio hovers around any threshold and protection would come and go; what the
-// flood asks for stays a multiple of the light tenant's.
+// rule: a higher priority's, or, within a priority, a named tenant's from a named tenant over
+// its share (overShare; ContendedShare 0: tenants never outrank).
 func (q *Queue[T]) outranks(g Guard, c Class, s *shares, now time.Time) (string, bool) {
 	switch {
 	case g.Priority > c.Priority:
 		return ProtectedByPriority, true
 	case g.Priority == c.Priority && c.Named && g.Tenant != "" && g.Tenant != c.Tenant && q.lim.ContendedShare > 0 &&
-		q.askedIn(s, c.Tenant, now) > q.lim.ContendedShare*q.askedIn(s, g.Tenant, now):
+		q.overShare(s, c.Tenant, g.Tenant, now):
 		return ProtectedByTenant, true
 	}
 	return "", false
+}
+
+// overShare reports whether tenant c is over its share against tenant g: c asked for more
+// service than g (Arrive: its requests' weighted tokens on arrival, served, waiting or shed
+// alike, decaying) and either c has requests waiting at the gateway while g has none (the
+// queue holds c back while g is served: c's demand is over what its fair share gives it), or
+// c asked for more than ContendedShare times g's service (nobody waits: Place).
+//
+// Neither attained service nor a fixed ratio alone tells a flood from a light tenant on a
+// saturated fleet: fair sharing gives the flood about what the light tenant leaves, and a
+// flood of clients that wait for each answer slows its own asking down as its answers slow,
+// so both ratios hovered around 1.5 in the two-tenant benchmark
+// (docs/benchmarks/2026-12-05-cache-protection.md) and protection came and went.
+func (q *Queue[T]) overShare(s *shares, c, g string, now time.Time) bool {
+	ac, ag := q.askedIn(s, c, now), q.askedIn(s, g, now)
+	if ac <= ag {
+		return false
+	}
+	if q.waitingOf(c) > 0 && q.waitingOf(g) == 0 {
+		return true
+	}
+	return ac > q.lim.ContendedShare*ag
+}
+
+// waitingOf is the number of t's requests waiting in the queue.
+func (q *Queue[T]) waitingOf(t string) int {
+	if a := q.service[t]; a != nil {
+		return a.waiting
+	}
+	return 0
 }
 
 // shield returns the targets among eligible that a request of class c must avoid: those

@@ -227,3 +227,48 @@ func TestFootprints(t *testing.T) {
 		t.Fatalf("after every other footprint expired the record holds %d targets, want 1", n)
 	}
 }
+
+// TestNextProtectedBacklog: between named tenants, a waiting request of a tenant that asked
+// for more than the other (here 1.2x, under contended_share) is kept off the other's worker
+// while the other has nothing waiting, and not once the other waits too (both over their
+// share) or when it asked for less.
+func TestNextProtectedBacklog(t *testing.T) {
+	free := TargetState{WaitMs: 0, HasWait: true}
+	light := Guard{Priority: 0, Tenant: "light", Blocks: 5000}
+	entry := func(name, tenant string) *Entry[string] {
+		return &Entry[string]{Value: name, Tenant: tenant, Named: true, Cost: 10, Gain: map[string]float64{"w1": 0, "w2": 0}}
+	}
+	cases := []struct {
+		name               string
+		heavyAsk, lightAsk float64
+		lightWaits         bool
+		want               string
+		by                 string
+	}{
+		{"over its share by its backlog: kept off", 1200, 1000, false, "w2", ProtectedByTenant},
+		{"the other waits too: 1.2x is within the share", 1200, 1000, true, "w1", ""},
+		{"asked for less: not kept off", 900, 1000, false, "w1", ""},
+		{"over contended_share: kept off though the other waits", 2000, 1000, true, "w2", ProtectedByTenant},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			q, _ := newTestQueue(protectLimits)
+			q.Arrive(0, "heavy", tc.heavyAsk)
+			q.Arrive(0, "light", tc.lightAsk)
+			q.Charge("light", 5000) // the light tenant attained more: the heavy's entry goes first
+			if _, err := q.Push(entry("h", "heavy")); err != nil {
+				t.Fatal(err)
+			}
+			if tc.lightWaits {
+				if _, err := q.Push(entry("l", "light")); err != nil {
+					t.Fatal(err)
+				}
+			}
+			// w1 holds the light tenant's prompt and is the deterministic first choice.
+			e, d, ok := q.Next(map[string]TargetState{"w1": guarded(light), "w2": free})
+			if !ok || e.Value != "h" || d.Target != tc.want || d.Protected != tc.by {
+				t.Fatalf("Next = %v on %q protected %q (ok %v), want h on %q protected %q", e, d.Target, d.Protected, ok, tc.want, tc.by)
+			}
+		})
+	}
+}
