@@ -79,7 +79,8 @@ type flowTicket struct {
 	choice  string        // direct, or the queue's binding choice (flowcontrol.Choice*)
 	waited  time.Duration // at the gateway
 	// protected names the cache-protection rule that kept the request off a target
-	// (flowcontrol.ProtectedBy*), "" when none did.
+	// (flowcontrol.ProtectedBy*), protectionLifted when protection yielded to its deadline,
+	// "" when none did.
 	protected string
 	once      sync.Once
 	class     flowClass
@@ -149,7 +150,11 @@ const (
 	shedDeadline = "deadline"
 
 	dispatchDirect = "direct" // a candidate had room and nobody waited: not queued
-	dispatchFreed  = "freed"  // waited, then a freed target took it
+
+	// protectionLifted is the access log's flow_protected for a request cache protection let
+	// onto a protected worker for its deadline (flowcontrol.Dispatch.Lifted).
+	protectionLifted = "lifted"
+	dispatchFreed    = "freed" // waited, then a freed target took it
 )
 
 // errFlowClientGone is admit's error when the client left while its request waited.
@@ -277,10 +282,11 @@ func (g *flowGate) admit(ctx context.Context, in *apireq.Request, rreq *router.R
 	if r.d.Protected != "" {
 		g.m.protected.WithLabelValues(r.d.Protected).Inc()
 	}
+	t.target, t.bound, t.choice, t.waited, t.protected = r.target, true, r.d.Choice, waited, r.d.Protected
 	if r.d.Lifted {
 		g.m.lifted.Inc()
+		t.protected = protectionLifted
 	}
-	t.target, t.bound, t.choice, t.waited, t.protected = r.target, true, r.d.Choice, waited, r.d.Protected
 	return t, nil
 }
 
