@@ -150,11 +150,11 @@ const (
 	shedDeadline = "deadline"
 
 	dispatchDirect = "direct" // a candidate had room and nobody waited: not queued
+	dispatchFreed  = "freed"  // waited, then a freed target took it
 
 	// protectionLifted is the access log's flow_protected for a request cache protection let
 	// onto a protected worker for its deadline (flowcontrol.Dispatch.Lifted).
 	protectionLifted = "lifted"
-	dispatchFreed    = "freed" // waited, then a freed target took it
 )
 
 // errFlowClientGone is admit's error when the client left while its request waited.
