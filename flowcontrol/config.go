@@ -36,8 +36,7 @@ type Config struct {
 	// arrival at the gateway (default 30s): it is answered 503 with Retry-After once the
 	// timeout passed, or earlier, as soon as the kv time model predicts that no worker can
 	// give it its first token in time any more (its own prefill after the worker's wait); it
-	// is never sent where its first token is predicted later, and cache protection yields
-	// when only the workers it keeps the request off can still make it.
+	// is never sent where its first token is predicted later.
 	QueueTimeout confval.Duration `yaml:"queue_timeout"`
 	// MaxPredictedWait marks a worker saturated when the kv policy's time model predicts that
 	// a request sent there now would wait longer than this before its own prefill starts: the
@@ -63,8 +62,9 @@ type Config struct {
 	// ProtectCache keeps a request off a worker that holds the recent prompt of a class that
 	// outranks it, while the router's working sets count that prompt as still cached there:
 	// a higher priority's, or, between tenants named by a client key or the fairness header,
-	// that of a tenant which attained less than 1/contended_share of the request's tenant's
-	// service. Its prefills then neither evict that prompt nor queue ahead of the class's
+	// that of a tenant the request's tenant is over its share against (it asked for more
+	// service on arrival, and has requests waiting at the gateway while the other has none
+	// or asked for more than contended_share times the other's). Its prefills then neither evict that prompt nor queue ahead of the class's
 	// next request. The workers with the most such blocks are avoided first, and at least
 	// half of the eligible workers (rounded up) stay eligible (default true, from the
 	// measurements in docs/benchmarks/2026-12-05-cache-protection.md). The outranking class

@@ -12,9 +12,11 @@ import (
 // there, Entry.Prefill), can no longer come before its deadline on any target is taken out
 // of the queue at once (Late) and answered like a timeout, instead of waiting out the
 // timeout or being sent where it would still prefill past it. While it can make it, a target
-// where it would be late is neither taken nor priced as the alternative worth waiting for,
-// and cache protection yields to the deadline: when only targets it is kept off can still
-// give it its first token in time, it may take them (Dispatch.Lifted).
+// where it would be late is neither taken nor priced as the alternative worth waiting for.
+// Cache protection does not yield to the deadline: letting a flood's request onto the light
+// tenant's worker when only that worker could still serve it in time put the flood's largest
+// prefills ahead of the light tenant's next turns and evicted its context
+// (docs/benchmarks/2026-12-05-cache-protection.md); such a request is shed instead.
 
 // firstTokenAt is when e's first token is predicted if e went to t (state s) at now; ok is
 // false without a prediction (no time model, or no prefill predicted there).
@@ -77,26 +79,6 @@ func (e *Entry[T]) hopeless(states map[T]TargetState, now time.Time, full float6
 		n++
 	}
 	return n > 0
-}
-
-// liftFor reports whether cache protection yields to e's deadline: some target it is kept
-// off (avoid) can still give it its first token in time, and none of its other eligible
-// targets can. late is e.lateTargets.
-func liftFor[T comparable](e *Entry[T], states map[T]TargetState, avoid, late map[T]bool) bool {
-	if len(avoid) == 0 || len(late) == 0 {
-		return false
-	}
-	inTime := false
-	for t := range states {
-		if _, ok := gainOn(e.Gain, t); !ok || late[t] {
-			continue
-		}
-		if !avoid[t] {
-			return false // an unprotected target can still make it
-		}
-		inTime = true
-	}
-	return inTime
 }
 
 // Late removes and returns, oldest first, the waiting entries that can no longer have their

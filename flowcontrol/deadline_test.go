@@ -9,7 +9,7 @@ import (
 // TestDeadline: a waiting request is never sent where its first token is predicted past its
 // deadline, is shed (Late) once that holds on every eligible target, takes a later-priced
 // target that still makes it rather than wait for one that would not, and cache protection
-// yields when only a guarded target can still make it.
+// does not yield to its deadline.
 func TestDeadline(t *testing.T) {
 	type step struct {
 		wait   time.Duration
@@ -17,7 +17,6 @@ func TestDeadline(t *testing.T) {
 		late   []string // Values Late sheds
 		want   string   // Value Next dispatches ("" none)
 		wantT  string
-		lifted bool
 	}
 	at := func(wait float64) TargetState { return TargetState{WaitMs: wait, HasWait: true} }
 	sat := func(wait float64) TargetState { return TargetState{Saturated: true, WaitMs: wait, HasWait: true} }
@@ -27,6 +26,9 @@ func TestDeadline(t *testing.T) {
 		return &Entry[string]{Value: name, Tenant: "flood", Named: true, Cost: 10, Gain: gain, Prefill: prefill}
 	}
 	even := map[string]float64{"w1": 5000, "w2": 5000}
+	// The light tenant's prompt: the flood tenant, over its share (it waits, the light one
+	// does not, and it asked for more), is kept off it.
+	lightGuard := Guard{Tenant: "light", Blocks: 5000}
 	none := map[string]float64{"w1": 0, "w2": 0}
 	cases := []struct {
 		name     string
@@ -61,15 +63,20 @@ func TestDeadline(t *testing.T) {
 				// 23 s in, w1 (wait 7 s + 1 s) would pass 30 s; w2 (6 s) still makes it.
 				{wait: 13 * time.Second, states: map[string]TargetState{"w1": sat(7000), "w2": at(0)}, want: "a", wantT: "w2"},
 			}},
-		{"protection yields when only the guarded target makes the deadline", protectLimits, 30 * time.Second,
+		{"tenant protection holds while the unguarded target still makes it", protectLimits, 30 * time.Second,
 			[]*Entry[string]{flood("a", map[string]float64{"w1": 4000, "w2": 4000}, none)}, []step{
-				{wait: 10 * time.Second, states: map[string]TargetState{"w1": guarded(vip(6000)), "w2": sat(3000)}, want: ""},
-				{wait: 14 * time.Second, states: map[string]TargetState{"w1": guarded(vip(6000)), "w2": sat(3000)}, want: "a", wantT: "w1", lifted: true},
+				{wait: 20 * time.Second, states: map[string]TargetState{"w1": guarded(lightGuard), "w2": sat(3000)}, want: ""},
+				{states: map[string]TargetState{"w1": guarded(lightGuard), "w2": at(0)}, want: "a", wantT: "w2"},
 			}},
-		{"protection holds while the unguarded target still makes it", protectLimits, 30 * time.Second,
+		{"tenant protection does not yield to the deadline: shed instead", protectLimits, 30 * time.Second,
 			[]*Entry[string]{flood("a", map[string]float64{"w1": 4000, "w2": 4000}, none)}, []step{
-				{wait: 20 * time.Second, states: map[string]TargetState{"w1": guarded(vip(6000)), "w2": sat(3000)}, want: ""},
-				{states: map[string]TargetState{"w1": guarded(vip(6000)), "w2": at(0)}, want: "a", wantT: "w2"},
+				{wait: 24 * time.Second, states: map[string]TargetState{"w1": guarded(lightGuard), "w2": sat(3000)}, want: ""},
+				{wait: 2500 * time.Millisecond, states: map[string]TargetState{"w1": guarded(lightGuard), "w2": sat(3000)}, late: []string{"a"}},
+			}},
+		{"nor does a higher priority's", protectLimits, 30 * time.Second,
+			[]*Entry[string]{flood("a", map[string]float64{"w1": 4000, "w2": 4000}, none)}, []step{
+				{wait: 24 * time.Second, states: map[string]TargetState{"w1": guarded(vip(6000)), "w2": sat(3000)}, want: ""},
+				{wait: 2500 * time.Millisecond, states: map[string]TargetState{"w1": guarded(vip(6000)), "w2": sat(3000)}, late: []string{"a"}},
 			}},
 		{"within the margin of its deadline it is left to its timer", pricedLimits, 30 * time.Second,
 			[]*Entry[string]{flood("a", even, none)}, []step{
@@ -83,6 +90,8 @@ func TestDeadline(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			q, clk := newTestQueue(tc.lim)
+			q.Arrive(0, "flood", 2000)
+			q.Arrive(0, "light", 1000)
 			for _, e := range tc.push {
 				if tc.deadline > 0 {
 					e.Deadline = clk.now().Add(tc.deadline)
@@ -108,8 +117,8 @@ func TestDeadline(t *testing.T) {
 					got = e.Value.(string)
 					done++
 				}
-				if got != s.want || (ok && (d.Target != s.wantT || d.Lifted != s.lifted)) {
-					t.Fatalf("step %d: Next = %q on %q lifted %v, want %q on %q lifted %v", i, got, d.Target, d.Lifted, s.want, s.wantT, s.lifted)
+				if got != s.want || (ok && d.Target != s.wantT) {
+					t.Fatalf("step %d: Next = %q on %q, want %q on %q", i, got, d.Target, s.want, s.wantT)
 				}
 			}
 			if n := q.Len(); n != len(tc.push)-done {

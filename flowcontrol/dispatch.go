@@ -53,9 +53,6 @@ type Dispatch[T comparable] struct {
 	// Protected names the rule (ProtectedByPriority, ProtectedByTenant) that kept the request
 	// off a target where it would have evicted an outranking footprint; "" when none did.
 	Protected string
-	// Lifted: cache protection would have kept the request off every target that can still
-	// give it its first token by its deadline, and yielded (deadline.go).
-	Lifted bool
 }
 
 // Arrive notes that a request of prio and tenant asking for cost (Entry.Cost) arrived: both

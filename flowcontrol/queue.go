@@ -364,10 +364,6 @@ func (q *Queue[T]) best(b *band[T], tenants []string, states map[T]TargetState, 
 			top, second, topAt := topGains(e.Gain)
 			avoid, by := q.shield(Class{e.Priority, e.Tenant, e.Named}, eligibleOf(e.Gain, states), states, sh, now)
 			late := e.lateTargets(states, now)
-			lifted := liftFor(e, states, avoid, late)
-			if lifted {
-				avoid, by = nil, "" // protection yields to its deadline (deadline.go)
-			}
 			// The recompute weight in proportion to the backlog: all of it while more
 			// requests wait than idle targets can take (2x), none beside enough idle ones.
 			weighE := weigh * backlogShare(e.Gain, withoutTargets(states, avoid), q.n)
@@ -404,7 +400,7 @@ func (q *Queue[T]) best(b *band[T], tenants []string, states map[T]TargetState, 
 				}
 				if !ok || score > bestScore || (score == bestScore && (e.seq < best.seq || e == best && less(f, d.Target))) {
 					best, bestScore, ok = e, score, true
-					d = Dispatch[T]{Target: f, Choice: choice, HereMs: here, ElseMs: elsewhere, Contended: bd.contended, Protected: by, Lifted: lifted}
+					d = Dispatch[T]{Target: f, Choice: choice, HereMs: here, ElseMs: elsewhere, Contended: bd.contended, Protected: by}
 				}
 			}
 		}

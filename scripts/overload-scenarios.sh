@@ -182,16 +182,14 @@ fi
 # ratio, goodput, and the oldest request of each client against the queue timeout.
 sum() { jq -r "$2" "$1/$SUMMARY_FILE"; }
 # shed DIR: the flood phase's requests the gateway's queue answered itself, by reason
-# (kvgate_flow_shed_total), and those cache protection let onto a protected worker for their
-# deadline (kvgate_flow_protection_lifted_total).
+# (kvgate_flow_shed_total).
 shed() {
   awk '/^kvgate_flow_shed_total\{/ { match($0, /reason="[^"]*"/); r = substr($0, RSTART + 8, RLENGTH - 9); out = out sep r " " $2; sep = ", " }
-       /^kvgate_flow_protection_lifted_total / { lifted = $2 }
-       END { printf "%s | %s", (out == "" ? "none" : out), (lifted == "" ? "-" : lifted) }' "$1/kvgate-metrics.txt" 2>/dev/null || printf -- "- | -"
+       END { printf "%s", (out == "" ? "none" : out) }' "$1/kvgate-metrics.txt" 2>/dev/null || printf -- "-"
 }
 {
-  echo "| variant | run | light $PCT TTFT alone (ms) | light $PCT TTFT in the flood (ms) | ratio | light ok / failed (flood) | heavy ok / failed | heavy goodput (req/s) | oldest request, light / heavy (ms) | queue timeout | shed at the gateway (flood) | protection lifted |"
-  echo "|---|---|---|---|---|---|---|---|---|---|---|---|"
+  echo "| variant | run | light $PCT TTFT alone (ms) | light $PCT TTFT in the flood (ms) | ratio | light ok / failed (flood) | heavy ok / failed | heavy goodput (req/s) | oldest request, light / heavy (ms) | queue timeout | shed at the gateway (flood) |"
+  echo "|---|---|---|---|---|---|---|---|---|---|---|"
   for v in $VARIANTS; do
     label="${v%%=*}"
     for rep in $(seq 1 "$REPEATS"); do

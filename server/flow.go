@@ -79,8 +79,7 @@ type flowTicket struct {
 	choice  string        // direct, or the queue's binding choice (flowcontrol.Choice*)
 	waited  time.Duration // at the gateway
 	// protected names the cache-protection rule that kept the request off a target
-	// (flowcontrol.ProtectedBy*), protectionLifted when protection yielded to its deadline,
-	// "" when none did.
+	// (flowcontrol.ProtectedBy*), "" when none did.
 	protected string
 	once      sync.Once
 	class     flowClass
@@ -151,10 +150,6 @@ const (
 
 	dispatchDirect = "direct" // a candidate had room and nobody waited: not queued
 	dispatchFreed  = "freed"  // waited, then a freed target took it
-
-	// protectionLifted is the access log's flow_protected for a request cache protection let
-	// onto a protected worker for its deadline (flowcontrol.Dispatch.Lifted).
-	protectionLifted = "lifted"
 )
 
 // errFlowClientGone is admit's error when the client left while its request waited.
@@ -283,10 +278,6 @@ func (g *flowGate) admit(ctx context.Context, in *apireq.Request, rreq *router.R
 		g.m.protected.WithLabelValues(r.d.Protected).Inc()
 	}
 	t.target, t.bound, t.choice, t.waited, t.protected = r.target, true, r.d.Choice, waited, r.d.Protected
-	if r.d.Lifted {
-		g.m.lifted.Inc()
-		t.protected = protectionLifted
-	}
 	return t, nil
 }
 
@@ -411,7 +402,7 @@ func (g *flowGate) pump() {
 		g.reserved[d.Target]++
 		g.mu.Unlock()
 		g.log.Debug("flow dispatch", "target", d.Target.String(), "choice", d.Choice, "here_ms", d.HereMs,
-			"elsewhere_ms", d.ElseMs, "contended", d.Contended, "protected", d.Protected, "lifted", d.Lifted, "priority", e.Priority,
+			"elsewhere_ms", d.ElseMs, "contended", d.Contended, "protected", d.Protected, "priority", e.Priority,
 			"waited_ms", ms(time.Since(e.Enqueued())))
 		e.Value.(*flowWaiter).done <- flowResult{target: d.Target, d: d}
 	}
@@ -427,7 +418,6 @@ type flowMetrics struct {
 	binding    *prometheus.CounterVec   // choice
 	queued     *prometheus.CounterVec   // reason
 	protected  *prometheus.CounterVec   // by
-	lifted     prometheus.Counter
 }
 
 func newFlowMetrics(reg prometheus.Registerer) *flowMetrics {
@@ -458,10 +448,7 @@ func newFlowMetrics(reg prometheus.Registerer) *flowMetrics {
 	m.protected = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "kvgate_flow_protected_total", Help: "Requests let through whose placement cache protection (flow_control.protect_cache) narrowed: kept off a worker holding the recent prompt of a class that outranks them, by the rule: priority, tenant.",
 	}, []string{"by"})
-	m.lifted = prometheus.NewCounter(prometheus.CounterOpts{
-		Name: "kvgate_flow_protection_lifted_total", Help: "Waiting requests dispatched to a worker cache protection keeps them off, because only such workers could still give them their first token within flow_control.queue_timeout of their arrival.",
-	})
-	reg.MustRegister(m.depth, m.bytes, m.wait, m.dispatched, m.shed, m.binding, m.queued, m.protected, m.lifted)
+	reg.MustRegister(m.depth, m.bytes, m.wait, m.dispatched, m.shed, m.binding, m.queued, m.protected)
 	return m
 }
 
