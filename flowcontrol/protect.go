@@ -8,9 +8,8 @@ import (
 )
 
 // Cache protection (flow_control.protect_cache): a request that a higher priority, or a
-// named tenant that asked for less than 1/ContendedShare of the service its own tenant asked
-// for, outranks is kept
-// off the targets that hold that class's recent prompt (its footprint), so its prefills
+// named tenant its own tenant is over its share against (overShare), outranks is kept off the
+// targets that hold that class's recent prompt (its footprint), so its prefills
 // neither make their LRU caches evict the footprint nor queue ahead of the class's next
 // request there; at least half of its eligible targets stay (shield). The caller tells the
 // queue each target's live footprints (TargetState.Guards): those the router's working sets
