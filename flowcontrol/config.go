@@ -117,7 +117,7 @@ type Config struct {
 	// it in proportion to the share of the other workers that take no request now (saturated,
 	// or at max_predicted_wait): beside idle workers the recompute delays nobody. A waiting
 	// request pays it in proportion to the share of the waiting requests that the idle workers
-	// (no prefill queued) cannot take at once: all of it while many wait and every worker has
+	// (nothing in flight, no prefill queued) cannot take at once: all of it while many wait and every worker has
 	// a queue (overload), none while idle workers are enough for every waiting request (a
 	// subagent fan-out beside idle workers).
 	RecomputeWeight float64 `yaml:"recompute_weight"`
@@ -238,6 +238,8 @@ type Load struct {
 	HasWaiting    bool
 	WaitMs        float64
 	HasWait       bool
+	// Requests are the requests in flight there (0: nothing runs there).
+	Requests int
 }
 
 // Saturated reports whether a worker with load l takes no more requests now: over a router
@@ -256,7 +258,7 @@ func (c Config) saturatedForAll(l Load) bool {
 
 // State is a worker's load as the queue's dispatch reads it (Queue.Next, Queue.Place).
 func (c Config) State(l Load) TargetState {
-	return TargetState{Saturated: c.saturatedForAll(l), WaitMs: l.WaitMs, HasWait: l.HasWait}
+	return TargetState{Saturated: c.saturatedForAll(l), WaitMs: l.WaitMs, HasWait: l.HasWait, Running: l.Requests}
 }
 
 func ms(d confval.Duration) float64 { return float64(d.D()) / float64(time.Millisecond) }

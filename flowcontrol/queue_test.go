@@ -203,6 +203,12 @@ func TestQueueOrder(t *testing.T) {
 				"w3": {WaitMs: 400, HasWait: true}, "w4": {Saturated: true, WaitMs: 2200, HasWait: true}},
 				want: "cached-on-w1", wantT: "w2", choice: ChoiceFaster},
 		}},
+		{"2x: a free worker that still runs decodes is not idle: the whole weight", recomputeLimits, []step{
+			{push: e("cached-on-w1", 0, "t", map[string]float64{"w1": 1000, "w2": 0})},
+			// w2 has no prefill queued (0 ms) but runs 12 requests' decodes: w1's 1500 - 3 ×
+			// 1000 is sooner (counted idle, no weight: 1500 - 1000 = 500, it would move).
+			{states: map[string]TargetState{"w1": {Saturated: true, WaitMs: 1500, HasWait: true}, "w2": {HasWait: true, Running: 12}}, want: ""},
+		}},
 		{"beside idle workers a waiting request does not wait for its busy holder", recomputeLimits, []step{
 			{push: e("cached-on-w1", 0, "t", map[string]float64{"w1": 1000, "w2": 0, "w3": 0})},
 			// w2 and w3 idle (no prefill queued): the recompute delays nobody, no weight:
@@ -548,6 +554,7 @@ func TestBacklogShare(t *testing.T) {
 		{"three waiting, one idle: two thirds", map[string]TargetState{"w1": idleSt, "w2": {WaitMs: 400, HasWait: true}}, nil, 3, 2.0 / 3},
 		{"a wait under a millisecond is idle, over it is not", map[string]TargetState{"w1": {WaitMs: 1, HasWait: true}, "w2": {WaitMs: 1.5, HasWait: true}}, nil, 2, 0.5},
 		{"saturated (or reserved) is not idle, whatever its wait", map[string]TargetState{"w1": {Saturated: true, HasWait: true}}, nil, 1, 1},
+		{"a target running decodes with no prefill queued is not idle", map[string]TargetState{"w1": {HasWait: true, Running: 8}, "w2": idleSt}, nil, 2, 0.5},
 		{"without a time model a free target is idle", map[string]TargetState{"w1": {}}, nil, 1, 0},
 		{"an idle target the request may not use does not count", map[string]TargetState{"w1": idleSt, "w2": idleSt}, map[string]float64{"w1": 0}, 2, 0.5},
 		{"nobody waiting: all", map[string]TargetState{"w1": idleSt}, nil, 0, 1},

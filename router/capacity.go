@@ -70,6 +70,9 @@ type Saturation struct {
 	// frontend constant); set only under the kv policy (HasWait).
 	WaitMs  float64
 	HasWait bool
+	// Requests are the requests in flight there (sent and not ended), by the gateway's
+	// accounting and its peers' on the cluster bus: 0 means nothing runs there.
+	Requests int
 }
 
 // Saturation implements Capacity with the busy thresholds of the KV policy's config, or of
@@ -91,7 +94,7 @@ func (e *Dispatcher) Saturation(t kvkey.Target) Saturation {
 	if tl != nil {
 		m, fresh = tl.freshMetrics(e.load.now(), cfg.MetricsMaxAge.D())
 	}
-	out := Saturation{PrefillTokens: snap.PrefillTokens}
+	out := Saturation{PrefillTokens: snap.PrefillTokens, Requests: snap.Requests}
 	if fresh {
 		out.Waiting, out.HasWaiting = tl.waitingNow(m), true
 	}
