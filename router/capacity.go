@@ -22,9 +22,11 @@ type Capacity interface {
 	OnLoadChange(f func())
 	// Gains returns, for each candidate, the time in ms the request saves there by the time
 	// model: its cached prefix's prefill (tokens and attention pairs) at that target's
-	// coefficients, and own, its remaining prefill there (the uncached suffix after the
-	// cached prefix, with no queue ahead). Both nil when the policy does not see the cache
-	// (every target then gains 0, and no prefill is predicted).
+	// coefficients, and own, what the request itself adds to its time to first token there
+	// (its uncached suffix's prefill after the cached prefix, with the running decodes' share
+	// of its steps and the KV-pressure term: the time model's TTFT of the request less that of
+	// an empty one, Saturation.WaitMs). Both nil when the policy does not see the cache (every
+	// target then gains 0, and nothing is predicted).
 	Gains(ctx context.Context, req *Request, cands []Candidate) (saved, own map[kvkey.Target]float64)
 	// Program names the agent program req belongs to: the root session of its session's
 	// lineage (a subagent's parent's root), "" for a request without a session.
@@ -149,9 +151,26 @@ func (e *Dispatcher) Gains(ctx context.Context, req *Request, cands []Candidate)
 		cached = min(cached, prompt)
 		th := e.thetaOf(c.Target)
 		saved[c.Target] = latency.PrefillMs(th, cached, 0)
-		own[c.Target] = latency.PrefillMs(th, prompt-cached, cached)
+		own[c.Target] = e.ownMs(c.Target, th, prompt-cached, cached)
 	}
 	return saved, own
+}
+
+// ownMs is what a request of u uncached tokens after c cached ones adds to the time model's
+// TTFT on t now (its prefill, and the decode steps and KV pressure it adds), or its bare
+// prefill at th without a time model.
+func (e *Dispatcher) ownMs(t kvkey.Target, th latency.Theta, u, c float64) float64 {
+	if e.kv.timed == nil {
+		return latency.PrefillMs(th, u, c)
+	}
+	var pv LoadVector
+	if f := e.fleet.Load(); f != nil && f.Peers != nil {
+		pv = f.Peers.Sum(t)
+	}
+	st, th := e.kv.timedState(t, pv)
+	with := latency.PredictTTFT(th, e.kv.timed.params, st, latency.Req{Uncached: u, Cached: c})
+	without := latency.PredictTTFT(th, e.kv.timed.params, st, latency.Req{})
+	return math.Max(with.TotalMs-without.TotalMs, latency.PrefillMs(th, u, c))
 }
 
 // thetaOf is the time model's coefficients for t (its fit once ready, else the prior).

@@ -111,8 +111,10 @@ func TestSaturationPredictedWait(t *testing.T) {
 	life.Done()
 }
 
-// Gains prices each candidate's cached prefix (saved) and the prefill left there (own) by the
-// time model: saved plus own is the whole prompt's prefill on every candidate.
+// Gains prices each candidate's cached prefix (saved) and what the request adds to its TTFT
+// there (own) by the time model: saved plus the prefill left is the whole prompt's prefill on
+// every candidate, and own is that prefill with the engine steps it takes (idle targets: no
+// queue, no decodes).
 func TestGains(t *testing.T) {
 	ix := indexers.NewIndex(indexers.Options{BlockSize: 16})
 	tokens := promptTokens(7, 64*16)
@@ -139,8 +141,15 @@ func TestGains(t *testing.T) {
 		if want := latency.PrefillMs(th, cached, 0); math.Abs(saved[tg]-want) > 1e-9 {
 			t.Errorf("target %d: saved %v ms, want %v (%v cached tokens)", i, saved[tg], want, cached)
 		}
-		if want := latency.PrefillMs(th, 64*16-cached, cached); math.Abs(own[tg]-want) > 1e-9 || math.Abs(saved[tg]+own[tg]-whole) > 1e-6 {
-			t.Errorf("target %d: own %v ms, want %v (and with saved %v the whole prompt's %v)", i, own[tg], want, saved[tg], whole)
+		left := latency.PrefillMs(th, 64*16-cached, cached)
+		if math.Abs(saved[tg]+left-whole) > 1e-6 {
+			t.Errorf("target %d: saved %v ms and the %v ms left are not the whole prompt's %v", i, saved[tg], left, whole)
+		}
+		req := latency.Req{Uncached: 64*16 - cached, Cached: cached}
+		want := latency.PredictTTFT(th, p.timed.params, latency.State{}, req).TotalMs -
+			latency.PredictTTFT(th, p.timed.params, latency.State{}, latency.Req{}).TotalMs
+		if math.Abs(own[tg]-want) > 1e-9 || own[tg] <= left {
+			t.Errorf("target %d: own %v ms, want %v (its prefill %v plus its steps)", i, own[tg], want, left)
 		}
 	}
 }

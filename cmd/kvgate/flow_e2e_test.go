@@ -309,7 +309,10 @@ func TestFlowControlTimeoutE2E(t *testing.T) {
 		{"a request that cannot prefill in time is shed at once", longText(7, 300), "deadline", 0, 900 * time.Millisecond, "first token within 1s"},
 	}
 	f, gate := gatedFleet(t, 1, false, "--router-policy", "kv", "--router-busy-prefill-tokens", "1",
-		"--flow-control-queue-timeout", "1s", "--router-latency-prefill-ms-per-token", "1")
+		"--flow-control-queue-timeout", "1s", "--router-latency-prefill-ms-per-token", "1",
+		// Within a poll of its deadline the timer answers: the short request (~50 ms of its
+		// own by the model) is never shed as hopeless first.
+		"--flow-control-poll-interval", "200ms")
 	b := f.occupy(gate, "blocker", f.urls[0], chatRequest("occupy", longText(1, 20)), nil)
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
