@@ -36,7 +36,9 @@ type Config struct {
 	// arrival at the gateway (default 30s): it is answered 503 with Retry-After once the
 	// timeout passed, or earlier, as soon as the kv time model predicts that no worker can
 	// give it its first token in time any more (its own prefill after the worker's wait); it
-	// is never sent where its first token is predicted later.
+	// is never sent where its first token is predicted later. A prefill longer than half the
+	// timeout counts as half of it, so a prompt too long for any worker to answer in time is
+	// not refused for its length: its wait is bounded by the other half.
 	QueueTimeout confval.Duration `yaml:"queue_timeout"`
 	// MaxPredictedWait marks a worker saturated when the kv policy's time model predicts that
 	// a request sent there now would wait longer than this before its own prefill starts: the

@@ -19,12 +19,17 @@ import (
 // (docs/benchmarks/2026-12-05-cache-protection.md); such a request is shed instead.
 
 // firstTokenAt is when e's first token is predicted if e went to t (state s) at now; ok is
-// false without a prediction (no time model, or no prefill predicted there).
+// false without a prediction (no time model, or no prefill predicted there). Its own
+// prefill counts at most half of its time budget (from entering the queue to its
+// deadline): a prompt whose prefill alone takes longer than queue_timeout has its first
+// token after the deadline on every worker, even an idle one, and must not be refused for
+// its length; its wait is then bounded by the rest of the budget instead.
 func (e *Entry[T]) firstTokenAt(t T, s TargetState, now time.Time) (at time.Time, ok bool) {
 	own, ok := e.Prefill[t]
 	if !ok || !s.HasWait {
 		return time.Time{}, false
 	}
+	own = min(own, float64(e.Deadline.Sub(e.enqueued))/float64(time.Millisecond)/2)
 	return now.Add(time.Duration((s.WaitMs + own) * float64(time.Millisecond))), true
 }
 

@@ -48,6 +48,19 @@ func TestDeadline(t *testing.T) {
 				{wait: 2 * time.Second, states: map[string]TargetState{"w1": at(100), "w2": sat(2000)}, want: ""},
 				{wait: 1500 * time.Millisecond, states: map[string]TargetState{"w1": at(100), "w2": sat(2000)}, late: []string{"a"}},
 			}},
+		{"a prefill longer than the whole budget is not refused for its length: its wait is bounded", pricedLimits, 30 * time.Second,
+			[]*Entry[string]{flood("huge", map[string]float64{"w1": 40000, "w2": 40000}, none)}, []step{
+				// Its 40 s prefill counts as 15 s (half the budget): 10 s in it is not shed
+				// while both are busy, and w1 freeing takes it (without the cap it would be
+				// late everywhere from its arrival).
+				{wait: 10 * time.Second, states: map[string]TargetState{"w1": sat(4000), "w2": sat(9000)}, want: ""},
+				{states: map[string]TargetState{"w1": at(400), "w2": sat(9000)}, want: "huge", wantT: "w1"},
+			}},
+		{"a prefill longer than the budget: shed once its wait passes the rest of it", pricedLimits, 30 * time.Second,
+			[]*Entry[string]{flood("huge", map[string]float64{"w1": 40000, "w2": 40000}, none)}, []step{
+				{wait: 10 * time.Second, states: map[string]TargetState{"w1": sat(9000), "w2": sat(9000)}, want: ""},
+				{wait: 6 * time.Second, states: map[string]TargetState{"w1": sat(9000), "w2": sat(9000)}, late: []string{"huge"}},
+			}},
 		{"no deadline: the same request is sent late", pricedLimits, 0,
 			[]*Entry[string]{flood("a", map[string]float64{"w1": 9000, "w2": 5000}, none)}, []step{
 				{wait: 24 * time.Second, states: map[string]TargetState{"w1": at(100), "w2": sat(2000)}, want: "a", wantT: "w1"},
@@ -83,8 +96,8 @@ func TestDeadline(t *testing.T) {
 				{wait: 29950 * time.Millisecond, states: map[string]TargetState{"w1": sat(3000), "w2": sat(3000)}, want: ""},
 			}},
 		{"only the late one of two is shed", pricedLimits, 30 * time.Second,
-			[]*Entry[string]{flood("big", map[string]float64{"w1": 26000, "w2": 26000}, none), flood("small", even, none)}, []step{
-				{wait: 5 * time.Second, states: map[string]TargetState{"w1": sat(6000), "w2": sat(6000)}, late: []string{"big"}, want: ""},
+			[]*Entry[string]{flood("big", map[string]float64{"w1": 14000, "w2": 14000}, none), flood("small", even, none)}, []step{
+				{wait: 17 * time.Second, states: map[string]TargetState{"w1": sat(6000), "w2": sat(6000)}, late: []string{"big"}, want: ""},
 			}},
 	}
 	for _, tc := range cases {
