@@ -130,7 +130,8 @@ func (q *Queue[T]) boundOf(c contention, prio int, tenant string, now time.Time)
 	byPriority := c.hasTop && prio < c.top
 	contended := byPriority
 	if !contended && c.tenants >= 2 && c.mean > 0 {
-		contended = q.serviceOf(tenant, now) > q.lim.ContendedShare*c.mean
+		v, _ := q.serviceOf(tenant, now)
+		contended = v > q.lim.ContendedShare*c.mean
 	}
 	if contended && q.lim.ContendedWaitMs > 0 && (q.lim.MaxWaitMs == 0 || q.lim.ContendedWaitMs < q.lim.MaxWaitMs) {
 		b.limit, b.contended, b.reserve = q.lim.ContendedWaitMs, true, byPriority

@@ -55,7 +55,7 @@ func newShares() *shares { return &shares{asked: map[string]float64{}} }
 func (q *Queue[T]) askedIn(s *shares, t string, now time.Time) float64 {
 	v, ok := s.asked[t]
 	if !ok {
-		v = q.askedOf(t, now)
+		_, v = q.serviceOf(t, now)
 		s.asked[t] = v
 	}
 	return v

@@ -183,14 +183,15 @@ func (q *Queue[T]) tenant(t string) *attained {
 	return a
 }
 
-// serviceOf is t's attained service decayed to now.
-func (q *Queue[T]) serviceOf(t string, now time.Time) float64 {
+// serviceOf is t's attained service and the service its requests asked for on arrival, both
+// decayed to now (0 for a tenant never seen).
+func (q *Queue[T]) serviceOf(t string, now time.Time) (attained, asked float64) {
 	a := q.service[t]
 	if a == nil {
-		return 0
+		return 0, 0
 	}
 	a.decay(now, q.lim.HalfLife)
-	return a.v
+	return a.v, a.asked
 }
 
 func (a *attained) decay(now time.Time, halfLife time.Duration) {
@@ -200,16 +201,6 @@ func (a *attained) decay(now time.Time, halfLife time.Duration) {
 		a.asked *= f
 		a.at = now
 	}
-}
-
-// askedOf is the service t's requests asked for on arrival, decayed to now.
-func (q *Queue[T]) askedOf(t string, now time.Time) float64 {
-	a := q.service[t]
-	if a == nil {
-		return 0
-	}
-	a.decay(now, q.lim.HalfLife)
-	return a.asked
 }
 
 // prune forgets idle tenants whose service decayed below one token once there are many.
@@ -316,7 +307,8 @@ func (q *Queue[T]) byService(b *band[T], now time.Time) [][]string {
 	}
 	all := make([]ts, 0, len(b.tenants))
 	for t := range b.tenants {
-		all = append(all, ts{t, q.serviceOf(t, now)})
+		v, _ := q.serviceOf(t, now)
+		all = append(all, ts{t, v})
 	}
 	slices.SortFunc(all, func(x, y ts) int {
 		switch {
@@ -364,11 +356,12 @@ func (q *Queue[T]) best(b *band[T], tenants []string, states map[T]TargetState, 
 			top, second, topAt := topGains(e.Gain)
 			avoid, by := q.shield(Class{e.Priority, e.Tenant, e.Named}, eligibleOf(e.Gain, states), states, sh, now)
 			late := e.lateTargets(states, now)
-			// The recompute weight in proportion to the backlog: all of it while more
-			// requests wait than idle targets can take (2x), none beside enough idle ones.
-			weighE := weigh * backlogShare(e.Gain, withoutTargets(states, avoid), q.n)
 			// A target where it would be late is no alternative worth waiting for.
 			priceOn := withoutTargets(states, union(avoid, late))
+			// The recompute weight in proportion to the backlog: all of it while more
+			// requests wait than idle targets can take (2x), none beside enough idle ones
+			// (an idle target it would be late on cannot take it).
+			weighE := weigh * backlogShare(e.Gain, priceOn, q.n)
 			for f := range states {
 				g, eligible := gainOn(e.Gain, f)
 				if !eligible || avoid[f] || late[f] || !takes(bd, states, f) {
@@ -439,7 +432,8 @@ func (q *Queue[T]) Charge(tenant string, delta float64) {
 func (q *Queue[T]) Service(tenant string) float64 {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	return q.serviceOf(tenant, q.now())
+	v, _ := q.serviceOf(tenant, q.now())
+	return v
 }
 
 // Drain removes and returns every waiting entry, oldest first (no worker is left to serve

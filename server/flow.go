@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net/http"
 	"slices"
 	"sync"
@@ -292,16 +293,9 @@ func (g *flowGate) gains(ctx context.Context, rreq *router.Request, cands []rout
 	for _, c := range cands {
 		gain[c.Target] += 0
 	}
-	for k := range gain {
-		if !isCandidate(cands, k) {
-			delete(gain, k)
-		}
-	}
-	for k := range own {
-		if !isCandidate(cands, k) {
-			delete(own, k)
-		}
-	}
+	notCandidate := func(k kvkey.Target, _ float64) bool { return !isCandidate(cands, k) }
+	maps.DeleteFunc(gain, notCandidate)
+	maps.DeleteFunc(own, notCandidate)
 	return gain, own
 }
 
