@@ -242,6 +242,8 @@ type Load struct {
 	HasWait       bool
 	// Requests are the requests in flight there (0: nothing runs there).
 	Requests int
+	// TTFTRatio is TargetState.TTFTRatio.
+	TTFTRatio float64
 }
 
 // Saturated reports whether a worker with load l takes no more requests now: over a router
@@ -260,7 +262,8 @@ func (c Config) saturatedForAll(l Load) bool {
 
 // State is a worker's load as the queue's dispatch reads it (Queue.Next, Queue.Place).
 func (c Config) State(l Load) TargetState {
-	return TargetState{Saturated: c.saturatedForAll(l), WaitMs: l.WaitMs, HasWait: l.HasWait, Running: l.Requests}
+	return TargetState{Saturated: c.saturatedForAll(l), WaitMs: l.WaitMs, HasWait: l.HasWait, Running: l.Requests,
+		TTFTRatio: l.TTFTRatio}
 }
 
 func ms(d confval.Duration) float64 { return float64(d.D()) / float64(time.Millisecond) }

@@ -9,28 +9,59 @@ import (
 // The deadline (flow_control.queue_timeout, counted from the request's arrival): the queue
 // bounds a request's time to its first token, not only its wait at the gateway. A request
 // whose first token, by the time model (the predicted wait on a target plus its own prefill
-// there, Entry.Prefill), can no longer come before its deadline on any target is taken out
+// there, Entry.Prefill, both scaled by the model's recent shortfall there,
+// TargetState.TTFTRatio), can no longer come before its deadline on any target is taken out
 // of the queue at once (Late) and answered like a timeout, instead of waiting out the
 // timeout or being sent where it would still prefill past it. While it can make it, a target
 // where it would be late is neither taken nor priced as the alternative worth waiting for.
 // Cache protection does not yield to the deadline: letting a flood's request onto the light
 // tenant's worker when only that worker could still serve it in time put the flood's largest
 // prefills ahead of the light tenant's next turns and evicted its context
-// (docs/benchmarks/2026-12-05-cache-protection.md); such a request is shed instead.
+// (docs/benchmarks/2026-12-05-cache-protection.md); such a request is shed instead. A
+// dispatched request carries its deadline (Dispatch.Due) for the caller to hold the worker
+// to: the prediction, even with the margin, is not a promise.
 
 // firstTokenAt is when e's first token is predicted if e went to t (state s) at now; ok is
-// false without a prediction (no time model, or no prefill predicted there). Its own
-// prefill counts at most half of its time budget (from entering the queue to its
-// deadline): a prompt whose prefill alone takes longer than queue_timeout has its first
-// token after the deadline on every worker, even an idle one, and must not be refused for
-// its length; its wait is then bounded by the rest of the budget instead.
+// false without a prediction (no time model, or no prefill predicted there). The predicted
+// wait and own prefill are scaled by how far the time model has fallen short there lately
+// (TargetState.TTFTRatio, a high quantile of measured over predicted; never below 1): on a
+// loaded worker it underestimated prefills by 30-50%, and a request dispatched with its first
+// token predicted just in time got it past its deadline. Its own prefill counts at most half
+// of its time budget (from entering the queue to its deadline): a prompt whose prefill alone
+// takes longer than queue_timeout has its first token after the deadline on every worker,
+// even an idle one, and must not be refused for its length; its wait is then bounded by the
+// rest of the budget instead.
 func (e *Entry[T]) firstTokenAt(t T, s TargetState, now time.Time) (at time.Time, ok bool) {
 	own, ok := e.Prefill[t]
 	if !ok || !s.HasWait {
 		return time.Time{}, false
 	}
-	own = min(own, float64(e.Deadline.Sub(e.enqueued))/float64(time.Millisecond)/2)
-	return now.Add(time.Duration((s.WaitMs + own) * float64(time.Millisecond))), true
+	r := s.margin()
+	own = min(own*r, e.budgetMs()/2)
+	return now.Add(time.Duration((s.WaitMs*r + own) * float64(time.Millisecond))), true
+}
+
+// margin is the factor the deadline check scales t's predictions by: TTFTRatio, at least 1.
+func (s TargetState) margin() float64 {
+	return max(s.TTFTRatio, 1)
+}
+
+// budgetMs is e's time budget in ms, from entering the queue to its deadline.
+func (e *Entry[T]) budgetMs() float64 {
+	return float64(e.Deadline.Sub(e.enqueued)) / float64(time.Millisecond)
+}
+
+// due is when e, sent to t (state s), must have its first token: its deadline, or zero
+// when it has none or its own prefill there (with the margin) alone passes half its budget
+// (firstTokenAt's cap: no worker could keep the promise).
+func (e *Entry[T]) due(t T, s TargetState) time.Time {
+	if e.Deadline.IsZero() {
+		return time.Time{}
+	}
+	if own, ok := e.Prefill[t]; ok && own*s.margin() > e.budgetMs()/2 {
+		return time.Time{}
+	}
+	return e.Deadline
 }
 
 // lateOn reports whether e, sent to t now, is predicted to have its first token after its

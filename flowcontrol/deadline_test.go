@@ -17,9 +17,17 @@ func TestDeadline(t *testing.T) {
 		late   []string // Values Late sheds
 		want   string   // Value Next dispatches ("" none)
 		wantT  string
+		// overlong: its own prefill there passes half its budget, so the dispatch carries no
+		// deadline for the edge to hold it to (Dispatch.Due zero; else its Deadline).
+		overlong bool
 	}
 	at := func(wait float64) TargetState { return TargetState{WaitMs: wait, HasWait: true} }
 	sat := func(wait float64) TargetState { return TargetState{Saturated: true, WaitMs: wait, HasWait: true} }
+	// The same with the time model's recent shortfall there (TTFTRatio).
+	atR := func(wait, r float64) TargetState { return TargetState{WaitMs: wait, HasWait: true, TTFTRatio: r} }
+	satR := func(wait, r float64) TargetState {
+		return TargetState{Saturated: true, WaitMs: wait, HasWait: true, TTFTRatio: r}
+	}
 	// An entry of the flood tenant pushed at the clock's start with a 30 s deadline and a
 	// 5 s prefill on every target (none cached), or the given prefills and gains.
 	flood := func(name string, prefill, gain map[string]float64) *Entry[string] {
@@ -54,12 +62,37 @@ func TestDeadline(t *testing.T) {
 				// while both are busy, and w1 freeing takes it (without the cap it would be
 				// late everywhere from its arrival).
 				{wait: 10 * time.Second, states: map[string]TargetState{"w1": sat(4000), "w2": sat(9000)}, want: ""},
-				{states: map[string]TargetState{"w1": at(400), "w2": sat(9000)}, want: "huge", wantT: "w1"},
+				{states: map[string]TargetState{"w1": at(400), "w2": sat(9000)}, want: "huge", wantT: "w1", overlong: true},
 			}},
 		{"a prefill longer than the budget: shed once its wait passes the rest of it", pricedLimits, 30 * time.Second,
 			[]*Entry[string]{flood("huge", map[string]float64{"w1": 40000, "w2": 40000}, none)}, []step{
 				{wait: 10 * time.Second, states: map[string]TargetState{"w1": sat(9000), "w2": sat(9000)}, want: ""},
 				{wait: 6 * time.Second, states: map[string]TargetState{"w1": sat(9000), "w2": sat(9000)}, late: []string{"huge"}},
+			}},
+		{"the margin: a first token predicted just inside the deadline (29.4 s) is late by the model's recent shortfall (1.3x: 31.0 s); shed once no target makes it", pricedLimits, 30 * time.Second,
+			[]*Entry[string]{flood("a", even, none)}, []step{
+				{wait: 24 * time.Second, states: map[string]TargetState{"w1": atR(400, 1.3), "w2": satR(2000, 1.3)}, late: []string{"a"}},
+			}},
+		{"the margin: no shortfall measured, the same request is sent", pricedLimits, 30 * time.Second,
+			[]*Entry[string]{flood("a", even, none)}, []step{
+				{wait: 24 * time.Second, states: map[string]TargetState{"w1": atR(400, 0), "w2": satR(2000, 0)}, want: "a", wantT: "w1"},
+			}},
+		{"the margin: a model predicting too long (ratio 0.7) is not trusted to shorten the prediction", pricedLimits, 30 * time.Second,
+			[]*Entry[string]{flood("a", map[string]float64{"w1": 6000, "w2": 6000}, none)}, []step{
+				// 24.5 + 0.4 + 6 = 30.9 s: late as predicted, though 0.7x of it would be in time.
+				{wait: 24500 * time.Millisecond, states: map[string]TargetState{"w1": atR(400, 0.7), "w2": satR(2000, 0.7)}, late: []string{"a"}},
+			}},
+		{"the margin: only the target whose model falls short loses the request", pricedLimits, 30 * time.Second,
+			[]*Entry[string]{flood("a", even, none)}, []step{
+				{wait: 24 * time.Second, states: map[string]TargetState{"w1": atR(400, 1.3), "w2": atR(450, 1.05)}, want: "a", wantT: "w2"},
+			}},
+		{"the margin counts toward the cap: a 12 s prefill at 1.3x passes half the budget, so it carries no deadline", pricedLimits, 30 * time.Second,
+			[]*Entry[string]{flood("big", map[string]float64{"w1": 12000, "w2": 12000}, none)}, []step{
+				{states: map[string]TargetState{"w1": atR(0, 1.3), "w2": satR(2000, 1.3)}, want: "big", wantT: "w1", overlong: true},
+			}},
+		{"without the margin the same 12 s prefill carries its deadline", pricedLimits, 30 * time.Second,
+			[]*Entry[string]{flood("big", map[string]float64{"w1": 12000, "w2": 12000}, none)}, []step{
+				{states: map[string]TargetState{"w1": atR(0, 1), "w2": satR(2000, 1)}, want: "big", wantT: "w1"},
 			}},
 		{"no deadline: the same request is sent late", pricedLimits, 0,
 			[]*Entry[string]{flood("a", map[string]float64{"w1": 9000, "w2": 5000}, none)}, []step{
@@ -132,6 +165,15 @@ func TestDeadline(t *testing.T) {
 				}
 				if got != s.want || (ok && d.Target != s.wantT) {
 					t.Fatalf("step %d: Next = %q on %q, want %q on %q", i, got, d.Target, s.want, s.wantT)
+				}
+				if ok {
+					want := e.Deadline
+					if s.overlong {
+						want = time.Time{}
+					}
+					if !d.Due.Equal(want) {
+						t.Fatalf("step %d: Due = %v, want %v (deadline %v)", i, d.Due, want, e.Deadline)
+					}
 				}
 			}
 			if n := q.Len(); n != len(tc.push)-done {

@@ -21,6 +21,11 @@ type TargetState struct {
 	// Running are the requests in flight there; a target with any is never idle
 	// (backlogShare).
 	Running int
+	// TTFTRatio is how far the time model's predictions there fall short of the measured
+	// times to first token: a high quantile of their recent ratio (router.Saturation). The
+	// deadline check scales the predicted wait and own prefill by it (deadline.go); 1 or
+	// less (0: not measured) leaves them as predicted.
+	TTFTRatio float64
 	// Guards are the footprints there that cache protection keeps (flow_control.protect_cache;
 	// protect.go).
 	Guards []Guard
@@ -56,6 +61,11 @@ type Dispatch[T comparable] struct {
 	// Protected names the rule (ProtectedByPriority, ProtectedByTenant) that kept the request
 	// off a target where it would have evicted an outranking footprint; "" when none did.
 	Protected string
+	// Due is when the request's first token must have come (its Entry.Deadline), for the
+	// caller to hold it to; zero when it has no deadline or its own prefill on Target alone
+	// is predicted past half its budget (firstTokenAt's cap: no worker could keep that
+	// promise, and the request is not refused for its length).
+	Due time.Time
 }
 
 // Arrive notes that a request of prio and tenant asking for cost (Entry.Cost) arrived: both

@@ -291,6 +291,7 @@ func (q *Queue[T]) Next(states map[T]TargetState) (e *Entry[T], d Dispatch[T], o
 				a := q.tenant(e.Tenant)
 				a.decay(now, q.lim.HalfLife)
 				a.v += e.Cost
+				d.Due = e.due(d.Target, states[d.Target])
 				return e, d, true
 			}
 		}
