@@ -72,6 +72,10 @@ type Saturation struct {
 	// frontend constant); set only under the kv policy (HasWait).
 	WaitMs  float64
 	HasWait bool
+	// TTFTRatio is how far the time model's predictions fall short there: the 90th
+	// percentile of the recent ratios of measured to predicted TTFT of the streamed
+	// responses predicted at least half a second (the last 64; 0 before 8). Kv only.
+	TTFTRatio float64
 	// Requests are the requests in flight there (sent and not ended), by the gateway's
 	// accounting and its peers' on the cluster bus: 0 means nothing runs there.
 	Requests int
@@ -108,6 +112,7 @@ func (e *Dispatcher) Saturation(t kvkey.Target) Saturation {
 	}
 	if e.kv != nil && e.kv.timed != nil {
 		out.WaitMs, out.HasWait = e.kv.predictedWaitMs(t, pv, snap, m, fresh), true
+		out.TTFTRatio = e.kv.timed.ttftRatio(t)
 	}
 	return out
 }

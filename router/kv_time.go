@@ -55,10 +55,11 @@ type targetTime struct {
 	routedU, routedPairs atomic.Int64
 	doneN, doneU, doneC  atomic.Int64
 
-	mu     sync.Mutex // guards fitter, worker, srcErr
+	mu     sync.Mutex // guards fitter, worker, srcErr, ratios' samples
 	fitter *latency.Fitter
 	worker workerWindow
 	srcErr [latency.NumSources]float64 // smoothed |relative error| of each source's samples
+	ratios ttftRatios                  // measured over predicted TTFT, recent (kv_time_ratio.go)
 }
 
 // srcErrRate is the smoothing rate of the per-source prediction errors in the debug view.
@@ -172,6 +173,7 @@ func (tm *timeModel) reset(t kvkey.Target) {
 	tt.mu.Lock()
 	tt.fitter.Reset()
 	tt.srcErr = [latency.NumSources]float64{}
+	tt.ratios.reset()
 	tt.publish()
 	tt.mu.Unlock()
 }

@@ -114,6 +114,9 @@ func (o *timeObs) firstTokenLocked() (LoadVector, bool) {
 	o.events.Store(0) // events before the first token are not steps
 	if o.stream {
 		o.tm.metrics.observed(o.worker, o.ttftMs, o.predMs)
+		o.tt.mu.Lock() // after o.mu, as feed
+		o.tt.ratios.add(o.ttftMs, o.predMs)
+		o.tt.mu.Unlock()
 	}
 	return LoadVector{AheadTokens: -o.accountU, AheadPairs: -o.pairs, Decodes: 1, DecodeKV: int64(o.prompt)}, true
 }

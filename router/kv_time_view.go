@@ -27,6 +27,10 @@ type LatencyView struct {
 	// PriorResidualMAD is the prior's median absolute relative error on the same samples: the
 	// fit replaces the prior only while its ResidualMAD is at most this.
 	PriorResidualMAD float64 `json:"prior_residual_mad"`
+	// TTFTRatio is the 90th percentile of the recent ratios of measured to predicted TTFT
+	// (streamed responses predicted at least 500 ms; 0 before 8): flow control's deadline
+	// margin (Saturation.TTFTRatio).
+	TTFTRatio float64 `json:"ttft_ratio"`
 	// Drifts counts how often the fit saw the worker change speed and reopened its covariance.
 	Drifts int `json:"drifts"`
 	// WorkerTTFTMs, WorkerPrefillMs and WorkerTokensPerStep are the worker's own means over
@@ -72,6 +76,7 @@ func (p *KVPolicy) latencyView(t kvkey.Target) *LatencyView {
 		v.Samples, v.Ready = tt.fitter.Samples(), tt.fitter.Ready()
 		v.ResidualMAD, v.MeanBias, v.Drifts = tt.fitter.ResidualMAD(), tt.fitter.MeanBias(), tt.fitter.Drifts()
 		v.PriorResidualMAD = tt.fitter.PriorResidualMAD()
+		v.TTFTRatio = tt.ratios.quantile()
 		v.Sources = make(map[string]SourceView, latency.NumSources)
 		for i, n := range tt.fitter.SamplesBySource() {
 			v.Sources[latency.Source(i).String()] = SourceView{Samples: n, Error: tt.srcErr[i]}

@@ -493,5 +493,5 @@ func (s *Server) admitFlow(c *gin.Context, p *pool, in *apireq.Request, rreq *ro
 // flowLoad is the router's reading of a target's load in flow control's terms.
 func flowLoad(s router.Saturation) flowcontrol.Load {
 	return flowcontrol.Load{Busy: s.Busy, PrefillTokens: s.PrefillTokens, Waiting: s.Waiting, HasWaiting: s.HasWaiting,
-		WaitMs: s.WaitMs, HasWait: s.HasWait, Requests: s.Requests}
+		WaitMs: s.WaitMs, HasWait: s.HasWait, Requests: s.Requests, TTFTRatio: s.TTFTRatio}
 }
