@@ -156,8 +156,8 @@ func (a *anthWriter) event(data string) error {
 
 // finish writes a buffered (non-stream or error) response, converted.
 func (a *anthWriter) finish() {
-	if a.stream && a.status == http.StatusOK {
-		return
+	if a.stream && a.status == http.StatusOK || a.status == 0 {
+		return // streamed as it came, or nothing written: the client left before its first token
 	}
 	body := a.buf.Bytes()
 	if a.status != http.StatusOK {
