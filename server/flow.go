@@ -79,6 +79,9 @@ type flowTicket struct {
 	allowed []kvkey.Target
 	choice  string        // direct, or the queue's binding choice (flowcontrol.Choice*)
 	waited  time.Duration // at the gateway
+	// due is when a dispatched request's first token must have come (flowcontrol.Dispatch.Due:
+	// its arrival plus queue_timeout; zero: none to hold it to).
+	due time.Time
 	// protected names the cache-protection rule that kept the request off a target
 	// (flowcontrol.ProtectedBy*), "" when none did.
 	protected string
@@ -148,6 +151,10 @@ const (
 	// shedDeadline: by the time model no worker could give it its first token within
 	// queue_timeout of its arrival any more (flowcontrol.Queue.Late).
 	shedDeadline = "deadline"
+	// shedFirstTokenLate: dispatched after waiting, but its worker had not sent its first
+	// token by queue_timeout after its arrival: the gateway cancelled the upstream request
+	// and answered 503 (flowTicket.firstTokenDue, Server.firstTokenLate).
+	shedFirstTokenLate = "first_token_late"
 
 	dispatchDirect = "direct" // a candidate had room and nobody waited: not queued
 	dispatchFreed  = "freed"  // waited, then a freed target took it
@@ -278,7 +285,7 @@ func (g *flowGate) admit(ctx context.Context, in *apireq.Request, rreq *router.R
 	if r.d.Protected != "" {
 		g.m.protected.WithLabelValues(r.d.Protected).Inc()
 	}
-	t.target, t.bound, t.choice, t.waited, t.protected = r.target, true, r.d.Choice, waited, r.d.Protected
+	t.target, t.bound, t.choice, t.waited, t.protected, t.due = r.target, true, r.d.Choice, waited, r.d.Protected, r.d.Due
 	return t, nil
 }
 
@@ -430,7 +437,7 @@ func newFlowMetrics(reg prometheus.Registerer) *flowMetrics {
 			Name: "kvgate_flow_dispatched_total", Help: "Requests flow control let through, by reason: direct (a candidate had room, nobody waited), freed (waited, then a freed worker took it).",
 		}, []string{"reason"}),
 		shed: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "kvgate_flow_shed_total", Help: "Requests that left the gateway's queue undispatched, by reason: queue_full (429), evicted (429: a higher priority took its place), timeout (503: queue_timeout since its arrival), deadline (503: by the time model no worker could give it its first token within queue_timeout of its arrival any more), client_gone, no_worker (503).",
+			Name: "kvgate_flow_shed_total", Help: "Requests that left the gateway's queue undispatched, by reason: queue_full (429), evicted (429: a higher priority took its place), timeout (503: queue_timeout since its arrival), deadline (503: by the time model no worker could give it its first token within queue_timeout of its arrival any more), client_gone, no_worker (503); and streamed requests dispatched after waiting whose worker had not sent their first token by queue_timeout after their arrival: first_token_late (503, the upstream request cancelled).",
 		}, []string{"reason"}),
 		binding: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvgate_flow_binding_total", Help: "Waiting requests dispatched to a freed worker, by the priced choice: holder (its soonest prefill end by the time model, on the worker holding most of its prefix), faster (its soonest, though another worker holds more of its prefix), aged (its wait credit outweighed a sooner one elsewhere), unpriced (no time model).",
@@ -444,6 +451,26 @@ func newFlowMetrics(reg prometheus.Registerer) *flowMetrics {
 	}, []string{"by"})
 	reg.MustRegister(m.depth, m.bytes, m.wait, m.dispatched, m.shed, m.binding, m.queued, m.protected)
 	return m
+}
+
+// firstTokenDue is when a streamed request that waited at the gateway must have its first
+// token (its arrival plus queue_timeout, flowcontrol.Dispatch.Due); ok is false for any
+// other: a request let through at once, one with no deadline to hold it to, or a non-stream
+// one, whose first byte comes only after its whole generation. Safe on a nil ticket.
+func (t *flowTicket) firstTokenDue(stream bool) (time.Time, bool) {
+	if !t.isBound() || !stream || t.due.IsZero() {
+		return time.Time{}, false
+	}
+	return t.due, true
+}
+
+// firstTokenLate counts a request whose worker missed its firstTokenDue (the upstream
+// request is cancelled) and returns the 503 to answer.
+func (s *Server) firstTokenLate(ctx context.Context, t *flowTicket) *apiError {
+	t.g.m.shed.WithLabelValues(shedFirstTokenLate).Inc()
+	accessFrom(ctx).noteShed(shedFirstTokenLate)
+	return &apiError{Status: http.StatusServiceUnavailable, RetryAfter: t.g.cfg.RetryAfterSeconds(),
+		Message: fmt.Sprintf("no first token within %s of this request's arrival (flow_control.queue_timeout): it waited at the gateway for a worker, which had not started answering by then; the request was cancelled there", t.g.cfg.QueueTimeout.D())}
 }
 
 // isBound reports whether the ticket names the target the request must go to first.

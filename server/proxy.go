@@ -28,6 +28,10 @@ var errIdleTimeout = errors.New("no bytes from the worker within proxy.stream_id
 // the deadline derived from its predicted TTFT (firstByteDeadline).
 var errFirstByteDeadline = errors.New("no first byte within the deadline derived from the predicted TTFT (proxy.first_byte_multiple, first_byte_floor)")
 
+// errFirstTokenLate is the cancel cause of an attempt of a request that waited at the gateway
+// and had no first token by its arrival plus flow_control.queue_timeout (flowTicket.firstTokenDue).
+var errFirstTokenLate = errors.New("no first token within flow_control.queue_timeout of the request's arrival")
+
 // outcome of one attempt on one worker.
 type outcome int
 
@@ -35,6 +39,9 @@ const (
 	served     outcome = iota // a response (success or the worker's own error) reached the client
 	failed                    // nothing reached the client; another worker may be tried
 	clientGone                // the client left; stop
+	// late: a request that waited at the gateway had no first token by its deadline; nothing
+	// reached the client, the upstream request is cancelled and the gateway answers 503.
+	late
 )
 
 // proxy routes the request within pool p and relays the response, trying another worker when
@@ -133,6 +140,9 @@ func (s *Server) proxy(c *gin.Context, p *pool, in *apireq.Request, rreq *router
 		case clientGone:
 			s.m.disconnects.WithLabelValues(string(in.Endpoint)).Inc()
 			return codeClientGone
+		case late:
+			writeError(c, e) // no retry: any other worker would be later still
+			return e.Status
 		}
 		last = e
 		if s.cutCtx.Err() != nil {
@@ -266,7 +276,7 @@ func (s *Server) attempt(c *gin.Context, a *call) (res outcome, code int, e *api
 	release := a.w.Acquire(a.d.Chosen.DPRank)
 	defer release()
 	defer func() {
-		if res == failed && e != nil {
+		if (res == failed || res == late) && e != nil { // late: nothing of the worker's reached the client
 			a.life.Failed(e)
 			return
 		}
@@ -328,10 +338,24 @@ func (s *Server) send(ctx context.Context, c *gin.Context, a *call) (outcome, in
 		firstByte = time.AfterFunc(dl, func() { cancel(errFirstByteDeadline) })
 		defer firstByte.Stop()
 	}
+	// A request that waited at the gateway was promised its first token by its arrival plus
+	// queue_timeout; the time model's prediction at dispatch is not a promise, so the worker
+	// is held to it here: past it the upstream request is cancelled (vLLM aborts a request
+	// whose client disconnected) and the client answered 503. The first byte stops the timer,
+	// before any status reached the client (headers are committed only after it), so the
+	// answer is a plain error response in the route's shape, never a broken stream.
+	var due *time.Timer
+	if at, ok := a.flow.firstTokenDue(in.Stream); ok {
+		due = time.AfterFunc(time.Until(at), func() { cancel(errFirstTokenLate) })
+		defer due.Stop()
+	}
 	resp, err := w.Client().Do(up)
 	if err != nil {
 		if clientCtx.Err() != nil {
 			return clientGone, 0, nil
+		}
+		if context.Cause(ctx) == errFirstTokenLate {
+			return late, 0, s.firstTokenLate(clientCtx, a.flow)
 		}
 		if cutByShutdown(ctx) {
 			return failed, 0, shutdownCutError()
@@ -373,6 +397,8 @@ func (s *Server) send(ctx context.Context, c *gin.Context, a *call) (outcome, in
 			return clientGone, 0, nil
 		case cutByShutdown(ctx):
 			return failed, 0, shutdownCutError()
+		case context.Cause(ctx) == errFirstTokenLate:
+			return late, 0, s.firstTokenLate(clientCtx, a.flow)
 		case errors.Is(rerr, io.EOF) && resp.StatusCode == http.StatusInternalServerError && a.scope.again:
 			// vLLM answers the requests in flight when its engine dies with a bare 500 and no
 			// body (the EngineDeadError and EngineGenerateError handlers of
@@ -398,6 +424,9 @@ func (s *Server) send(ctx context.Context, c *gin.Context, a *call) (outcome, in
 	}
 	if firstByte != nil && !firstByte.Stop() && context.Cause(ctx) == errFirstByteDeadline {
 		return failed, 0, s.missedFirstByte(w)
+	}
+	if due != nil && !due.Stop() && context.Cause(ctx) == errFirstTokenLate {
+		return late, 0, s.firstTokenLate(clientCtx, a.flow) // fired with the first byte: the rest is cut
 	}
 	w.ReportSuccess()
 

@@ -101,6 +101,8 @@ type workerGate struct {
 	mu       sync.Mutex
 	arrivals map[int][]string
 	holds    map[string]chan struct{}
+	// cancelled names the held requests whose client (the gateway) left while held.
+	cancelled map[string]bool
 }
 
 // gatedFleet starts workers simulated workers (with KV events when events), each behind one
@@ -118,7 +120,7 @@ func gatedFleet(t *testing.T, workers int, events bool, args ...string) (*fleet,
 }
 
 func newWorkerGate() *workerGate {
-	return &workerGate{arrivals: map[int][]string{}, holds: map[string]chan struct{}{}}
+	return &workerGate{arrivals: map[int][]string{}, holds: map[string]chan struct{}{}, cancelled: map[string]bool{}}
 }
 
 func (g *workerGate) wrap(i int, h http.Handler) http.Handler {
@@ -129,14 +131,36 @@ func (g *workerGate) wrap(i int, h http.Handler) http.Handler {
 			ch := g.holds[name]
 			g.mu.Unlock()
 			if ch != nil {
+				// Read the body first, as vLLM does: the worker's server sees its client leave
+				// only once the request body was read.
+				body, _ := io.ReadAll(r.Body)
+				r.Body = io.NopCloser(bytes.NewReader(body))
 				select {
 				case <-ch:
 				case <-r.Context().Done():
+					g.mu.Lock()
+					g.cancelled[name] = true
+					g.mu.Unlock()
 				}
 			}
 		}
 		h.ServeHTTP(w, r)
 	})
+}
+
+// wasCancelled reports whether the held request named name was cancelled by the gateway
+// within wait (the worker's server sees its client leave a moment after it left).
+func (g *workerGate) wasCancelled(name string, wait time.Duration) bool {
+	deadline := time.Now().Add(wait)
+	for {
+		g.mu.Lock()
+		c := g.cancelled[name]
+		g.mu.Unlock()
+		if c || time.Now().After(deadline) {
+			return c
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 }
 
 // hold makes the worker keep a request named name until release(name).
@@ -333,6 +357,99 @@ func TestFlowControlTimeoutE2E(t *testing.T) {
 	}
 	gate.release("blocker")
 	b.ok(t)
+}
+
+// A request that waited at the gateway is held to its first-token deadline (its arrival
+// plus queue_timeout) even when the time model predicted it in time: the worker gate keeps
+// the dispatched request (a prefill far slower than predicted), and at the deadline the
+// gateway cancels it upstream and answers 503 with Retry-After in the route's shape, not
+// after it. A non-stream request (its first byte is its whole answer) and one let through at
+// once are not cut.
+func TestFlowControlFirstTokenLateE2E(t *testing.T) {
+	stream := chatRequest("late", "question")
+	stream.Stream = true
+	cases := []struct {
+		name   string
+		path   string
+		body   any
+		queued bool // sent while the worker is busy: it waits at the gateway
+		cut    bool // answered 503 at its deadline (else 200 once the worker lets it go)
+		shape  func(body []byte) bool
+	}{
+		{"a streamed chat request that waited: 503 at its deadline, OpenAI's shape", "/v1/chat/completions", stream, true, true,
+			func(b []byte) bool {
+				var oa struct {
+					Error struct {
+						Message string `json:"message"`
+					} `json:"error"`
+				}
+				return json.Unmarshal(b, &oa) == nil && bytes.Contains([]byte(oa.Error.Message), []byte("queue_timeout"))
+			}},
+		{"a streamed Anthropic request that waited: 503 overloaded_error at its deadline", "/v1/messages", messagesBody(true), true, true,
+			func(b []byte) bool {
+				var an struct {
+					Type  string `json:"type"`
+					Error struct {
+						Type string `json:"type"`
+					} `json:"error"`
+				}
+				return json.Unmarshal(b, &an) == nil && an.Type == "error" && an.Error.Type == "overloaded_error"
+			}},
+		{"a non-stream request that waited is not cut", "/v1/chat/completions", chatRequest("late", "question"), true, false, nil},
+		{"a streamed request let through at once is not cut", "/v1/chat/completions", stream, false, false, nil},
+	}
+	const timeout = time.Second
+	f, gate := gatedFleet(t, 1, false, "--router-policy", "kv", "--router-busy-prefill-tokens", "1",
+		"--flow-control-queue-timeout", timeout.String(), "--router-latency-prefill-ms-per-token", "0.05",
+		"--flow-control-poll-interval", "100ms")
+	for i, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			before := f.metric("kvgate_flow_shed_total", map[string]string{"reason": "first_token_late"})
+			name := fmt.Sprint("late-", i)
+			var b *flowCall
+			if tc.queued {
+				b = f.occupy(gate, fmt.Sprint("blocker-", i), f.urls[0], chatRequest("occupy", longText(1, 20)), nil)
+			}
+			gate.hold(name)
+			sent := time.Now()
+			call := f.flowSend(context.Background(), name, tc.path, tc.body, nil)
+			if tc.queued {
+				f.awaitQueued(1)
+				time.Sleep(200 * time.Millisecond)
+				gate.release(fmt.Sprint("blocker-", i)) // the worker frees: the request is dispatched there, and held
+				b.ok(t)
+			}
+			if !tc.cut {
+				time.Sleep(timeout + 300*time.Millisecond - time.Since(sent))
+				gate.release(name)
+				call.ok(t)
+				if gate.wasCancelled(name, 0) {
+					t.Error("the worker's request was cancelled")
+				}
+				if got := f.metric("kvgate_flow_shed_total", map[string]string{"reason": "first_token_late"}); got != before {
+					t.Errorf("shed first_token_late = %v, want %v", got, before)
+				}
+				return
+			}
+			call.wait(t)
+			took := call.ended.Sub(sent)
+			if call.err != nil || call.status != http.StatusServiceUnavailable || call.header.Get("Retry-After") != "1" || !tc.shape(call.body) {
+				t.Errorf("%d Retry-After %q err %v %s", call.status, call.header.Get("Retry-After"), call.err, call.body)
+			}
+			// The deadline counts from the request's arrival at the gateway, just after it
+			// was sent; the answer comes at it, within the machine's scheduling slack.
+			if took < timeout-50*time.Millisecond || took > timeout+250*time.Millisecond {
+				t.Errorf("answered %s after it was sent, want at its %s deadline", took, timeout)
+			}
+			if !gate.wasCancelled(name, 2*time.Second) {
+				t.Error("the worker's request was not cancelled")
+			}
+			if got := f.metric("kvgate_flow_shed_total", map[string]string{"reason": "first_token_late"}); got != before+1 {
+				t.Errorf("shed first_token_late = %v, want %v", got, before+1)
+			}
+			gate.release(name)
+		})
+	}
 }
 
 // Late binding: two requests wait, the older one's prefix cached on worker 0, the newer one's
