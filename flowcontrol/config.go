@@ -35,10 +35,13 @@ type Config struct {
 	// QueueTimeout bounds a waiting request's time to its first token, counted from its
 	// arrival at the gateway (default 30s): it is answered 503 with Retry-After once the
 	// timeout passed, or earlier, as soon as the kv time model predicts that no worker can
-	// give it its first token in time any more (its own prefill after the worker's wait); it
-	// is never sent where its first token is predicted later. A prefill longer than half the
-	// timeout counts as half of it, so a prompt too long for any worker to answer in time is
-	// not refused for its length: its wait is bounded by the other half.
+	// give it its first token in time any more (its own prefill after the worker's wait, both
+	// scaled by how far the model fell short on that worker lately); it is never sent where
+	// its first token is predicted later. A streamed request that waited is also held to it
+	// at the edge: if its worker has sent no first byte by then, the request is cancelled
+	// there and answered the same 503. A prefill longer than half the timeout counts as half
+	// of it, so a prompt too long for any worker to answer in time is not refused for its
+	// length: its wait is bounded by the other half, and it is not cut.
 	QueueTimeout confval.Duration `yaml:"queue_timeout"`
 	// MaxPredictedWait marks a worker saturated when the kv policy's time model predicts that
 	// a request sent there now would wait longer than this before its own prefill starts: the
