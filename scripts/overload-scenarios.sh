@@ -7,7 +7,8 @@
 # Usage: scripts/overload-scenarios.sh tenants|priority
 #   tenants   two tenants of equal weight named by x-gateway-inference-fairness-id (light,
 #             heavy); the light one's p99 TTFT with the flood against alone, and every request's
-#             age (TTFT, or time to its 429/503) against flow_control.queue_timeout; the report
+#             age (TTFT, or time to its 429/503) and its oldest served first token (200s only)
+#             against flow_control.queue_timeout; the report
 #             also counts the flood phase's requests the gateway answered itself, by reason
 #   priority  the heavy client at priority 0, the light one asks x-kvgate-priority: 1; the light
 #             one's p90 TTFT on the saturated fleet against on the idle one
@@ -187,9 +188,15 @@ shed() {
   awk '/^kvgate_flow_shed_total\{/ { match($0, /reason="[^"]*"/); r = substr($0, RSTART + 8, RLENGTH - 9); out = out sep r " " $2; sep = ", " }
        END { printf "%s", (out == "" ? "none" : out) }' "$1/kvgate-metrics.txt" 2>/dev/null || printf -- "-"
 }
+# served DIR: the largest TTFT at the client of the client's 200 responses (its oldest served
+# request's first token, against the queue timeout; the oldest request counts the 503s too).
+served() {
+  jq -s '[.[] | select(.metadata.http_status == 200) | .metrics.time_to_first_token.value] | max // 0 | round' \
+    "$1/profile_export.jsonl" 2>/dev/null || printf -- "-"
+}
 {
-  echo "| variant | run | light $PCT TTFT alone (ms) | light $PCT TTFT in the flood (ms) | ratio | light ok / failed (flood) | heavy ok / failed | heavy goodput (req/s) | oldest request, light / heavy (ms) | queue timeout | shed at the gateway (flood) |"
-  echo "|---|---|---|---|---|---|---|---|---|---|---|"
+  echo "| variant | run | light $PCT TTFT alone (ms) | light $PCT TTFT in the flood (ms) | ratio | light ok / failed (flood) | heavy ok / failed | heavy goodput (req/s) | oldest request, light / heavy (ms) | oldest served first token, light / heavy (ms) | queue timeout | shed at the gateway (flood) |"
+  echo "|---|---|---|---|---|---|---|---|---|---|---|---|"
   for v in $VARIANTS; do
     label="${v%%=*}"
     for rep in $(seq 1 "$REPEATS"); do
@@ -199,7 +206,8 @@ shed() {
       echo "| $label | $rep | $(printf %.0f "$a") | $(printf %.0f "$f") | $(awk -v a="$a" -v f="$f" 'BEGIN { printf "%.2f", (a > 0 ? f / a : 0) }') |" \
         "$(sum "$d/flood/light" '"\(.request_count) / \(.error_count)"') | $(sum "$d/flood/heavy" '"\(.request_count) / \(.error_count) \(.error_summary)"') |" \
         "$(sum "$d/flood/heavy" '.goodput * 1000 | round / 1000') |" \
-        "$(sum "$d/flood/light" '.oldest_request_age_ms | round') / $(sum "$d/flood/heavy" '.oldest_request_age_ms | round') | $QUEUE_TIMEOUT |" \
+        "$(sum "$d/flood/light" '.oldest_request_age_ms | round') / $(sum "$d/flood/heavy" '.oldest_request_age_ms | round') |" \
+        "$(served "$d/flood/light") / $(served "$d/flood/heavy") | $QUEUE_TIMEOUT |" \
         "$(shed "$d/flood") |"
     done
   done
