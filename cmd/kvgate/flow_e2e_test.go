@@ -363,8 +363,8 @@ func TestFlowControlTimeoutE2E(t *testing.T) {
 // plus queue_timeout) even when the time model predicted it in time: the worker gate keeps
 // the dispatched request (a prefill far slower than predicted), and at the deadline the
 // gateway cancels it upstream and answers 503 with Retry-After in the route's shape, not
-// after it. A non-stream request (its first byte is its whole answer) and one let through at
-// once are not cut.
+// after it (go-openai's streaming client sees an APIError 503). A non-stream request (its
+// first byte is its whole answer) and one let through at once are not cut.
 func TestFlowControlFirstTokenLateE2E(t *testing.T) {
 	stream := chatRequest("late", "question")
 	stream.Stream = true
@@ -375,6 +375,7 @@ func TestFlowControlFirstTokenLateE2E(t *testing.T) {
 		queued bool // sent while the worker is busy: it waits at the gateway
 		cut    bool // answered 503 at its deadline (else 200 once the worker lets it go)
 		shape  func(body []byte) bool
+		sdk    bool // sent by go-openai's streaming client (body: its APIError's message)
 	}{
 		{"a streamed chat request that waited: 503 at its deadline, OpenAI's shape", "/v1/chat/completions", stream, true, true,
 			func(b []byte) bool {
@@ -384,7 +385,7 @@ func TestFlowControlFirstTokenLateE2E(t *testing.T) {
 					} `json:"error"`
 				}
 				return json.Unmarshal(b, &oa) == nil && bytes.Contains([]byte(oa.Error.Message), []byte("queue_timeout"))
-			}},
+			}, false},
 		{"a streamed Anthropic request that waited: 503 overloaded_error at its deadline", "/v1/messages", messagesBody(true), true, true,
 			func(b []byte) bool {
 				var an struct {
@@ -394,9 +395,11 @@ func TestFlowControlFirstTokenLateE2E(t *testing.T) {
 					} `json:"error"`
 				}
 				return json.Unmarshal(b, &an) == nil && an.Type == "error" && an.Error.Type == "overloaded_error"
-			}},
-		{"a non-stream request that waited is not cut", "/v1/chat/completions", chatRequest("late", "question"), true, false, nil},
-		{"a streamed request let through at once is not cut", "/v1/chat/completions", stream, false, false, nil},
+			}, false},
+		{"go-openai's stream sees an APIError 503 at the deadline", "/v1/chat/completions", stream, true, true,
+			func(b []byte) bool { return bytes.Contains(b, []byte("queue_timeout")) }, true},
+		{"a non-stream request that waited is not cut", "/v1/chat/completions", chatRequest("late", "question"), true, false, nil, false},
+		{"a streamed request let through at once is not cut", "/v1/chat/completions", stream, false, false, nil, false},
 	}
 	const timeout = time.Second
 	f, gate := gatedFleet(t, 1, false, "--router-policy", "kv", "--router-busy-prefill-tokens", "1",
@@ -412,7 +415,12 @@ func TestFlowControlFirstTokenLateE2E(t *testing.T) {
 			}
 			gate.hold(name)
 			sent := time.Now()
-			call := f.flowSend(context.Background(), name, tc.path, tc.body, nil)
+			var call *flowCall
+			if tc.sdk {
+				call = f.sdkStream(name, tc.body.(openai.ChatCompletionRequest))
+			} else {
+				call = f.flowSend(context.Background(), name, tc.path, tc.body, nil)
+			}
 			if tc.queued {
 				f.awaitQueued(1)
 				time.Sleep(200 * time.Millisecond)
@@ -433,7 +441,12 @@ func TestFlowControlFirstTokenLateE2E(t *testing.T) {
 			}
 			call.wait(t)
 			took := call.ended.Sub(sent)
-			if call.err != nil || call.status != http.StatusServiceUnavailable || call.header.Get("Retry-After") != "1" || !tc.shape(call.body) {
+			if tc.sdk {
+				var ae *openai.APIError
+				if !errors.As(call.err, &ae) || ae.HTTPStatusCode != http.StatusServiceUnavailable || !tc.shape(call.body) {
+					t.Errorf("go-openai: %v, want an APIError 503 naming queue_timeout", call.err)
+				}
+			} else if call.err != nil || call.status != http.StatusServiceUnavailable || call.header.Get("Retry-After") != "1" || !tc.shape(call.body) {
 				t.Errorf("%d Retry-After %q err %v %s", call.status, call.header.Get("Retry-After"), call.err, call.body)
 			}
 			// The deadline counts from the request's arrival at the gateway, just after it
@@ -450,6 +463,42 @@ func TestFlowControlFirstTokenLateE2E(t *testing.T) {
 			gate.release(name)
 		})
 	}
+}
+
+// sdkStream opens a chat stream through the gateway with go-openai in the background, its
+// requests named name for the worker gate, and reads its first event: the call's err is the
+// client's error (an *openai.APIError's message in body), status 200 once an event came.
+func (f *fleet) sdkStream(name string, req openai.ChatCompletionRequest) *flowCall {
+	cc := openai.DefaultConfig("none")
+	cc.BaseURL = f.gw.URL + "/v1"
+	cc.HTTPClient = &http.Client{Transport: namedTransport(name)}
+	client := openai.NewClientWithConfig(cc)
+	fc := &flowCall{name: name, done: make(chan struct{})}
+	go func() {
+		defer close(fc.done)
+		defer func() { fc.ended = time.Now() }()
+		s, err := client.CreateChatCompletionStream(context.Background(), req)
+		if err == nil {
+			_, err = s.Recv()
+			s.Close()
+			fc.status = http.StatusOK
+		}
+		fc.err = err
+		var ae *openai.APIError
+		if errors.As(err, &ae) {
+			fc.status, fc.body = ae.HTTPStatusCode, []byte(ae.Message)
+		}
+	}()
+	return fc
+}
+
+// namedTransport sets testNameHeader on every request it sends.
+type namedTransport string
+
+func (n namedTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	r.Header.Set(testNameHeader, string(n))
+	return http.DefaultTransport.RoundTrip(r)
 }
 
 // Late binding: two requests wait, the older one's prefix cached on worker 0, the newer one's
