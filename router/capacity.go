@@ -74,7 +74,8 @@ type Saturation struct {
 	HasWait bool
 	// TTFTRatio is how far the time model's predictions fall short there: the 90th
 	// percentile of the recent ratios of measured to predicted TTFT of the streamed
-	// responses predicted at least half a second (the last 64; 0 before 8). Kv only.
+	// responses predicted at least half a second (the last 64; 0 before 8; one that ended
+	// without a first token after longer than predicted counts its time so far). Kv only.
 	TTFTRatio float64
 	// Requests are the requests in flight there (sent and not ended), by the gateway's
 	// accounting and its peers' on the cluster bus: 0 means nothing runs there.

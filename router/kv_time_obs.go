@@ -39,6 +39,7 @@ type timeObs struct {
 
 	mu       sync.Mutex
 	stage    int32 // stagePrefill → stageDecode → stageDone
+	forced   bool  // force-released by LoadTracker.Expire
 	ttftMs   float64
 	fed      bool
 	accountU int64
@@ -157,6 +158,14 @@ func (o *timeObs) endLocked(completed bool) LoadVector {
 		o.tt.aheadTokens.Add(-o.accountU)
 		o.tt.aheadPairs.Add(-o.pairs)
 		d = LoadVector{AheadTokens: -o.accountU, AheadPairs: -o.pairs}
+		if waited := float64(o.now().Sub(o.start)) / float64(time.Millisecond); o.stream && !o.forced && waited >= o.predMs {
+			// Ended without a first token after longer than predicted (the gateway cut it at
+			// its deadline, or its client left): its TTFT is at least this, so the model fell
+			// short at least this much. Left out, the requests it fell shortest on would be.
+			o.tt.mu.Lock()
+			o.tt.ratios.add(waited, o.predMs)
+			o.tt.mu.Unlock()
+		}
 	case stageDecode:
 		if completed {
 			o.feed()
@@ -175,7 +184,12 @@ func (o *timeObs) endLocked(completed bool) LoadVector {
 
 // expired ends the attempt without feeding the fit when LoadTracker.Expire force-releases its
 // load handle (a caller that never ends its Lifecycle must not keep a target looking queued).
-func (o *timeObs) expired() { o.end(false) }
+func (o *timeObs) expired() {
+	o.mu.Lock()
+	o.forced = true // how long it was held says nothing of the worker
+	o.mu.Unlock()
+	o.end(false)
+}
 
 // feed gives the fit one sample, once, if a TTFT was measured on a streamed response (a
 // non-stream body's first byte comes after the whole generation). Samples taken while the

@@ -12,8 +12,9 @@ import (
 // prediction at routing (streamed responses only: a non-stream body's first byte comes after
 // the whole generation), the last ratioWindow of them. Their ratioQuantile is how far the
 // model falls short there (Saturation.TTFTRatio): flow control scales its first-token
-// predictions by it before promising a deadline (flowcontrol/deadline.go). Predictions under
-// minRatioPredMs are left out: their ratio is the worker's step jitter, while a deadline is
+// predictions by it before promising a deadline (flowcontrol/deadline.go). A streamed attempt
+// that ended without a first token after longer than predicted adds its time so far (a lower
+// bound of its ratio). Predictions under minRatioPredMs are left out: their ratio is the worker's step jitter, while a deadline is
 // at stake only for a prefill of seconds. add and reset need targetTime.mu; quantile is
 // lock-free.
 type ttftRatios struct {

@@ -2,6 +2,7 @@ package router
 
 import (
 	"context"
+	"errors"
 	"math"
 	"testing"
 	"time"
@@ -62,8 +63,25 @@ func TestTTFTRatios(t *testing.T) {
 }
 
 // Saturation reports the ratio of the streamed attempts routed to a target: each of eight
-// 32,768-token prompts took 1.5 times its predicted TTFT, and another target saw none.
+// 32,768-token prompts took 1.5 times its predicted TTFT (or, without a first token, ended
+// after it: a lower bound; one that ended sooner says nothing), and another target saw none.
 func TestSaturationTTFTRatio(t *testing.T) {
+	cases := []struct {
+		name    string
+		elapsed float64 // times the prediction
+		first   bool    // had its first token (else Failed before it)
+		want    float64
+	}{
+		{"measured", 1.5, true, 1.5},
+		{"cut at 1.5x without a first token", 1.5, false, 1.5},
+		{"ended early without a first token", 0.5, false, 0},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) { testSaturationTTFTRatio(t, tc.elapsed, tc.first, tc.want) })
+	}
+}
+
+func testSaturationTTFTRatio(t *testing.T, elapsed float64, first bool, want float64) {
 	clk := &fakeClock{t: time.Unix(1000, 0)}
 	p := newTestKV(t, PolicyKV, DefaultKVConfig(), KVDeps{}, clk)
 	e, err := NewDispatcher(DispatcherOptions{KV: p})
@@ -88,12 +106,16 @@ func TestSaturationTTFTRatio(t *testing.T) {
 		if i == 0 && e.Saturation(tgt(0)).TTFTRatio != 0 {
 			t.Fatal("a ratio before any sample")
 		}
-		clk.advance(time.Duration(1.5 * pred * float64(time.Millisecond)))
-		life.FirstToken()
-		life.Done()
+		clk.advance(time.Duration(elapsed * pred * float64(time.Millisecond)))
+		if first {
+			life.FirstToken()
+			life.Done()
+		} else {
+			life.Failed(errors.New("cut"))
+		}
 	}
-	if got := e.Saturation(tgt(0)).TTFTRatio; math.Abs(got-1.5) > 1e-6 {
-		t.Errorf("TTFTRatio = %v, want 1.5", got)
+	if got := e.Saturation(tgt(0)).TTFTRatio; math.Abs(got-want) > 1e-6 {
+		t.Errorf("TTFTRatio = %v, want %v", got, want)
 	}
 	if got := e.Saturation(tgt(1)).TTFTRatio; got != 0 {
 		t.Errorf("another target's TTFTRatio = %v, want 0", got)
