@@ -32,13 +32,24 @@ import (
 // even an idle one, and must not be refused for its length; its wait is then bounded by the
 // rest of the budget instead.
 func (e *Entry[T]) firstTokenAt(t T, s TargetState, now time.Time) (at time.Time, ok bool) {
-	own, ok := e.Prefill[t]
+	own, ok, _ := e.ownMs(t, s)
 	if !ok || !s.HasWait {
 		return time.Time{}, false
 	}
-	r := s.margin()
-	own = min(own*r, e.budgetMs()/2)
-	return now.Add(time.Duration((s.WaitMs*r + own) * float64(time.Millisecond))), true
+	return now.Add(time.Duration((s.WaitMs*s.margin() + own) * float64(time.Millisecond))), true
+}
+
+// ownMs is e's own prefill on t (state s) scaled by the margin and capped at half its time
+// budget; capped reports that the cap applied (its prefill alone passes half the budget: no
+// worker could keep its deadline, firstTokenAt and due); ok is false without a prediction.
+func (e *Entry[T]) ownMs(t T, s TargetState) (ms float64, ok, capped bool) {
+	own, ok := e.Prefill[t]
+	if !ok {
+		return 0, false, false
+	}
+	own *= s.margin()
+	half := e.budgetMs() / 2
+	return min(own, half), true, own > half
 }
 
 // margin is the factor the deadline check scales t's predictions by: TTFTRatio, at least 1.
@@ -58,7 +69,7 @@ func (e *Entry[T]) due(t T, s TargetState) time.Time {
 	if e.Deadline.IsZero() {
 		return time.Time{}
 	}
-	if own, ok := e.Prefill[t]; ok && own*s.margin() > e.budgetMs()/2 {
+	if _, _, capped := e.ownMs(t, s); capped {
 		return time.Time{}
 	}
 	return e.Deadline

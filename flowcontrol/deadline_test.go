@@ -21,13 +21,11 @@ func TestDeadline(t *testing.T) {
 		// deadline for the edge to hold it to (Dispatch.Due zero; else its Deadline).
 		overlong bool
 	}
-	at := func(wait float64) TargetState { return TargetState{WaitMs: wait, HasWait: true} }
-	sat := func(wait float64) TargetState { return TargetState{Saturated: true, WaitMs: wait, HasWait: true} }
-	// The same with the time model's recent shortfall there (TTFTRatio).
+	// A target's state with the time model's recent shortfall there (TTFTRatio), and without.
 	atR := func(wait, r float64) TargetState { return TargetState{WaitMs: wait, HasWait: true, TTFTRatio: r} }
-	satR := func(wait, r float64) TargetState {
-		return TargetState{Saturated: true, WaitMs: wait, HasWait: true, TTFTRatio: r}
-	}
+	satR := func(wait, r float64) TargetState { s := atR(wait, r); s.Saturated = true; return s }
+	at := func(wait float64) TargetState { return atR(wait, 0) }
+	sat := func(wait float64) TargetState { return satR(wait, 0) }
 	// An entry of the flood tenant pushed at the clock's start with a 30 s deadline and a
 	// 5 s prefill on every target (none cached), or the given prefills and gains.
 	flood := func(name string, prefill, gain map[string]float64) *Entry[string] {

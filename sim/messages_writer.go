@@ -156,7 +156,7 @@ func (a *anthWriter) event(data string) error {
 
 // finish writes a buffered (non-stream or error) response, converted.
 func (a *anthWriter) finish() {
-	if a.stream && a.status == http.StatusOK || a.status == 0 {
+	if (a.stream && a.status == http.StatusOK) || a.status == 0 {
 		return // streamed as it came, or nothing written: the client left before its first token
 	}
 	body := a.buf.Bytes()
