@@ -20,6 +20,7 @@ func TestDeadline(t *testing.T) {
 		// overlong: its own prefill there passes half its budget, so the dispatch carries no
 		// deadline for the edge to hold it to (Dispatch.Due zero; else its Deadline).
 		overlong bool
+		choice   string // Dispatch.Choice when set
 	}
 	// A target's state with the time model's recent shortfall there (TTFTRatio), and without.
 	atR := func(wait, r float64) TargetState { return TargetState{WaitMs: wait, HasWait: true, TTFTRatio: r} }
@@ -45,7 +46,7 @@ func TestDeadline(t *testing.T) {
 	}{
 		{"time enough: dispatched as before", pricedLimits, 30 * time.Second,
 			[]*Entry[string]{flood("a", even, none)}, []step{
-				{states: map[string]TargetState{"w1": at(100), "w2": sat(2000)}, want: "a", wantT: "w1"},
+				{states: map[string]TargetState{"w1": at(100), "w2": sat(2000)}, want: "a", wantT: "w1", choice: ChoiceHolder},
 			}},
 		{"a free target where the first token would be late is not taken; shed once every one is", pricedLimits, 30 * time.Second,
 			[]*Entry[string]{flood("a", map[string]float64{"w1": 9000, "w2": 5000}, none)}, []step{
@@ -105,7 +106,8 @@ func TestDeadline(t *testing.T) {
 				// The holder w1 is priced far better: the request waits for it.
 				{wait: 10 * time.Second, states: map[string]TargetState{"w1": sat(3000), "w2": at(0)}, want: ""},
 				// 23 s in, w1 (wait 7 s + 1 s) would pass 30 s; w2 (6 s) still makes it.
-				{wait: 13 * time.Second, states: map[string]TargetState{"w1": sat(7000), "w2": at(0)}, want: "a", wantT: "w2"},
+				// It is counted as the holder's lateness, not as a faster target.
+				{wait: 13 * time.Second, states: map[string]TargetState{"w1": sat(7000), "w2": at(0)}, want: "a", wantT: "w2", choice: ChoiceLateHolder},
 			}},
 		{"tenant protection holds while the unguarded target still makes it", protectLimits, 30 * time.Second,
 			[]*Entry[string]{flood("a", map[string]float64{"w1": 4000, "w2": 4000}, none)}, []step{
@@ -163,6 +165,9 @@ func TestDeadline(t *testing.T) {
 				}
 				if got != s.want || (ok && d.Target != s.wantT) {
 					t.Fatalf("step %d: Next = %q on %q, want %q on %q", i, got, d.Target, s.want, s.wantT)
+				}
+				if ok && s.choice != "" && d.Choice != s.choice {
+					t.Fatalf("step %d: Choice = %q, want %q", i, d.Choice, s.choice)
 				}
 				if ok {
 					want := e.Deadline

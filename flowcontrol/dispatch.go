@@ -41,6 +41,10 @@ const (
 	// ChoiceFaster: the target is its best by the time model, though another holds more of
 	// its prefix (that one's queue is longer than recomputing the difference).
 	ChoiceFaster = "faster"
+	// ChoiceLateHolder: the target is its best by the time model among those where its first
+	// token is predicted by its deadline, and the target holding most of its prefix is not
+	// one of them (its queue would make the request late, Entry.lateTargets).
+	ChoiceLateHolder = "late_holder"
 	// ChoiceAged: another target was predicted sooner, but the request's wait credit
 	// (age_weight) outweighed the difference.
 	ChoiceAged = "aged"
@@ -51,11 +55,15 @@ const (
 // Dispatch is the priced choice Next made for a request.
 type Dispatch[T comparable] struct {
 	Target T
-	// Choice is ChoiceHolder, ChoiceFaster, ChoiceAged or ChoiceUnpriced.
+	// Choice is ChoiceHolder, ChoiceFaster, ChoiceLateHolder, ChoiceAged or ChoiceUnpriced.
 	Choice string
 	// HereMs is the request's price on Target (predicted wait less the weighed cache gain),
 	// ElseMs its best price on any other target (+Inf: none); both 0 when unpriced.
 	HereMs, ElseMs float64
+	// Weigh is the recompute weight the prices counted (Limits.RecomputeWeight times the
+	// backlog's share of it), GainMs the request's cache gain on Target and TopGainMs its
+	// highest on any target: a move away from its prefix holder recomputes the difference.
+	Weigh, GainMs, TopGainMs float64
 	// Contended: the request was held to the contended bound (ContendedWaitMs).
 	Contended bool
 	// Protected names the rule (ProtectedByPriority, ProtectedByTenant) that kept the request

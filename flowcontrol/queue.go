@@ -392,9 +392,13 @@ func (q *Queue[T]) best(b *band[T], tenants []string, states map[T]TargetState, 
 					}
 					score, here, elsewhere = g-other+age, 0, 0
 				}
+				if g < top && late[topAt] && (choice == ChoiceFaster || choice == ChoiceUnpriced) {
+					choice = ChoiceLateHolder // left because the holder would make it late
+				}
 				if !ok || score > bestScore || (score == bestScore && (e.seq < best.seq || e == best && less(f, d.Target))) {
 					best, bestScore, ok = e, score, true
-					d = Dispatch[T]{Target: f, Choice: choice, HereMs: here, ElseMs: elsewhere, Contended: bd.contended, Protected: by}
+					d = Dispatch[T]{Target: f, Choice: choice, HereMs: here, ElseMs: elsewhere, Weigh: weighE, GainMs: g, TopGainMs: top,
+						Contended: bd.contended, Protected: by}
 				}
 			}
 		}

@@ -403,7 +403,7 @@ func (g *flowGate) pump() {
 		g.reserved[d.Target]++
 		g.mu.Unlock()
 		g.log.Debug("flow dispatch", "target", d.Target.String(), "choice", d.Choice, "here_ms", d.HereMs,
-			"elsewhere_ms", d.ElseMs, "contended", d.Contended, "protected", d.Protected, "priority", e.Priority,
+			"elsewhere_ms", d.ElseMs, "weigh", d.Weigh, "gain_ms", d.GainMs, "top_gain_ms", d.TopGainMs, "contended", d.Contended, "protected", d.Protected, "priority", e.Priority,
 			"waited_ms", ms(time.Since(e.Enqueued())))
 		e.Value.(*flowWaiter).done <- flowResult{target: d.Target, d: d}
 	}
@@ -440,7 +440,7 @@ func newFlowMetrics(reg prometheus.Registerer) *flowMetrics {
 			Name: "kvgate_flow_shed_total", Help: "Requests that left the gateway's queue undispatched, by reason: queue_full (429), evicted (429: a higher priority took its place), timeout (503: queue_timeout since its arrival), deadline (503: by the time model no worker could give it its first token within queue_timeout of its arrival any more), client_gone, no_worker (503); and streamed requests dispatched after waiting whose worker had not sent their first token by queue_timeout after their arrival: first_token_late (503, the upstream request cancelled).",
 		}, []string{"reason"}),
 		binding: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "kvgate_flow_binding_total", Help: "Waiting requests dispatched to a freed worker, by the priced choice: holder (its soonest prefill end by the time model, on the worker holding most of its prefix), faster (its soonest, though another worker holds more of its prefix), aged (its wait credit outweighed a sooner one elsewhere), unpriced (no time model).",
+			Name: "kvgate_flow_binding_total", Help: "Waiting requests dispatched to a freed worker, by the priced choice: holder (its soonest prefill end by the time model, on the worker holding most of its prefix), faster (its soonest, though another worker holds more of its prefix), late_holder (its soonest among the workers where its first token is predicted by its deadline, the worker holding most of its prefix not being one of them), aged (its wait credit outweighed a sooner one elsewhere), unpriced (no time model).",
 		}, []string{"choice"}),
 		queued: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvgate_flow_queued_total", Help: "Requests that waited at the gateway, by reason: saturated (no worker admitted it), prefix_holder (one did, but waiting for the worker holding its prefix was predicted sooner), behind (others were waiting).",
