@@ -122,9 +122,9 @@ type Config struct {
 	// it in proportion to the share of the other workers that take no request now (saturated,
 	// or at max_predicted_wait): beside idle workers the recompute delays nobody. A waiting
 	// request pays it in proportion to the share of the waiting requests that the idle workers
-	// (nothing in flight, no prefill queued) cannot take at once: all of it while many wait and every worker has
-	// a queue (overload), none while idle workers are enough for every waiting request (a
-	// subagent fan-out beside idle workers).
+	// (nothing in flight, no prefill queued) cannot take at once, and at least half of it:
+	// all of it while many wait and every worker has a queue (overload), half while idle
+	// workers are enough for every waiting request (a subagent fan-out beside idle workers).
 	RecomputeWeight float64 `yaml:"recompute_weight"`
 	// PollInterval is how often the waiting requests are matched against the workers' load
 	// besides every load change the gateway sees (default 50ms): a safety net for capacity

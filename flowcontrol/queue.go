@@ -360,9 +360,9 @@ func (q *Queue[T]) best(b *band[T], tenants []string, states map[T]TargetState, 
 			// A target where it would be late is no alternative worth waiting for.
 			priceOn := withoutTargets(states, union(avoid, late))
 			// The recompute weight in proportion to the backlog: all of it while more
-			// requests wait than idle targets can take (2x), none beside enough idle ones
-			// (an idle target it would be late on cannot take it).
-			weighE := weigh * backlogShare(e.Gain, priceOn, q.n)
+			// requests wait than idle targets can take (2x), half of it beside enough idle
+			// ones (minBacklogShare; an idle target it would be late on cannot take it).
+			weighE := weigh * max(backlogShare(e.Gain, priceOn, q.n), minBacklogShare)
 			for f := range states {
 				g, eligible := gainOn(e.Gain, f)
 				if !eligible || avoid[f] || late[f] || !takes(bd, states, f) {

@@ -209,22 +209,25 @@ func TestQueueOrder(t *testing.T) {
 			// 1000 is sooner (counted idle, no weight: 1500 - 1000 = 500, it would move).
 			{states: map[string]TargetState{"w1": {Saturated: true, WaitMs: 1500, HasWait: true}, "w2": {HasWait: true, Running: 12}}, want: ""},
 		}},
-		{"beside idle workers a waiting request does not wait for its busy holder", recomputeLimits, []step{
+		{"beside idle workers a waiting request pays half the weight: it leaves a holder whose queue passes twice the recompute", recomputeLimits, []step{
 			{push: e("cached-on-w1", 0, "t", map[string]float64{"w1": 1000, "w2": 0, "w3": 0})},
-			// w2 and w3 idle (no prefill queued): the recompute delays nobody, no weight:
-			// 0 against w1's 1500 - 1000 (with the whole weight, 1500 - 3000: it would wait).
+			// w2 and w3 idle (no prefill queued): half the weight, 0 against w1's 1500 - 2*1000:
+			// it waits (with no weight, 1500 - 1000, it would leave its cache behind).
 			{states: map[string]TargetState{"w1": {Saturated: true, WaitMs: 1500, HasWait: true}, "w2": {HasWait: true}, "w3": {WaitMs: 0.5, HasWait: true}},
+				want: ""},
+			// 0 against 2500 - 2*1000: it leaves (with the whole weight, 2500 - 3000, it would wait).
+			{states: map[string]TargetState{"w1": {Saturated: true, WaitMs: 2500, HasWait: true}, "w2": {HasWait: true}, "w3": {WaitMs: 0.5, HasWait: true}},
 				want: "cached-on-w1", wantT: "w2", choice: ChoiceFaster},
 		}},
 		{"a fan-out beside as many idle workers: each sibling leaves the busy holder", recomputeLimits, []step{
 			{push: e("sub-1", 0, "t", map[string]float64{"w1": 1000, "w2": 0, "w3": 0, "w4": 0})},
 			{push: e("sub-2", 0, "t", map[string]float64{"w1": 1000, "w2": 0, "w3": 0, "w4": 0})},
 			{push: e("sub-3", 0, "t", map[string]float64{"w1": 1000, "w2": 0, "w3": 0, "w4": 0})},
-			{states: map[string]TargetState{"w1": {Saturated: true, WaitMs: 1500, HasWait: true}, "w2": {HasWait: true},
+			{states: map[string]TargetState{"w1": {Saturated: true, WaitMs: 2500, HasWait: true}, "w2": {HasWait: true},
 				"w3": {HasWait: true}, "w4": {HasWait: true}}, want: "sub-1", wantT: "w2", choice: ChoiceFaster},
-			{states: map[string]TargetState{"w1": {Saturated: true, WaitMs: 1500, HasWait: true}, "w2": {Saturated: true, HasWait: true},
+			{states: map[string]TargetState{"w1": {Saturated: true, WaitMs: 2500, HasWait: true}, "w2": {Saturated: true, HasWait: true},
 				"w3": {HasWait: true}, "w4": {HasWait: true}}, want: "sub-2", wantT: "w3", choice: ChoiceFaster},
-			{states: map[string]TargetState{"w1": {Saturated: true, WaitMs: 1500, HasWait: true}, "w2": {Saturated: true, HasWait: true},
+			{states: map[string]TargetState{"w1": {Saturated: true, WaitMs: 2500, HasWait: true}, "w2": {Saturated: true, HasWait: true},
 				"w3": {WaitMs: 300, HasWait: true}, "w4": {HasWait: true}}, want: "sub-3", wantT: "w4", choice: ChoiceFaster},
 		}},
 		{"a holder's queue over three times the recompute: the freed worker", recomputeLimits, []step{
