@@ -282,16 +282,15 @@ func idle(s TargetState) bool {
 // however many idle targets could take the waiting requests. The idle worker a move fills is
 // often wanted by the next arrival soon after, and the session's later turns follow its
 // context there, so a move beside idle workers is not free: paying none let trace_0291's
-// long-context requests leave their holders for a recompute as long as the holder's queue,
-// 0.966-0.980 captured and 108-116 good requests of 128 at 1x against 0.995 and 114-116 with
-// half (docs/benchmarks/2026-12-06-queue-floor.md). Half keeps a subagent fan-out spreading
-// over idle workers: its shared prefix is short next to the parent worker's queue.
+// long-context requests leave their holders for a recompute as long as the holder's queue
+// (at 1x: captured 0.966-0.980 and 108-116 good requests of 128, against 0.995 and 114-116
+// with half; docs/benchmarks/2026-12-06-queue-floor.md). Half keeps a subagent fan-out
+// spreading over idle workers: its shared prefix is short next to the parent worker's queue.
 const minBacklogShare = 0.5
 
-// backlogShare is how much of the recompute weight a waiting request pays (Next), at least
-// minBacklogShare: the share
-// of the waiting requests (waiting, itself included) that the idle targets eligible for it
-// cannot take at once, max(0, waiting − idle) / waiting. A request waits only because the
+// backlogShare is how much of the recompute weight a waiting request pays (Next, which pays
+// at least minBacklogShare): the share of the waiting requests (waiting, itself included)
+// that the idle targets eligible for it cannot take at once, max(0, waiting − idle) / waiting. A request waits only because the
 // fleet was loaded, and at 2x capacity every worker keeps a queue under max_predicted_wait
 // while many requests wait: the whole weight, as the GPU time a recompute takes is what the
 // backlog waits behind (loadedShare would count those workers as unloaded and let waiting

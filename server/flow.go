@@ -403,7 +403,8 @@ func (g *flowGate) pump() {
 		g.reserved[d.Target]++
 		g.mu.Unlock()
 		g.log.Debug("flow dispatch", "target", d.Target.String(), "choice", d.Choice, "here_ms", d.HereMs,
-			"elsewhere_ms", d.ElseMs, "weigh", d.Weigh, "gain_ms", d.GainMs, "top_gain_ms", d.TopGainMs, "contended", d.Contended, "protected", d.Protected, "priority", e.Priority,
+			"elsewhere_ms", d.ElseMs, "weigh", d.Weigh, "gain_ms", d.GainMs, "top_gain_ms", d.TopGainMs,
+			"contended", d.Contended, "protected", d.Protected, "priority", e.Priority,
 			"waited_ms", ms(time.Since(e.Enqueued())))
 		e.Value.(*flowWaiter).done <- flowResult{target: d.Target, d: d}
 	}
