@@ -278,26 +278,27 @@ func idle(s TargetState) bool {
 	return !s.Saturated && s.Running == 0 && (!s.HasWait || s.WaitMs <= idleWaitMs)
 }
 
-// minBacklogShare is the least share of the recompute weight a waiting request pays (Next),
-// however many idle targets could take the waiting requests. The idle worker a move fills is
-// often wanted by the next arrival soon after, and the session's later turns follow its
-// context there, so a move beside idle workers is not free: paying none let trace_0291's
-// long-context requests leave their holders for a recompute as long as the holder's queue
-// (at 1x: captured 0.966-0.980 and 108-116 good requests of 128, against 0.995 and 114-116
-// with half; docs/benchmarks/2026-12-06-queue-floor.md). Half keeps a subagent fan-out
-// spreading over idle workers: its shared prefix is short next to the parent worker's queue.
+// minBacklogShare is the least share of the recompute weight a waiting request pays
+// (backlogShare), however many idle targets could take the waiting requests. The idle worker
+// a move fills is often wanted by the next arrival soon after, and the session's later turns
+// follow its context there, so a move beside idle workers is not free: paying none let
+// trace_0291's long-context requests leave their holders for a recompute as long as the
+// holder's queue (at 1x: captured 0.966-0.980 and 108-116 good requests of 128, against 0.995
+// and 114-116 with half; docs/benchmarks/2026-12-06-queue-floor.md). Half keeps a subagent
+// fan-out spreading over idle workers: its shared prefix is short next to the parent
+// worker's queue.
 const minBacklogShare = 0.5
 
-// backlogShare is how much of the recompute weight a waiting request pays (Next, which pays
-// at least minBacklogShare): the share of the waiting requests (waiting, itself included)
-// that the idle targets eligible for it cannot take at once, max(0, waiting − idle) / waiting. A request waits only because the
-// fleet was loaded, and at 2x capacity every worker keeps a queue under max_predicted_wait
-// while many requests wait: the whole weight, as the GPU time a recompute takes is what the
-// backlog waits behind (loadedShare would count those workers as unloaded and let waiting
-// requests leave their holders). When the idle targets are enough for every waiting request
-// (a subagent fan-out beside idle workers), a recompute delays nobody now: it pays none of it
-// here (Next pays minBacklogShare), and does not wait long for a busy holder for the fleet's
-// sake.
+// backlogShare is how much of the recompute weight a waiting request pays (Next): the share
+// of the waiting requests (waiting, itself included) that the idle targets eligible for it
+// cannot take at once, max(0, waiting − idle) / waiting, and at least minBacklogShare. A
+// request waits only because the fleet was loaded, and at 2x capacity every worker keeps a
+// queue under max_predicted_wait while many requests wait: the whole weight, as the GPU time
+// a recompute takes is what the backlog waits behind (loadedShare would count those workers
+// as unloaded and let waiting requests leave their holders). When the idle targets are
+// enough for every waiting request (a subagent fan-out beside idle workers), a recompute
+// delays nobody now: it pays minBacklogShare, and does not wait long for a busy holder for
+// the fleet's sake.
 func backlogShare[T comparable](gain map[T]float64, states map[T]TargetState, waiting int) float64 {
 	if waiting <= 0 {
 		return 1
@@ -308,7 +309,7 @@ func backlogShare[T comparable](gain map[T]float64, states map[T]TargetState, wa
 			n++
 		}
 	}
-	return float64(max(0, waiting-n)) / float64(waiting)
+	return max(minBacklogShare, float64(max(0, waiting-n))/float64(waiting))
 }
 
 // Placement is Place's answer.

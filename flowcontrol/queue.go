@@ -362,7 +362,7 @@ func (q *Queue[T]) best(b *band[T], tenants []string, states map[T]TargetState, 
 			// The recompute weight in proportion to the backlog: all of it while more
 			// requests wait than idle targets can take (2x), half of it beside enough idle
 			// ones (minBacklogShare; an idle target it would be late on cannot take it).
-			weighE := weigh * max(backlogShare(e.Gain, priceOn, q.n), minBacklogShare)
+			weighE := weigh * backlogShare(e.Gain, priceOn, q.n)
 			for f := range states {
 				g, eligible := gainOn(e.Gain, f)
 				if !eligible || avoid[f] || late[f] || !takes(bd, states, f) {

@@ -551,15 +551,15 @@ func TestBacklogShare(t *testing.T) {
 		waiting int
 		want    float64
 	}{
-		{"as many idle targets as waiting requests: none", map[string]TargetState{"w1": {Saturated: true}, "w2": idleSt, "w3": idleSt}, nil, 2, 0},
-		{"more idle targets than waiting: none", map[string]TargetState{"w1": idleSt, "w2": idleSt}, nil, 1, 0},
+		{"as many idle targets as waiting requests: the floor, minBacklogShare", map[string]TargetState{"w1": {Saturated: true}, "w2": idleSt, "w3": idleSt}, nil, 2, 0.5},
+		{"more idle targets than waiting: the floor", map[string]TargetState{"w1": idleSt, "w2": idleSt}, nil, 1, 0.5},
 		{"no idle target: all", map[string]TargetState{"w1": {WaitMs: 100, HasWait: true}, "w2": {Saturated: true}}, nil, 1, 1},
 		{"three waiting, one idle: two thirds", map[string]TargetState{"w1": idleSt, "w2": {WaitMs: 400, HasWait: true}}, nil, 3, 2.0 / 3},
-		{"a wait under a millisecond is idle, over it is not", map[string]TargetState{"w1": {WaitMs: 1, HasWait: true}, "w2": {WaitMs: 1.5, HasWait: true}}, nil, 2, 0.5},
+		{"a wait under a millisecond is idle, over it is not", map[string]TargetState{"w1": {WaitMs: 1, HasWait: true}, "w2": {WaitMs: 1.5, HasWait: true}}, nil, 4, 0.75},
 		{"saturated (or reserved) is not idle, whatever its wait", map[string]TargetState{"w1": {Saturated: true, HasWait: true}}, nil, 1, 1},
-		{"a target running decodes with no prefill queued is not idle", map[string]TargetState{"w1": {HasWait: true, Running: 8}, "w2": idleSt}, nil, 2, 0.5},
-		{"without a time model a free target is idle", map[string]TargetState{"w1": {}}, nil, 1, 0},
-		{"an idle target the request may not use does not count", map[string]TargetState{"w1": idleSt, "w2": idleSt}, map[string]float64{"w1": 0}, 2, 0.5},
+		{"a target running decodes with no prefill queued is not idle", map[string]TargetState{"w1": {HasWait: true, Running: 8}, "w2": idleSt}, nil, 4, 0.75},
+		{"without a time model a free target is idle", map[string]TargetState{"w1": {}}, nil, 2, 0.5},
+		{"an idle target the request may not use does not count", map[string]TargetState{"w1": idleSt, "w2": idleSt}, map[string]float64{"w1": 0}, 4, 0.75},
 		{"nobody waiting: all", map[string]TargetState{"w1": idleSt}, nil, 0, 1},
 	}
 	for _, tc := range cases {
