@@ -68,6 +68,31 @@ func TestCapturedOfCapacity(t *testing.T) {
 	}
 }
 
+// TestCapturedOfOptimal: the clairvoyant reference sums like the pooled LRU's, over the same
+// requests.
+func TestCapturedOfOptimal(t *testing.T) {
+	rec := func(capHit, optHit, prompt, cached int) Record {
+		return Record{Status: 200, HasUsage: true, PromptTokens: prompt, CachedTokens: cached,
+			TheoreticalHit: 4, TraceBlocks: 4, CapacityHit: capHit, OptimalHit: optHit}
+	}
+	tests := []struct {
+		name    string
+		recs    []Record
+		wantOpt int
+		want    float64
+	}{
+		{"LRU lost a quarter", []Record{rec(2, 4, 256, 128), rec(4, 4, 256, 256)}, 512, 0.75},
+		{"capped at the prompt", []Record{rec(2, 4, 200, 100)}, 200, 0.5},
+		{"no capacity given", []Record{rec(0, 0, 256, 64)}, 0, 0},
+	}
+	for _, tc := range tests {
+		s := Summarize("x", InputConfig{BlockSize: 64}, &Result{Records: tc.recs})
+		if s.OptimalCacheableTokens != tc.wantOpt || math.Abs(s.CapturedOfOptimal-tc.want) > 1e-9 {
+			t.Errorf("%s: optimal %d captured %v, want %d and %v", tc.name, s.OptimalCacheableTokens, s.CapturedOfOptimal, tc.wantOpt, tc.want)
+		}
+	}
+}
+
 // TestCapturedInReports: the captured fraction appears in the JSON summary, the text table,
 // the CSV and the HTML report.
 func TestCapturedInReports(t *testing.T) {

@@ -45,13 +45,17 @@ type Record struct {
 	// CapacityHit: the leading blocks a pooled LRU of the fleet's whole cache still held
 	// (ReplayOptions.CapacityBlocks; 0 without it).
 	CapacityHit int `json:"capacity_hit_blocks,omitempty"`
+	// OptimalHit: the leading blocks a clairvoyant cache of the same size still held
+	// (beladyHits; 0 without a capacity), set when the run ends.
+	OptimalHit int `json:"optimal_hit_blocks,omitempty"`
 
 	Worker    string `json:"worker,omitempty"`
 	Status    int    `json:"http_status"`
 	ErrorKind string `json:"error_kind,omitempty"`
 	Error     string `json:"error,omitempty"`
 
-	reply string // concatenated content, for live-reply history
+	reply  string // concatenated content, for live-reply history
+	access int    // 1 + the request's index in runner.accesses (0: none)
 }
 
 // OK reports whether the request succeeded.

@@ -41,13 +41,15 @@ type RecordLine struct {
 		RequestStartMS      float64 `json:"request_start_ms"` // since the run started
 		WorkerID            string  `json:"worker_id,omitempty"`
 		HTTPStatus          int     `json:"http_status"`
-		// TraceBlocks, TheoreticalHitBlocks and CapacityHitBlocks are the request's blocks in
-		// the trace's block size (input_config.block_size), the leading ones seen earlier in its
-		// namespace and those a pooled LRU of the fleet's cache still held (Record): the
-		// per-request terms of the summary's captured fractions. Omitted when 0.
+		// TraceBlocks, TheoreticalHitBlocks, CapacityHitBlocks and OptimalHitBlocks are the
+		// request's blocks in the trace's block size (input_config.block_size), the leading ones
+		// seen earlier in its namespace, and those a pooled LRU and a clairvoyant cache of the
+		// fleet's size still held (Record): the per-request terms of the summary's captured
+		// fractions. Omitted when 0.
 		TraceBlocks          int `json:"trace_blocks,omitempty"`
 		TheoreticalHitBlocks int `json:"theoretical_hit_blocks,omitempty"`
 		CapacityHitBlocks    int `json:"capacity_hit_blocks,omitempty"`
+		OptimalHitBlocks     int `json:"optimal_hit_blocks,omitempty"`
 	} `json:"metadata"`
 	Metrics map[string]valueUnit `json:"metrics"`
 	Error   *struct {
@@ -63,6 +65,7 @@ func recordLine(r *Record) RecordLine {
 	m.ConversationID, m.TurnIndex, m.RequestStartMS = r.ConversationID, r.TurnIndex, ms(r.StartOffset)
 	m.WorkerID, m.HTTPStatus = r.Worker, r.Status
 	m.TraceBlocks, m.TheoreticalHitBlocks, m.CapacityHitBlocks = r.TraceBlocks, r.TheoreticalHit, r.CapacityHit
+	m.OptimalHitBlocks = r.OptimalHit
 	l.Metrics = map[string]valueUnit{}
 	if !r.OK() {
 		l.Error = &struct {
@@ -172,6 +175,10 @@ func WriteCSV(w io.Writer, s *Summary) error {
 		_ = cw.Write([]string{"Capacity Cacheable Tokens", strconv.Itoa(s.CapacityCacheableTokens)})
 		_ = cw.Write([]string{"Captured Of Capacity", f(s.CapturedOfCapacity)})
 	}
+	if s.OptimalCacheableTokens > 0 {
+		_ = cw.Write([]string{"Optimal Cacheable Tokens", strconv.Itoa(s.OptimalCacheableTokens)})
+		_ = cw.Write([]string{"Captured Of Optimal", f(s.CapturedOfOptimal)})
+	}
 	if m := s.Missed; m != nil {
 		_ = cw.Write([]string{"Missed Same Worker Tokens", strconv.Itoa(m.SameWorkerTokens)})
 		_ = cw.Write([]string{"Missed Moved Tokens", strconv.Itoa(m.MovedTokens)})
@@ -280,6 +287,7 @@ func compareRows() []compareRow {
 		{"theoretical hit", func(s *Summary) float64 { return s.TheoreticalPrefixCacheHit }, false, ""},
 		{"captured of theoretical", func(s *Summary) float64 { return s.CapturedCacheFraction }, false, ""},
 		{"captured of pooled LRU", func(s *Summary) float64 { return s.CapturedOfCapacity }, false, ""},
+		{"captured of optimal", func(s *Summary) float64 { return s.CapturedOfOptimal }, false, ""},
 		{"missed: same worker", func(s *Summary) float64 { return s.Missed.or().SameWorkerFraction }, true, ""},
 		{"missed: moved", func(s *Summary) float64 { return s.Missed.or().MovedFraction }, true, ""},
 		{"missed: first turn", func(s *Summary) float64 { return s.Missed.or().FirstTurnFraction }, true, ""},

@@ -90,6 +90,12 @@ type Summary struct {
 	// run came to a fleet that is one LRU cache of the same total size. Both 0 without a capacity.
 	CapacityCacheableTokens int     `json:"capacity_cacheable_tokens,omitempty"`
 	CapturedOfCapacity      float64 `json:"captured_of_capacity,omitempty"`
+	// OptimalCacheableTokens is the same sum over the clairvoyant cache's hit (one cache of the
+	// same size evicting the block wanted last, Belady's MIN), and CapturedOfOptimal the cached
+	// tokens divided by it. Between it and the pooled LRU's lies what least-recently-used
+	// eviction loses, which routing cannot win back. Both 0 without a capacity.
+	OptimalCacheableTokens int     `json:"optimal_cacheable_tokens,omitempty"`
+	CapturedOfOptimal      float64 `json:"captured_of_optimal,omitempty"`
 	// Missed splits the theoretical hit the workers did not report (theoretical cacheable
 	// minus cached, per request, when positive) by where the request went; nil unless every
 	// request counted names its worker.
@@ -262,6 +268,7 @@ func Summarize(label string, cfg InputConfig, res *Result) *Summary {
 			if r.TraceBlocks > 0 && cfg.BlockSize > 0 {
 				s.TheoreticalCacheableTokens += min(r.TheoreticalHit*cfg.BlockSize, r.PromptTokens)
 				s.CapacityCacheableTokens += min(r.CapacityHit*cfg.BlockSize, r.PromptTokens)
+				s.OptimalCacheableTokens += min(r.OptimalHit*cfg.BlockSize, r.PromptTokens)
 				capturedCached += r.CachedTokens
 			}
 		}
@@ -282,6 +289,9 @@ func Summarize(label string, cfg InputConfig, res *Result) *Summary {
 	}
 	if s.CapacityCacheableTokens > 0 {
 		s.CapturedOfCapacity = float64(capturedCached) / float64(s.CapacityCacheableTokens)
+	}
+	if s.OptimalCacheableTokens > 0 {
+		s.CapturedOfOptimal = float64(capturedCached) / float64(s.OptimalCacheableTokens)
 	}
 	s.Missed = missedCache(res.Records, cfg.BlockSize, s.TheoreticalCacheableTokens)
 	s.RunDuration = end.Seconds()

@@ -66,12 +66,13 @@ func goodput(s *Summary) float64 { return s.Goodput }
 // overloadTable is the sweep's table: one row per level and policy, each number the median
 // over the cell's runs, goodput's range beside it, and goodput's ratio to the baseline policy's
 // at the same level (a ratio of medians; "-" when the baseline did not run there or had none).
-// Beside the captured fraction of the theoretical hit, the captured fraction of the pooled LRU's
-// (0 without kvbench --capacity-tokens) shows how much of the miss the fleet's size alone forces.
+// Beside the captured fraction of the theoretical hit, the captured fractions of the pooled
+// LRU's and of the clairvoyant cache's (0 without kvbench --capacity-tokens) show how much of
+// the miss the fleet's size forces under LRU eviction and under any eviction.
 func overloadTable(points []OverloadPoint, baseline string) [][]string {
 	cells := overloadCells(points)
 	header := []string{"level", "policy", "runs", "goodput (req/s)", "goodput range", "goodput ÷ " + baseline,
-		"TTFT mean (ms)", "TTFT p90 (ms)", "TTFT p99 (ms)", "captured of theoretical", "captured of pooled LRU", "offered (req/s)", "ok", "failed (all runs, by kind)"}
+		"TTFT mean (ms)", "TTFT p90 (ms)", "TTFT p99 (ms)", "captured of theoretical", "captured of pooled LRU", "captured of optimal", "offered (req/s)", "ok", "failed (all runs, by kind)"}
 	rows := [][]string{header}
 	for _, c := range cells {
 		var base *overloadCell
@@ -98,6 +99,7 @@ func overloadTable(points []OverloadPoint, baseline string) [][]string {
 			formatNum(c.median(func(s *Summary) float64 { return s.TimeToFirstToken.P99 })),
 			formatFraction(c.median(func(s *Summary) float64 { return s.CapturedCacheFraction })),
 			formatFraction(c.median(func(s *Summary) float64 { return s.CapturedOfCapacity })),
+			formatFraction(c.median(func(s *Summary) float64 { return s.CapturedOfOptimal })),
 			strconv.FormatFloat(c.median(func(s *Summary) float64 { return s.InputConfig.OfferedRequestRate }), 'f', 3, 64),
 			formatNum(c.median(func(s *Summary) float64 { return float64(s.RequestCount) })),
 			formatKinds(kinds)})

@@ -171,7 +171,8 @@ func TestFindCapacity(t *testing.T) {
 func TestOverloadTable(t *testing.T) {
 	run := func(label string, goodput, p90, captured, pooled float64, errs map[string]int) *Run {
 		return &Run{Summary: &Summary{Label: label, Goodput: goodput, TimeToFirstToken: Stat{Avg: p90 / 2, P90: p90, P99: 2 * p90},
-			CapturedCacheFraction: captured, CapturedOfCapacity: pooled, RequestCount: 100, ErrorSummary: errs, InputConfig: InputConfig{OfferedRequestRate: 1.5}}}
+			CapturedCacheFraction: captured, CapturedOfCapacity: pooled, CapturedOfOptimal: pooled * 0.9, RequestCount: 100, ErrorSummary: errs,
+			InputConfig: InputConfig{OfferedRequestRate: 1.5}}}
 	}
 	points := []OverloadPoint{
 		{"1x", run("round_robin", 1.0, 3000, 0.4, 0, nil)},
@@ -186,9 +187,9 @@ func TestOverloadTable(t *testing.T) {
 	}
 	lines := strings.Split(strings.TrimSpace(b.String()), "\n")
 	want := []string{
-		"| 1x | round_robin | 2 | 1.100 | 1.000–1.200 | 1.00 | 1550 | 3100 | 6200 | 0.410 | 0.000 | 1.500 | 100 | 0 |",
-		"| 1x | kv | 2 | 2.200 | 2.000–2.400 | 2.00 | 550 | 1100 | 2200 | 0.960 | 0.000 | 1.500 | 100 | http_503 2 |",
-		"| 2x | kv | 1 | 0.500 | 0.500–0.500 | - | 450 | 900 | 1800 | 0.900 | 0.950 | 1.500 | 100 | http_429 1, http_503 3 |",
+		"| 1x | round_robin | 2 | 1.100 | 1.000–1.200 | 1.00 | 1550 | 3100 | 6200 | 0.410 | 0.000 | 0.000 | 1.500 | 100 | 0 |",
+		"| 1x | kv | 2 | 2.200 | 2.000–2.400 | 2.00 | 550 | 1100 | 2200 | 0.960 | 0.000 | 0.000 | 1.500 | 100 | http_503 2 |",
+		"| 2x | kv | 1 | 0.500 | 0.500–0.500 | - | 450 | 900 | 1800 | 0.900 | 0.950 | 0.855 | 1.500 | 100 | http_429 1, http_503 3 |",
 	}
 	if len(lines) != 2+len(want) {
 		t.Fatalf("%d lines, want header, rule and %d rows:\n%s", len(lines), len(want), b.String())

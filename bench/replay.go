@@ -96,6 +96,9 @@ type runner struct {
 	// before any content (theoretical prefix hit).
 	seen   map[string]map[int64]int
 	pooled *pooledLRU // nil without ReplayOptions.CapacityBlocks
+	// accesses are the requests' blocks in the order the pooled LRU saw them, for the
+	// clairvoyant reference computed when the run ends (beladyHits); nil without a capacity.
+	accesses []access
 }
 
 // Replay sends the trace's requests to the endpoint and records their timings.
@@ -164,6 +167,7 @@ func Replay(ctx context.Context, tr *Trace, synth *Synth, opts ReplayOptions) (*
 	default:
 		return nil, fmt.Errorf("unknown replay mode %q", opts.Mode)
 	}
+	r.optimal()
 	res := &Result{Records: r.records, Start: r.t0, Duration: time.Since(r.t0), Resets: r.resets}
 	sort.Slice(res.Records, func(i, j int) bool { return res.Records[i].StartOffset < res.Records[j].StartOffset })
 	return res, err
@@ -312,7 +316,7 @@ func (r *runner) send(ctx context.Context, s *Session, k int, corr, parentCorr s
 	raw, err := json.Marshal(body)
 	rec := Record{RequestID: newUUID(), CorrelationID: corr, ParentCorrID: parentCorr, ConversationID: s.ID, TurnIndex: k}
 	var added []int64
-	rec.TheoreticalHit, rec.TraceBlocks, rec.CapacityHit, added = r.theoretical(s, t)
+	rec.TheoreticalHit, rec.TraceBlocks, rec.CapacityHit, added, rec.access = r.theoretical(s, t)
 	hdr := http.Header{}
 	hdr.Set("X-Request-ID", rec.RequestID)
 	hdr.Set("X-Correlation-ID", corr)
@@ -346,7 +350,7 @@ func (r *runner) send(ctx context.Context, s *Session, k int, corr, parentCorr s
 		}
 	}
 	if !rec.OK() && rec.Chunks == 0 {
-		r.unsee(s, t, added)
+		r.unsee(s, t, added, rec.access)
 	}
 	if !rec.OK() {
 		r.opts.Logger.Debug("request failed", "session", s.ID, "turn", k, "kind", rec.ErrorKind, "error", rec.Error)
@@ -365,15 +369,18 @@ func (r *runner) send(ctx context.Context, s *Session, k int, corr, parentCorr s
 // theoretical counts the request's leading blocks already seen in its namespace (aiperf's
 // "Theoretical Prefix Cache Hit") and, with a capacity, those the pooled LRU still holds;
 // incremental sessions are not counted (their hash_ids are deltas). added are the blocks the
-// request brought into the pooled LRU (unsee takes them out again).
-func (r *runner) theoretical(s *Session, t *Turn) (hit, total, capacityHit int, added []int64) {
+// request brought into the pooled LRU (unsee takes them out again); acc is 1 + the request's
+// index in runner.accesses (0: none).
+func (r *runner) theoretical(s *Session, t *Turn) (hit, total, capacityHit int, added []int64, acc int) {
 	if s.Mode == ContextDeltas || len(t.HashIDs) == 0 {
-		return 0, 0, 0, nil
+		return 0, 0, 0, nil, 0
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.pooled != nil {
 		capacityHit, added = r.pooled.touch(s.Namespace, t.HashIDs)
+		r.accesses = append(r.accesses, access{ns: s.Namespace, ids: t.HashIDs})
+		acc = len(r.accesses)
 	}
 	seen := r.seen[s.Namespace]
 	if seen == nil {
@@ -386,13 +393,13 @@ func (r *runner) theoretical(s *Session, t *Turn) (hit, total, capacityHit int, 
 	for _, id := range t.HashIDs {
 		seen[id]++
 	}
-	return hit, len(t.HashIDs), capacityHit, added
+	return hit, len(t.HashIDs), capacityHit, added, acc
 }
 
 // unsee takes back what theoretical counted for a request that failed before any content (a
 // gateway's 429 or 503, a refused connection, a timeout before the first token): no worker
 // finished its prefill, so its blocks are no cached prefix for the requests after it.
-func (r *runner) unsee(s *Session, t *Turn, added []int64) {
+func (r *runner) unsee(s *Session, t *Turn, added []int64, acc int) {
 	if s.Mode == ContextDeltas || len(t.HashIDs) == 0 {
 		return
 	}
@@ -406,6 +413,25 @@ func (r *runner) unsee(s *Session, t *Turn, added []int64) {
 	}
 	if r.pooled != nil {
 		r.pooled.forget(s.Namespace, added)
+	}
+	if acc > 0 {
+		r.accesses[acc-1].dropped = true
+	}
+}
+
+// optimal fills each record's OptimalHit once every request has ended: the clairvoyant
+// reference needs the whole order of requests.
+func (r *runner) optimal() {
+	if r.pooled == nil {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	hits := beladyHits(r.accesses, r.pooled.capacity)
+	for i := range r.records {
+		if a := r.records[i].access; a > 0 {
+			r.records[i].OptimalHit = hits[a-1]
+		}
 	}
 }
 

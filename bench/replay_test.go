@@ -318,8 +318,9 @@ func TestNvextSession(t *testing.T) {
 }
 
 // TestTheoreticalSkipsUnservedRequests: a turn answered 503 before any content was never
-// prefilled, so the next turn's theoretical and pooled-LRU hits count only the blocks of the
-// turns served before it; a turn cut mid-stream was prefilled, and its blocks count.
+// prefilled, so the next turn's theoretical, pooled-LRU and clairvoyant hits count only the
+// blocks of the turns served before it; a turn cut mid-stream was prefilled, and its blocks
+// count.
 func TestTheoreticalSkipsUnservedRequests(t *testing.T) {
 	srv := &scriptedServer{ttft: time.Millisecond, gap: time.Millisecond, chunks: 3}
 	ts := httptest.NewServer(srv)
@@ -333,7 +334,7 @@ func TestTheoreticalSkipsUnservedRequests(t *testing.T) {
 	}
 	cases := []struct {
 		failing    string
-		wantHit    int // the third turn's theoretical and pooled-LRU hit
+		wantHit    int // the third turn's theoretical, pooled-LRU and clairvoyant hit
 		wantFailed bool
 	}{
 		{"FAIL503", 2, true},
@@ -363,8 +364,8 @@ func TestTheoreticalSkipsUnservedRequests(t *testing.T) {
 			if second.OK() == tc.wantFailed || second.TheoreticalHit != 2 {
 				t.Errorf("second turn: ok %v, hit %d; want ok %v, hit 2", second.OK(), second.TheoreticalHit, !tc.wantFailed)
 			}
-			if third.TheoreticalHit != tc.wantHit || third.CapacityHit != tc.wantHit {
-				t.Errorf("third turn: theoretical hit %d, pooled LRU %d; want %d", third.TheoreticalHit, third.CapacityHit, tc.wantHit)
+			if third.TheoreticalHit != tc.wantHit || third.CapacityHit != tc.wantHit || third.OptimalHit != tc.wantHit {
+				t.Errorf("third turn: theoretical hit %d, pooled LRU %d, clairvoyant %d; want %d", third.TheoreticalHit, third.CapacityHit, third.OptimalHit, tc.wantHit)
 			}
 		})
 	}
