@@ -101,7 +101,8 @@ type Config struct {
 	LogFormat string `yaml:"log_format"`
 	// AccessLog writes one info line per client request (default true), message "access":
 	// method, path, status, latency_ms, and once known ttft_ms (first body byte; an Anthropic
-	// stream's first content_block_delta), worker, cached_blocks (of the last attempt),
+	// stream's first content_block_delta, a Responses stream's first delta), worker,
+	// cached_blocks (of the last attempt),
 	// prompt_tokens, session (hashed), model; never prompt text, keys or header values.
 	// /health, /metrics, /live and /ready are not logged; false (or log_level above info) logs
 	// none.

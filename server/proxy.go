@@ -432,15 +432,17 @@ func (s *Server) send(ctx context.Context, c *gin.Context, a *call) (outcome, in
 
 	mediatype, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type"))
 	stream := mediatype == "text/event-stream"
-	// An Anthropic stream opens with message_start before any token: its first token is its
-	// first content_block_delta (relaySSE reports it). Anything else: the first byte.
+	// An Anthropic stream opens with message_start, a Responses stream with response.created
+	// and response.in_progress, before any token: their first token is the first
+	// content_block_delta, or the first Responses delta (relaySSE reports it). Anything else:
+	// the first byte.
 	access := accessFrom(c.Request.Context())
 	access.noteRoute(w.URL(), d)
 	firstToken := func() {
 		access.noteFirstToken(time.Since(a.start))
 		a.life.FirstToken()
 	}
-	if !(stream && resp.StatusCode == http.StatusOK && anthropicRoute(c)) {
+	if !(stream && resp.StatusCode == http.StatusOK && (anthropicRoute(c) || string(in.Endpoint) == pathResponses)) {
 		firstToken()
 		firstToken = nil
 	}
@@ -562,9 +564,10 @@ const maxPendingEvent = 1 << 20
 // client never sees half an event. If the worker breaks off (error, EOF before [DONE], idle
 // timeout) the stream ends with an OpenAI error event and [DONE].
 //
-// firstToken, when set, is called once, on the first Anthropic content_block_delta (or when
-// the stream ends without one); chunk after each event that reached the client once the first
-// token was reported (the routing side's inter-token sample).
+// firstToken, when set, is called once, on the first Anthropic content_block_delta or
+// Responses delta (isResponsesToken), or when the stream ends without one; chunk after each
+// event that reached the client once the first token was reported (the routing side's
+// inter-token sample).
 func (s *Server) relaySSE(ctx context.Context, c *gin.Context, w *workers.Worker, endpoint string, first []byte, body io.Reader, firstErr error, uc *usageCapture, firstToken, chunk func(), ids *responseIDs) outcome {
 	if firstToken != nil {
 		defer func() {
@@ -588,7 +591,8 @@ func (s *Server) relaySSE(ctx context.Context, c *gin.Context, w *workers.Worker
 		if anthropic && bytes.HasPrefix(event, []byte("event: message_stop")) {
 			sawDone = true // an Anthropic stream ends with message_stop, no [DONE]
 		}
-		if firstToken != nil && bytes.HasPrefix(event, []byte("event: content_block_delta")) {
+		if firstToken != nil && (anthropic && bytes.HasPrefix(event, []byte("event: content_block_delta")) ||
+			endpoint == pathResponses && isResponsesToken(event)) {
 			firstToken()
 			firstToken = nil
 		}

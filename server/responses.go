@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/gin-gonic/gin"
@@ -147,6 +148,44 @@ func isResponsesEnd(ev []byte) bool {
 		}
 	}
 	return false
+}
+
+// isResponsesToken reports whether a Responses stream event carries the response's first
+// output: a delta of any kind (output text, reasoning, a function call's arguments, a
+// refusal), or the end or an error when none came. vLLM sends response.created and
+// response.in_progress before the prefill, and opens an output item only with its first delta
+// (responses_stream_generator and its SimpleStreamingEventProcessor,
+// vllm/entrypoints/openai/responses/serving.py), so the first byte is no first token.
+func isResponsesToken(ev []byte) bool {
+	t := sseEventType(ev)
+	return strings.HasSuffix(t, ".delta") || t == "error" || isResponsesEnd(ev)
+}
+
+// sseEventType is an event's type: its "event:" field, else its data's JSON "type".
+func sseEventType(ev []byte) string {
+	var data []byte
+	for len(ev) > 0 {
+		line := ev
+		if i := bytes.IndexByte(ev, '\n'); i >= 0 {
+			line, ev = ev[:i], ev[i+1:]
+		} else {
+			ev = nil
+		}
+		line = bytes.TrimSuffix(line, []byte("\r"))
+		if v, ok := bytes.CutPrefix(line, []byte("event:")); ok {
+			return string(bytes.TrimSpace(v))
+		}
+		if v, ok := bytes.CutPrefix(line, []byte("data:")); ok && data == nil {
+			data = bytes.TrimSpace(v)
+		}
+	}
+	var typed struct {
+		Type string `json:"type"`
+	}
+	if json.Unmarshal(data, &typed) != nil {
+		return ""
+	}
+	return typed.Type
 }
 
 // debugPins is GET /debug/sessions/ (no id): the Responses API pins.

@@ -214,17 +214,29 @@ func (w *Worker) handleResponses(rw http.ResponseWriter, r *http.Request) {
 			flusher.Flush()
 		}
 	}
+	// As vLLM's responses_stream_generator: created and in_progress before the prefill, the
+	// output item and its content part opened with the first delta
+	// (vllm/entrypoints/openai/responses/serving.py, SimpleStreamingEventProcessor).
 	send("response.created", map[string]any{"response": obj("in_progress", "", nil)})
 	send("response.in_progress", map[string]any{"response": obj("in_progress", "", nil)})
 	itemID := "msg_" + req.id
-	send("response.output_item.added", map[string]any{"output_index": 0, "item": map[string]any{"id": itemID, "content": []any{}, "role": "assistant", "status": "in_progress", "type": "message"}})
-	send("response.content_part.added", map[string]any{"output_index": 0, "item_id": itemID, "content_index": 0, "part": map[string]any{"annotations": []any{}, "text": "", "type": "output_text"}})
+	opened := false
+	open := func() {
+		if opened {
+			return
+		}
+		opened = true
+		send("response.output_item.added", map[string]any{"output_index": 0, "item": map[string]any{"id": itemID, "content": []any{}, "role": "assistant", "status": "in_progress", "type": "message"}})
+		send("response.content_part.added", map[string]any{"output_index": 0, "item_id": itemID, "content_index": 0, "part": map[string]any{"annotations": []any{}, "text": "", "type": "output_text"}})
+	}
 	out, text, ok := w.generate(r, req, e, func(delta string) {
+		open()
 		send("response.output_text.delta", map[string]any{"output_index": 0, "item_id": itemID, "content_index": 0, "delta": delta, "logprobs": []any{}})
 	})
 	if !ok {
 		return
 	}
+	open()
 	send("response.output_text.done", map[string]any{"output_index": 0, "item_id": itemID, "content_index": 0, "text": text, "logprobs": []any{}})
 	send("response.content_part.done", map[string]any{"output_index": 0, "item_id": itemID, "content_index": 0, "part": map[string]any{"annotations": []any{}, "text": text, "type": "output_text"}})
 	send("response.output_item.done", map[string]any{"output_index": 0, "item": outputMessage(req.id, text)})

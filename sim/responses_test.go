@@ -1,11 +1,13 @@
 package sim
 
 import (
+	"bufio"
 	"encoding/json"
 	"io"
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 )
 
 func postJSON(t *testing.T, method, url, body string) (int, []byte) {
@@ -90,5 +92,43 @@ func TestResponsesIgnoreEOS(t *testing.T) {
 		if err := json.Unmarshal(out, &r); code != 200 || err != nil || !tc.want(r.Usage.OutputTokens) {
 			t.Errorf("ignore_eos %v: %d %s", tc.ignore, code, out)
 		}
+	}
+}
+
+// TestResponsesStreamOpensItemWithFirstDelta: as vLLM's responses_stream_generator, a stream
+// sends response.created and response.in_progress at once and opens its output item (and
+// content part) only with the first delta, after the prefill: a gateway that times the first
+// token by the first byte would see none of the prefill.
+func TestResponsesStreamOpensItemWithFirstDelta(t *testing.T) {
+	const ttft = 300 * time.Millisecond
+	_, a := startWorker(t, Options{ServedModelName: "m", TTFT: ttft, Speedup: 1})
+	req, _ := http.NewRequest(http.MethodPost, a+"/v1/responses", strings.NewReader(`{"model":"m","input":"one two","max_output_tokens":2,"stream":true,"store":false}`))
+	start := time.Now()
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	type seen struct {
+		typ string
+		at  time.Duration
+	}
+	var events []seen
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		if typ, ok := strings.CutPrefix(sc.Text(), "event: "); ok {
+			events = append(events, seen{typ, time.Since(start)})
+		}
+	}
+	var types []string
+	for _, e := range events {
+		types = append(types, e.typ)
+	}
+	want := "response.created response.in_progress response.output_item.added response.content_part.added response.output_text.delta"
+	if got := strings.Join(types, " "); !strings.HasPrefix(got, want) {
+		t.Fatalf("events %s, want them to begin %s", got, want)
+	}
+	if events[1].at > ttft/2 || events[2].at < ttft/2 {
+		t.Errorf("in_progress at %s, output_item.added at %s: want the first before the %s prefill ends, the second after", events[1].at, events[2].at, ttft)
 	}
 }
