@@ -341,9 +341,10 @@ func (s *Server) send(ctx context.Context, c *gin.Context, a *call) (outcome, in
 	// A request that waited at the gateway was promised its first token by its arrival plus
 	// queue_timeout; the time model's prediction at dispatch is not a promise, so the worker
 	// is held to it here: past it the upstream request is cancelled (vLLM aborts a request
-	// whose client disconnected) and the client answered 503. The first byte stops the timer,
-	// before any status reached the client (headers are committed only after it), so the
-	// answer is a plain error response in the route's shape, never a broken stream.
+	// whose client disconnected) and the client answered 503. The first byte stops the timer
+	// (a Responses stream's first output: its opening events are held until then), before any
+	// status reached the client (headers are committed only after it), so the answer is a
+	// plain error response in the route's shape, never a broken stream.
 	var due *time.Timer
 	if at, ok := a.flow.firstTokenDue(in.Stream); ok {
 		due = time.AfterFunc(time.Until(at), func() { cancel(errFirstTokenLate) })
@@ -424,6 +425,17 @@ func (s *Server) send(ctx context.Context, c *gin.Context, a *call) (outcome, in
 	}
 	if firstByte != nil && !firstByte.Stop() && context.Cause(ctx) == errFirstByteDeadline {
 		return failed, 0, s.missedFirstByte(w)
+	}
+	if due != nil && resp.StatusCode == http.StatusOK && string(in.Endpoint) == pathResponses && isEventStream(resp.Header) {
+		// A Responses stream opens before the prefill (isResponsesToken): its opening events
+		// are held until its first output, so the deadline can still be kept with a plain 503.
+		buf, n, rerr = holdResponsesOpening(body, buf, n, rerr)
+		if clientCtx.Err() != nil {
+			return clientGone, 0, nil
+		}
+		if context.Cause(ctx) == errFirstTokenLate {
+			return late, 0, s.firstTokenLate(clientCtx, a.flow)
+		}
 	}
 	if due != nil && !due.Stop() && context.Cause(ctx) == errFirstTokenLate {
 		return late, 0, s.firstTokenLate(clientCtx, a.flow) // fired with the first byte: the rest is cut
@@ -515,6 +527,48 @@ func readSome(r io.Reader, buf []byte) (int, error) {
 			return n, err
 		}
 	}
+}
+
+// maxHeldOpening bounds the bytes of a Responses stream's opening events held back
+// (holdResponsesOpening); vLLM's two are a few KiB with the echoed request fields.
+const maxHeldOpening = 256 << 10
+
+// holdResponsesOpening reads on after buf[:n] until it holds a complete event with output
+// (isResponsesToken), the body ends or fails, or maxHeldOpening bytes are held; it returns the
+// grown buffer, its length and the read error.
+func holdResponsesOpening(body io.Reader, buf []byte, n int, rerr error) ([]byte, int, error) {
+	for rerr == nil && n < maxHeldOpening && !holdsResponsesToken(buf[:n]) {
+		if n == len(buf) {
+			buf = append(buf, make([]byte, len(buf))...)
+		}
+		var m int
+		m, rerr = body.Read(buf[n:min(len(buf), maxHeldOpening)])
+		n += m
+	}
+	return buf, n, rerr
+}
+
+// holdsResponsesToken reports whether b's complete events include one with output.
+func holdsResponsesToken(b []byte) bool {
+	for {
+		i, sep := bytes.Index(b, []byte("\n\n")), 2
+		if j := bytes.Index(b, []byte("\r\n\r\n")); j >= 0 && (i < 0 || j < i) {
+			i, sep = j, 4
+		}
+		if i < 0 {
+			return false
+		}
+		if isResponsesToken(b[:i+sep]) {
+			return true
+		}
+		b = b[i+sep:]
+	}
+}
+
+// isEventStream reports whether a response's Content-Type is text/event-stream.
+func isEventStream(h http.Header) bool {
+	mt, _, _ := mime.ParseMediaType(h.Get("Content-Type"))
+	return mt == "text/event-stream"
 }
 
 // relayBody copies a non-stream response through. A worker failure mid-body aborts the client

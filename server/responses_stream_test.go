@@ -88,3 +88,23 @@ func TestIsResponsesToken(t *testing.T) {
 	}
 }
 
+// holdsResponsesToken looks only at complete events: a delta still arriving holds on.
+func TestHoldsResponsesToken(t *testing.T) {
+	const created = "event: response.created\ndata: {}\n\n"
+	tests := []struct {
+		name string
+		b    string
+		want bool
+	}{
+		{"opening only", created + "event: response.in_progress\ndata: {}\n\n", false},
+		{"a delta after the opening", created + "event: response.output_text.delta\ndata: {}\n\n", true},
+		{"a delta not yet complete", created + "event: response.output_text.delta\ndata: {", false},
+		{"CRLF events", "event: response.created\r\ndata: {}\r\n\r\nevent: response.output_text.delta\r\ndata: {}\r\n\r\n", true},
+		{"empty", "", false},
+	}
+	for _, tc := range tests {
+		if got := holdsResponsesToken([]byte(tc.b)); got != tc.want {
+			t.Errorf("%s: %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}

@@ -101,6 +101,8 @@ type workerGate struct {
 	mu       sync.Mutex
 	arrivals map[int][]string
 	holds    map[string]chan struct{}
+	// opened names the requests held after their first two flushed writes (holdOpened).
+	opened map[string]bool
 	// cancelled names the held requests whose client (the gateway) left while held.
 	cancelled map[string]bool
 }
@@ -120,7 +122,7 @@ func gatedFleet(t *testing.T, workers int, events bool, args ...string) (*fleet,
 }
 
 func newWorkerGate() *workerGate {
-	return &workerGate{arrivals: map[int][]string{}, holds: map[string]chan struct{}{}, cancelled: map[string]bool{}}
+	return &workerGate{arrivals: map[int][]string{}, holds: map[string]chan struct{}{}, opened: map[string]bool{}, cancelled: map[string]bool{}}
 }
 
 func (g *workerGate) wrap(i int, h http.Handler) http.Handler {
@@ -129,7 +131,12 @@ func (g *workerGate) wrap(i int, h http.Handler) http.Handler {
 			g.mu.Lock()
 			g.arrivals[i] = append(g.arrivals[i], name)
 			ch := g.holds[name]
+			opened := g.opened[name]
 			g.mu.Unlock()
+			if ch != nil && opened {
+				h.ServeHTTP(&openedHold{ResponseWriter: w, g: g, name: name, ch: ch, done: r.Context().Done()}, r)
+				return
+			}
 			if ch != nil {
 				// Read the body first, as vLLM does: the worker's server sees its client leave
 				// only once the request body was read.
@@ -168,6 +175,40 @@ func (g *workerGate) hold(name string) {
 	g.mu.Lock()
 	g.holds[name] = make(chan struct{})
 	g.mu.Unlock()
+}
+
+// holdOpened makes the worker answer a request named name up to its second flushed write
+// (a Responses stream's response.created and response.in_progress, sent before the prefill)
+// and keep the rest until release(name).
+func (g *workerGate) holdOpened(name string) {
+	g.mu.Lock()
+	g.holds[name] = make(chan struct{})
+	g.opened[name] = true
+	g.mu.Unlock()
+}
+
+// openedHold is the ResponseWriter of a request held after its opening (holdOpened).
+type openedHold struct {
+	http.ResponseWriter
+	g       *workerGate
+	name    string
+	ch      chan struct{}
+	done    <-chan struct{}
+	flushes int
+}
+
+func (o *openedHold) Flush() {
+	o.ResponseWriter.(http.Flusher).Flush()
+	if o.flushes++; o.flushes != 2 {
+		return
+	}
+	select {
+	case <-o.ch:
+	case <-o.done:
+		o.g.mu.Lock()
+		o.g.cancelled[o.name] = true
+		o.g.mu.Unlock()
+	}
 }
 
 func (g *workerGate) release(name string) {
@@ -376,6 +417,7 @@ func TestFlowControlFirstTokenLateE2E(t *testing.T) {
 		cut    bool // answered 503 at its deadline (else 200 once the worker lets it go)
 		shape  func(body []byte) bool
 		sdk    bool // sent by go-openai's streaming client (body: its APIError's message)
+		opened bool // the worker sends its opening events, then holds (gate.holdOpened)
 	}{
 		{"a streamed chat request that waited: 503 at its deadline, OpenAI's shape", "/v1/chat/completions", stream, true, true,
 			func(b []byte) bool {
@@ -385,7 +427,7 @@ func TestFlowControlFirstTokenLateE2E(t *testing.T) {
 					} `json:"error"`
 				}
 				return json.Unmarshal(b, &oa) == nil && bytes.Contains([]byte(oa.Error.Message), []byte("queue_timeout"))
-			}, false},
+			}, false, false},
 		{"a streamed Anthropic request that waited: 503 overloaded_error at its deadline", "/v1/messages", messagesBody(true), true, true,
 			func(b []byte) bool {
 				var an struct {
@@ -395,11 +437,14 @@ func TestFlowControlFirstTokenLateE2E(t *testing.T) {
 					} `json:"error"`
 				}
 				return json.Unmarshal(b, &an) == nil && an.Type == "error" && an.Error.Type == "overloaded_error"
-			}, false},
+			}, false, false},
+		{"a streamed Responses request that waited: its opening events held, 503 at its deadline", "/v1/responses",
+			map[string]any{"model": servedModel, "input": "question", "stream": true, "store": false, "max_output_tokens": 8}, true, true,
+			func(b []byte) bool { return bytes.Contains(b, []byte("queue_timeout")) }, false, true},
 		{"go-openai's stream sees an APIError 503 at the deadline", "/v1/chat/completions", stream, true, true,
-			func(b []byte) bool { return bytes.Contains(b, []byte("queue_timeout")) }, true},
-		{"a non-stream request that waited is not cut", "/v1/chat/completions", chatRequest("late", "question"), true, false, nil, false},
-		{"a streamed request let through at once is not cut", "/v1/chat/completions", stream, false, false, nil, false},
+			func(b []byte) bool { return bytes.Contains(b, []byte("queue_timeout")) }, true, false},
+		{"a non-stream request that waited is not cut", "/v1/chat/completions", chatRequest("late", "question"), true, false, nil, false, false},
+		{"a streamed request let through at once is not cut", "/v1/chat/completions", stream, false, false, nil, false, false},
 	}
 	const timeout = time.Second
 	f, gate := gatedFleet(t, 1, false, "--router-policy", "kv", "--router-busy-prefill-tokens", "1",
@@ -413,7 +458,11 @@ func TestFlowControlFirstTokenLateE2E(t *testing.T) {
 			if tc.queued {
 				b = f.occupy(gate, fmt.Sprint("blocker-", i), f.urls[0], chatRequest("occupy", longText(1, 20)), nil)
 			}
-			gate.hold(name)
+			if tc.opened {
+				gate.holdOpened(name)
+			} else {
+				gate.hold(name)
+			}
 			sent := time.Now()
 			var call *flowCall
 			if tc.sdk {
