@@ -23,15 +23,11 @@ func beladyHits(accs []access, capacity int) []int {
 	if capacity <= 0 {
 		return hits
 	}
-	// next[i][j]: the position of the next use of accs[i].ids[j], counting every live block
-	// in order; never is past the end.
-	const never = int(^uint(0) >> 1)
+	// next[i][j]: when accs[i].ids[j] is used next, as a count of blocks from the end of the
+	// requests (larger is sooner); -1 is never.
 	next := make([][]int, len(accs))
 	later := map[blockKey]int{}
 	pos := 0
-	for i := range accs {
-		pos += len(accs[i].ids)
-	}
 	for i := len(accs) - 1; i >= 0; i-- {
 		a := &accs[i]
 		if a.dropped {
@@ -39,13 +35,13 @@ func beladyHits(accs []access, capacity int) []int {
 		}
 		next[i] = make([]int, len(a.ids))
 		for j := len(a.ids) - 1; j >= 0; j-- {
-			pos--
 			k := blockKey{a.ns, a.ids[j]}
 			if p, ok := later[k]; ok {
 				next[i][j] = p
 			} else {
-				next[i][j] = never
+				next[i][j] = -1
 			}
+			pos++
 			later[k] = pos
 		}
 	}
@@ -84,11 +80,12 @@ type residentBlock struct {
 	next int
 }
 
-// byNextUse is a max-heap on the next use: the root is the block wanted last.
+// byNextUse is a heap with the block wanted last at the root (the smallest next, -1 for
+// never: next counts from the end).
 type byNextUse []residentBlock
 
 func (h byNextUse) Len() int           { return len(h) }
-func (h byNextUse) Less(i, j int) bool { return h[i].next > h[j].next }
+func (h byNextUse) Less(i, j int) bool { return h[i].next < h[j].next }
 func (h byNextUse) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
 func (h *byNextUse) Push(x any)        { *h = append(*h, x.(residentBlock)) }
 func (h *byNextUse) Pop() any {

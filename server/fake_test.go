@@ -1,6 +1,7 @@
 package server
 
 import (
+	"bufio"
 	"context"
 	"net/http"
 	"net/http/httptest"
@@ -283,4 +284,49 @@ func TestStreamReportsChunks(t *testing.T) {
 	if n := int(p.chunks.Load()); got < 8 || n < got {
 		t.Fatalf("client read %d chunks, lifecycle reported %d; want at least 8 and at least the client's", got, n)
 	}
+}
+
+// pausedStream is a worker that answers path with an event stream: opening at once, then,
+// once release is closed, rest(r).
+func pausedStream(t *testing.T, path, opening string, release <-chan struct{}, rest func(r *http.Request) string) *httptest.Server {
+	return fakeUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != path {
+			http.NotFound(w, r)
+			return
+		}
+		w.Header().Set("Content-Type", "text/event-stream")
+		f := w.(http.Flusher)
+		_, _ = w.Write([]byte(opening))
+		f.Flush()
+		<-release
+		_, _ = w.Write([]byte(rest(r)))
+		f.Flush()
+	})
+}
+
+// readPastOpening posts body to url and reads the stream's first line (want firstLine): the
+// routing side must not have heard FirstToken by then. It closes release, reads the rest and
+// checks FirstToken came exactly once; it returns the rest.
+func readPastOpening(t *testing.T, url, body, firstLine string, spy *spyRouter, release chan struct{}) string {
+	t.Helper()
+	resp, err := http.Post(url, "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	rd := bufio.NewReader(resp.Body)
+	if line, _ := rd.ReadString('\n'); line != firstLine {
+		t.Fatalf("first line %q, want %q", line, firstLine)
+	}
+	time.Sleep(20 * time.Millisecond)
+	if n := spy.first.Load(); n != 0 {
+		t.Errorf("FirstToken fired on the stream's opening (%d)", n)
+	}
+	close(release)
+	var rest strings.Builder
+	_, _ = rd.WriteTo(&rest)
+	if n := spy.first.Load(); n != 1 {
+		t.Errorf("FirstToken fired %d times, want once", n)
+	}
+	return rest.String()
 }

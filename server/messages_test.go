@@ -5,7 +5,6 @@ import (
 	"net/http"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/kvgate/kvgate/configs"
 	"github.com/kvgate/kvgate/router"
@@ -17,59 +16,31 @@ const messagesStreamBody = `{"model":"test-model","max_tokens":4,"stream":true,"
 // (which vLLM sends before any token); a stream that ends with message_stop is complete and
 // gets nothing appended; a broken one ends with an Anthropic error event.
 func TestMessagesStreamFirstTokenAndEnd(t *testing.T) {
+	opening := "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":3,\"output_tokens\":0}}}\n\n"
+	first := "event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":\"text\",\"text\":\"\"}}\n\n" +
+		"event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"x\"}}\n\n"
+	end := "event: content_block_stop\ndata: {\"type\":\"content_block_stop\",\"index\":0}\n\n" +
+		"event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\"},\"usage\":{\"input_tokens\":3,\"output_tokens\":1}}\n\n" +
+		"event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n"
 	release := make(chan struct{})
-	up := fakeUpstream(t, func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path != pathMessages {
-			http.NotFound(w, r)
-			return
-		}
-		w.Header().Set("Content-Type", "text/event-stream")
-		f := w.(http.Flusher)
-		_, _ = w.Write([]byte("event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":3,\"output_tokens\":0}}}\n\n"))
-		f.Flush()
-		<-release
-		_, _ = w.Write([]byte("event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":\"text\",\"text\":\"\"}}\n\n" +
-			"event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"x\"}}\n\n"))
-		f.Flush()
+	up := pausedStream(t, pathMessages, opening, release, func(r *http.Request) string {
 		if strings.Contains(r.Header.Get("X-Test"), "break") {
-			return // ends without message_stop
+			return first // ends without message_stop
 		}
-		_, _ = w.Write([]byte("event: content_block_stop\ndata: {\"type\":\"content_block_stop\",\"index\":0}\n\n" +
-			"event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\"},\"usage\":{\"input_tokens\":3,\"output_tokens\":1}}\n\n" +
-			"event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n"))
+		return first + end
 	})
 	spy := &spyRouter{Router: routerFor(t, &router.RoundRobin{})}
 	g := startGatewayWith(t, testGatewayConfig(up.URL), spy, nil)
 
-	req, _ := http.NewRequest(http.MethodPost, g.url+pathMessages, strings.NewReader(messagesStreamBody))
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rd := bufio.NewReader(resp.Body)
-	line, _ := rd.ReadString('\n')
-	if line != "event: message_start\n" {
-		t.Fatalf("first line %q", line)
-	}
-	time.Sleep(20 * time.Millisecond)
-	if n := spy.first.Load(); n != 0 {
-		t.Errorf("FirstToken fired on message_start (%d)", n)
-	}
-	close(release)
-	var rest strings.Builder
-	_, _ = rd.WriteTo(&rest)
-	resp.Body.Close()
-	if n := spy.first.Load(); n != 1 {
-		t.Errorf("FirstToken fired %d times, want once", n)
-	}
-	if s := rest.String(); !strings.HasSuffix(s, "event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n") {
-		t.Errorf("the gateway changed a complete stream's end: %q", s)
+	rest := readPastOpening(t, g.url+pathMessages, messagesStreamBody, "event: message_start\n", spy, release)
+	if !strings.HasSuffix(rest, "event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n") {
+		t.Errorf("the gateway changed a complete stream's end: %q", rest)
 	}
 
 	// A worker that breaks off: the client gets an Anthropic error event.
-	req, _ = http.NewRequest(http.MethodPost, g.url+pathMessages, strings.NewReader(messagesStreamBody))
+	req, _ := http.NewRequest(http.MethodPost, g.url+pathMessages, strings.NewReader(messagesStreamBody))
 	req.Header.Set("X-Test", "break")
-	resp, err = http.DefaultClient.Do(req)
+	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -426,7 +426,10 @@ func (s *Server) send(ctx context.Context, c *gin.Context, a *call) (outcome, in
 	if firstByte != nil && !firstByte.Stop() && context.Cause(ctx) == errFirstByteDeadline {
 		return failed, 0, s.missedFirstByte(w)
 	}
-	if due != nil && resp.StatusCode == http.StatusOK && string(in.Endpoint) == pathResponses && isEventStream(resp.Header) {
+	mediatype, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type"))
+	stream := mediatype == "text/event-stream"
+	responsesStream := stream && resp.StatusCode == http.StatusOK && string(in.Endpoint) == pathResponses
+	if due != nil && responsesStream {
 		// A Responses stream opens before the prefill (isResponsesToken): its opening events
 		// are held until its first output, so the deadline can still be kept with a plain 503.
 		buf, n, rerr = holdResponsesOpening(body, buf, n, rerr)
@@ -442,8 +445,6 @@ func (s *Server) send(ctx context.Context, c *gin.Context, a *call) (outcome, in
 	}
 	w.ReportSuccess()
 
-	mediatype, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type"))
-	stream := mediatype == "text/event-stream"
 	// An Anthropic stream opens with message_start, a Responses stream with response.created
 	// and response.in_progress, before any token: their first token is the first
 	// content_block_delta, or the first Responses delta (relaySSE reports it). Anything else:
@@ -454,7 +455,7 @@ func (s *Server) send(ctx context.Context, c *gin.Context, a *call) (outcome, in
 		access.noteFirstToken(time.Since(a.start))
 		a.life.FirstToken()
 	}
-	if !(stream && resp.StatusCode == http.StatusOK && (anthropicRoute(c) || string(in.Endpoint) == pathResponses)) {
+	if !(responsesStream || stream && resp.StatusCode == http.StatusOK && anthropicRoute(c)) {
 		firstToken()
 		firstToken = nil
 	}
@@ -535,9 +536,15 @@ const maxHeldOpening = 256 << 10
 
 // holdResponsesOpening reads on after buf[:n] until it holds a complete event with output
 // (isResponsesToken), the body ends or fails, or maxHeldOpening bytes are held; it returns the
-// grown buffer, its length and the read error.
+// grown buffer, its length and the read error. Each complete event is looked at once.
 func holdResponsesOpening(body io.Reader, buf []byte, n int, rerr error) ([]byte, int, error) {
-	for rerr == nil && n < maxHeldOpening && !holdsResponsesToken(buf[:n]) {
+	scanned := 0 // buf[:scanned]: complete events without output
+	for rerr == nil && n < maxHeldOpening {
+		complete, found := firstResponsesOutput(buf[scanned:n])
+		if found {
+			break
+		}
+		scanned += complete
 		if n == len(buf) {
 			buf = append(buf, make([]byte, len(buf))...)
 		}
@@ -548,27 +555,24 @@ func holdResponsesOpening(body io.Reader, buf []byte, n int, rerr error) ([]byte
 	return buf, n, rerr
 }
 
-// holdsResponsesToken reports whether b's complete events include one with output.
-func holdsResponsesToken(b []byte) bool {
-	for {
-		i, sep := bytes.Index(b, []byte("\n\n")), 2
-		if j := bytes.Index(b, []byte("\r\n\r\n")); j >= 0 && (i < 0 || j < i) {
-			i, sep = j, 4
+// firstResponsesOutput frames b's complete events as relaySSE does (lines up to a blank one)
+// and reports whether one carries output (isResponsesToken); complete is the length of the
+// complete events before it, or of all of them.
+func firstResponsesOutput(b []byte) (complete int, found bool) {
+	pos := 0
+	for line := range bytes.Lines(b) {
+		if line[len(line)-1] != '\n' {
+			break // a line still arriving
 		}
-		if i < 0 {
-			return false
+		pos += len(line)
+		if isBlankLine(line) {
+			if isResponsesToken(b[complete:pos]) {
+				return complete, true
+			}
+			complete = pos
 		}
-		if isResponsesToken(b[:i+sep]) {
-			return true
-		}
-		b = b[i+sep:]
 	}
-}
-
-// isEventStream reports whether a response's Content-Type is text/event-stream.
-func isEventStream(h http.Header) bool {
-	mt, _, _ := mime.ParseMediaType(h.Get("Content-Type"))
-	return mt == "text/event-stream"
+	return complete, false
 }
 
 // relayBody copies a non-stream response through. A worker failure mid-body aborts the client

@@ -163,26 +163,15 @@ func isResponsesToken(ev []byte) bool {
 
 // sseEventType is an event's type: its "event:" field, else its data's JSON "type".
 func sseEventType(ev []byte) string {
-	var data []byte
-	for len(ev) > 0 {
-		line := ev
-		if i := bytes.IndexByte(ev, '\n'); i >= 0 {
-			line, ev = ev[:i], ev[i+1:]
-		} else {
-			ev = nil
-		}
-		line = bytes.TrimSuffix(line, []byte("\r"))
+	for line := range bytes.Lines(ev) {
 		if v, ok := bytes.CutPrefix(line, []byte("event:")); ok {
 			return string(bytes.TrimSpace(v))
-		}
-		if v, ok := bytes.CutPrefix(line, []byte("data:")); ok && data == nil {
-			data = bytes.TrimSpace(v)
 		}
 	}
 	var typed struct {
 		Type string `json:"type"`
 	}
-	if json.Unmarshal(data, &typed) != nil {
+	if json.Unmarshal(sseData(ev), &typed) != nil {
 		return ""
 	}
 	return typed.Type

@@ -1,13 +1,21 @@
 package server
 
 import (
-	"bufio"
+	"io"
 	"net/http"
 	"strings"
 	"testing"
-	"time"
+	"testing/iotest"
 
 	"github.com/kvgate/kvgate/router"
+)
+
+const (
+	responsesOpening = "event: response.created\ndata: {\"type\":\"response.created\",\"sequence_number\":0,\"response\":{\"id\":\"resp_1\",\"status\":\"in_progress\"}}\n\n" +
+		"event: response.in_progress\ndata: {\"type\":\"response.in_progress\",\"sequence_number\":1,\"response\":{\"id\":\"resp_1\",\"status\":\"in_progress\"}}\n\n"
+	responsesOutput = "event: response.output_item.added\ndata: {\"type\":\"response.output_item.added\",\"sequence_number\":2,\"output_index\":0,\"item\":{\"id\":\"msg_1\",\"type\":\"message\",\"role\":\"assistant\",\"content\":[]}}\n\n" +
+		"event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"sequence_number\":3,\"item_id\":\"msg_1\",\"output_index\":0,\"content_index\":0,\"delta\":\"x\"}\n\n"
+	responsesEnd = "event: response.completed\ndata: {\"type\":\"response.completed\",\"sequence_number\":4,\"response\":{\"id\":\"resp_1\",\"status\":\"completed\",\"usage\":{\"input_tokens\":3,\"output_tokens\":1,\"total_tokens\":4}}}\n\n"
 )
 
 // A Responses stream's first token is its first delta, not response.created or
@@ -15,48 +23,13 @@ import (
 // FirstToken once, when the delta comes.
 func TestResponsesStreamFirstToken(t *testing.T) {
 	release := make(chan struct{})
-	up := fakeUpstream(t, func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path != pathResponses {
-			http.NotFound(w, r)
-			return
-		}
-		w.Header().Set("Content-Type", "text/event-stream")
-		f := w.(http.Flusher)
-		_, _ = w.Write([]byte("event: response.created\ndata: {\"type\":\"response.created\",\"sequence_number\":0,\"response\":{\"id\":\"resp_1\",\"status\":\"in_progress\"}}\n\n" +
-			"event: response.in_progress\ndata: {\"type\":\"response.in_progress\",\"sequence_number\":1,\"response\":{\"id\":\"resp_1\",\"status\":\"in_progress\"}}\n\n"))
-		f.Flush()
-		<-release
-		_, _ = w.Write([]byte("event: response.output_item.added\ndata: {\"type\":\"response.output_item.added\",\"sequence_number\":2,\"output_index\":0,\"item\":{\"id\":\"msg_1\",\"type\":\"message\",\"role\":\"assistant\",\"content\":[]}}\n\n" +
-			"event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"sequence_number\":3,\"item_id\":\"msg_1\",\"output_index\":0,\"content_index\":0,\"delta\":\"x\"}\n\n" +
-			"event: response.completed\ndata: {\"type\":\"response.completed\",\"sequence_number\":4,\"response\":{\"id\":\"resp_1\",\"status\":\"completed\",\"usage\":{\"input_tokens\":3,\"output_tokens\":1,\"total_tokens\":4}}}\n\n"))
-		f.Flush()
-	})
+	up := pausedStream(t, pathResponses, responsesOpening, release, func(*http.Request) string { return responsesOutput + responsesEnd })
 	spy := &spyRouter{Router: routerFor(t, &router.RoundRobin{})}
 	g := startGatewayWith(t, testGatewayConfig(up.URL), spy, nil)
 
 	body := `{"model":"test-model","input":"x","stream":true,"max_output_tokens":4}`
-	req, _ := http.NewRequest(http.MethodPost, g.url+pathResponses, strings.NewReader(body))
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	rd := bufio.NewReader(resp.Body)
-	if line, _ := rd.ReadString('\n'); line != "event: response.created\n" {
-		t.Fatalf("first line %q", line)
-	}
-	time.Sleep(20 * time.Millisecond)
-	if n := spy.first.Load(); n != 0 {
-		t.Errorf("FirstToken fired before the first delta (%d)", n)
-	}
-	close(release)
-	var rest strings.Builder
-	_, _ = rd.WriteTo(&rest)
-	if n := spy.first.Load(); n != 1 {
-		t.Errorf("FirstToken fired %d times, want once", n)
-	}
-	if !strings.Contains(rest.String(), "event: response.completed\n") {
-		t.Errorf("stream ends %q", rest.String())
+	if rest := readPastOpening(t, g.url+pathResponses, body, "event: response.created\n", spy, release); !strings.HasSuffix(rest, responsesEnd) {
+		t.Errorf("stream ends %q", rest)
 	}
 }
 
@@ -88,23 +61,27 @@ func TestIsResponsesToken(t *testing.T) {
 	}
 }
 
-// holdsResponsesToken looks only at complete events: a delta still arriving holds on.
-func TestHoldsResponsesToken(t *testing.T) {
-	const created = "event: response.created\ndata: {}\n\n"
+// holdResponsesOpening reads until a complete event with output is held, however the bytes
+// arrive (here one at a time), and stops at the body's end without one.
+func TestHoldResponsesOpening(t *testing.T) {
 	tests := []struct {
-		name string
-		b    string
-		want bool
+		name     string
+		stream   string
+		wantHeld string // the bytes held when it returns
+		wantErr  error
 	}{
-		{"opening only", created + "event: response.in_progress\ndata: {}\n\n", false},
-		{"a delta after the opening", created + "event: response.output_text.delta\ndata: {}\n\n", true},
-		{"a delta not yet complete", created + "event: response.output_text.delta\ndata: {", false},
-		{"CRLF events", "event: response.created\r\ndata: {}\r\n\r\nevent: response.output_text.delta\r\ndata: {}\r\n\r\n", true},
-		{"empty", "", false},
+		{"up to the first delta", responsesOpening + responsesOutput + responsesEnd, responsesOpening + responsesOutput, nil},
+		{"CRLF framing", strings.ReplaceAll(responsesOpening+responsesOutput, "\n", "\r\n"), strings.ReplaceAll(responsesOpening+responsesOutput, "\n", "\r\n"), nil},
+		{"a delta still arriving is not output", responsesOpening + strings.TrimSuffix(responsesOutput, "\n"), responsesOpening + strings.TrimSuffix(responsesOutput, "\n"), io.EOF},
+		{"the body ends after the opening", responsesOpening, responsesOpening, io.EOF},
 	}
 	for _, tc := range tests {
-		if got := holdsResponsesToken([]byte(tc.b)); got != tc.want {
-			t.Errorf("%s: %v, want %v", tc.name, got, tc.want)
+		body := iotest.OneByteReader(strings.NewReader(tc.stream))
+		buf := make([]byte, 8)
+		n, err := body.Read(buf)
+		buf, n, err = holdResponsesOpening(body, buf, n, err)
+		if string(buf[:n]) != tc.wantHeld || err != tc.wantErr {
+			t.Errorf("%s: held %q, err %v; want %q, %v", tc.name, buf[:n], err, tc.wantHeld, tc.wantErr)
 		}
 	}
 }
