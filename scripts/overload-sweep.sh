@@ -31,6 +31,8 @@
 #   OUT           [out/overload-<workload>-<UTC time>]; runs in OUT/<level>/run<N>/<label>/
 #   plus compare-policies.sh's WORKERS [4], SPEEDUP [1], SIM_ARGS, GATEWAY_ARGS, MODEL_DIR,
 #   NUM_GPU_BLOCKS, MAX_MODEL_LEN, BASE_PORT, BIN, SKIP_BUILD=1, QUIET=1
+#   (SIM_ARGS=--num-cpu-blocks=65536 gives every worker a host-memory tier: see
+#   docs/benchmarks/2026-12-06-host-tier-overload.md)
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
