@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -142,7 +143,7 @@ func isResponsesEnd(ev []byte) bool {
 	if !bytes.Contains(ev, []byte("event: response.")) && !bytes.Contains(ev, []byte(`"type":"response.`)) && !bytes.Contains(ev, []byte(`"type": "response.`)) {
 		return false
 	}
-	for _, t := range []string{"response.completed", "response.failed", "response.incomplete"} {
+	for _, t := range responsesEndTypes() {
 		if bytes.Contains(ev, []byte("event: "+t+"\n")) || bytes.Contains(ev, []byte(`"type":"`+t+`"`)) || bytes.Contains(ev, []byte(`"type": "`+t+`"`)) {
 			return true
 		}
@@ -158,7 +159,13 @@ func isResponsesEnd(ev []byte) bool {
 // vllm/entrypoints/openai/responses/serving.py), so the first byte is no first token.
 func isResponsesToken(ev []byte) bool {
 	t := sseEventType(ev)
-	return strings.HasSuffix(t, ".delta") || t == "error" || isResponsesEnd(ev)
+	ends := responsesEndTypes()
+	return strings.HasSuffix(t, ".delta") || t == "error" || slices.Contains(ends[:], t)
+}
+
+// responsesEndTypes are the event types that end a Responses stream (isResponsesEnd).
+func responsesEndTypes() [3]string {
+	return [3]string{"response.completed", "response.failed", "response.incomplete"}
 }
 
 // sseEventType is an event's type: its "event:" field, else its data's JSON "type".

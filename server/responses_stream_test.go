@@ -52,6 +52,8 @@ func TestIsResponsesToken(t *testing.T) {
 		{"data only, opening", "data: {\"type\":\"response.in_progress\",\"sequence_number\":1}\n\n", false},
 		{"data only, delta", "data: {\"type\":\"response.output_text.delta\",\"delta\":\"x\"}\n\n", true},
 		{"CRLF lines", "event: response.output_text.delta\r\ndata: {}\r\n\r\n", true},
+		{"CRLF end without a delta", "event: response.incomplete\r\ndata: {}\r\n\r\n", true},
+		{"data only, end", "data: {\"type\":\"response.failed\"}\n\n", true},
 		{"not JSON", "data: hello\n\n", false},
 	}
 	for _, tc := range tests {
